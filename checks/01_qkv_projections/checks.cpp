@@ -1,0 +1,102 @@
+// Checks for exercise 01: the query, key and value projections.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/linear.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+using attn::Tensor2;
+using attn::Tensor3;
+using exercise::project_qkv;
+
+TEST_CASE("projections of a small input match values worked by hand") {
+    // x: one sequence of two tokens with C = 3 channels.
+    Tensor3 x = {{{1, 0, 2}, {0, 1, -1}}};
+    Tensor2 w_query = {{1, 0, 0}, {0, 1, 0}};  // keeps the first two channels
+    Tensor2 w_key = {{1, 1, 1}, {0, 0, 1}};    // sum of channels, last channel
+    Tensor2 w_value = {{2, 0, 0}};             // twice the first channel (hs_v = 1)
+    const auto qkv = project_qkv(x, w_query, w_key, w_value);
+    CHECK_CLOSE(qkv.q, Tensor3({{{1, 0}, {0, 1}}}), 1e-6);
+    CHECK_CLOSE(qkv.k, Tensor3({{{3, 2}, {0, -1}}}), 1e-6);
+    CHECK_CLOSE(qkv.v, Tensor3({{{2}, {0}}}), 1e-6);
+}
+
+TEST_CASE("outputs have shape (B, T, hs) and the value size may differ") {
+    attn::Rng rng(1);
+    Tensor3 x = rng.normal_tensor<3>({4, 8, 32});
+    const auto qkv = project_qkv(x, rng.normal_tensor<2>({16, 32}), rng.normal_tensor<2>({16, 32}),
+                                 rng.normal_tensor<2>({8, 32}));
+    CHECK(attn::shape_of(qkv.q) == "(4, 8, 16)");
+    CHECK(attn::shape_of(qkv.k) == "(4, 8, 16)");
+    CHECK(attn::shape_of(qkv.v) == "(4, 8, 8)");
+}
+
+TEST_CASE("the projections are linear with no bias") {
+    attn::Rng rng(2);
+    Tensor2 wq = rng.normal_tensor<2>({5, 6}), wk = rng.normal_tensor<2>({5, 6}),
+            wv = rng.normal_tensor<2>({3, 6});
+    Tensor3 a = rng.normal_tensor<3>({2, 4, 6}), b = rng.normal_tensor<3>({2, 4, 6});
+    SUBCASE("zero in, zero out: there is no bias") {
+        const auto zero = project_qkv(Tensor3(xt::zeros<float>({2, 4, 6})), wq, wk, wv);
+        CHECK_CLOSE(zero.q, xt::zeros<float>({2, 4, 5}), 0.0);
+        CHECK_CLOSE(zero.k, xt::zeros<float>({2, 4, 5}), 0.0);
+        CHECK_CLOSE(zero.v, xt::zeros<float>({2, 4, 3}), 0.0);
+    }
+    SUBCASE("f(2a + b) = 2 f(a) + f(b)") {
+        const auto fa = project_qkv(a, wq, wk, wv), fb = project_qkv(b, wq, wk, wv);
+        const auto fab = project_qkv(Tensor3(2.0f * a + b), wq, wk, wv);
+        // Sums of 6 products of N(0,1) numbers: float32 rounding stays well below 1e-5.
+        CHECK_CLOSE(fab.q, 2.0f * fa.q + fb.q, 1e-5);
+        CHECK_CLOSE(fab.k, 2.0f * fa.k + fb.k, 1e-5);
+        CHECK_CLOSE(fab.v, 2.0f * fa.v + fb.v, 1e-5);
+    }
+}
+
+TEST_CASE("each token is projected on its own") {
+    attn::Rng rng(3);
+    Tensor2 wq = rng.normal_tensor<2>({4, 6}), wk = rng.normal_tensor<2>({4, 6}),
+            wv = rng.normal_tensor<2>({4, 6});
+    Tensor3 x = rng.normal_tensor<3>({2, 5, 6});
+    const auto before = project_qkv(x, wq, wk, wv);
+    xt::view(x, 1, 3) += 10.0f;  // change one token: sequence 1, position 3
+    const auto after = project_qkv(x, wq, wk, wv);
+    for (std::size_t b = 0; b < 2; ++b) {
+        for (std::size_t t = 0; t < 5; ++t) {
+            CAPTURE(b);
+            CAPTURE(t);
+            const bool changed = b == 1 && t == 3;
+            const auto diff = xt::amax(xt::abs(xt::view(after.q, b, t) - xt::view(before.q, b, t)))();
+            if (changed) CHECK(diff > 0.0f);
+            else CHECK(diff == 0.0f);
+        }
+    }
+}
+
+TEST_CASE("agrees with attn::Linear on random input") {
+    attn::Rng rng(4);
+    attn::Linear query(32, 16, false, rng), key(32, 16, false, rng), value(32, 16, false, rng);
+    Tensor3 x = rng.normal_tensor<3>({4, 8, 32});
+    const auto qkv = project_qkv(x, query.weight, key.weight, value.weight);
+    // Same products, possibly summed in another order: a few float32 ulps of O(1) values.
+    CHECK_CLOSE(qkv.q, query.forward(x), 1e-5);
+    CHECK_CLOSE(qkv.k, key.forward(x), 1e-5);
+    CHECK_CLOSE(qkv.v, value.forward(x), 1e-5);
+}
+
+TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
+    attn::Rng rng(5);
+    Tensor3 x = rng.normal_tensor<3>({2, 3, 6});
+    Tensor2 w = rng.normal_tensor<2>({4, 6});
+    SUBCASE("a weight whose input size is not C") {
+        Tensor2 wrong = rng.normal_tensor<2>({4, 7});
+        CHECK_THROWS_AS(project_qkv(x, wrong, w, w), std::invalid_argument);
+        CHECK_THROWS_AS(project_qkv(x, w, wrong, w), std::invalid_argument);
+        CHECK_THROWS_AS(project_qkv(x, w, w, wrong), std::invalid_argument);
+    }
+    SUBCASE("query and key weights of different sizes") {
+        CHECK_THROWS_AS(project_qkv(x, w, rng.normal_tensor<2>({5, 6}), w), std::invalid_argument);
+    }
+}

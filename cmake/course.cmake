@@ -1,0 +1,52 @@
+# course_lesson(NN_slug): one lesson's targets and tests.
+#
+#   lesson_NN                       the lesson's program (lessons/NN_slug/*.cpp)
+#   check_NN / check_NN_exercise    the doctest checks (checks/NN_slug/checks.cpp) linked with
+#                                   the solution and with the learner's exercise
+#
+# CTest tests carry the labels `lessonNN` and one of lessons / solutions / exercises.
+set_property(GLOBAL PROPERTY ATTN_LESSONS "")
+
+function(course_lesson name)
+  string(SUBSTRING "${name}" 0 2 nn)
+  set(src "${PROJECT_SOURCE_DIR}")
+  set_property(GLOBAL APPEND PROPERTY ATTN_LESSONS "${name}")
+
+  # The lesson's program.
+  file(GLOB lesson_sources CONFIGURE_DEPENDS "${src}/lessons/${name}/*.cpp")
+  add_executable(lesson_${nn} ${lesson_sources})
+  target_link_libraries(lesson_${nn} PRIVATE attn attn_warnings)
+  target_precompile_headers(lesson_${nn} REUSE_FROM attn)
+  add_test(NAME "lesson ${nn} runs" COMMAND lesson_${nn} --figures "${PROJECT_BINARY_DIR}/figures")
+  set_tests_properties("lesson ${nn} runs" PROPERTIES LABELS "lesson${nn};lessons")
+
+  # The exercise, its solution and the checks they share.
+  set(checks "${src}/checks/${name}/checks.cpp")
+  if(EXISTS "${checks}")
+    add_library(checks_${nn}_obj OBJECT "${checks}")
+    target_link_libraries(checks_${nn}_obj PUBLIC attn check_support PRIVATE attn_warnings)
+    target_include_directories(checks_${nn}_obj PUBLIC "${src}/exercises/${name}")
+    target_precompile_headers(checks_${nn}_obj REUSE_FROM check_support_main)
+
+    file(GLOB solution_sources CONFIGURE_DEPENDS "${src}/solutions/${name}/*.cpp")
+    add_executable(check_${nn} ${solution_sources})
+    file(GLOB exercise_sources CONFIGURE_DEPENDS "${src}/exercises/${name}/*.cpp")
+    add_executable(check_${nn}_exercise ${exercise_sources})
+    foreach(t check_${nn} check_${nn}_exercise)
+      target_link_libraries(${t} PRIVATE checks_${nn}_obj check_support_main attn_warnings)
+      target_precompile_headers(${t} REUSE_FROM check_support_main)
+    endforeach()
+
+    # Every check passes on the solution.
+    doctest_discover_tests(check_${nn} TEST_PREFIX "${nn} solution: "
+                           PROPERTIES LABELS "lesson${nn};solutions")
+    # Every check fails on the exercise as shipped: a check that cannot fail is a defect.
+    # The test is skipped once the learner has edited the exercise (it would then be
+    # testing their work, which `./workbook check` does).
+    add_test(NAME "${nn} exercise ships failing every check"
+             COMMAND "${src}/tools/expect_each_check_fails.sh"
+                     $<TARGET_FILE:check_${nn}_exercise> "${src}/exercises/${name}")
+    set_tests_properties("${nn} exercise ships failing every check" PROPERTIES
+                         LABELS "lesson${nn};exercises" SKIP_RETURN_CODE 77)
+  endif()
+endfunction()

@@ -1,0 +1,16 @@
+# Warnings on, for the course's own code only (imported targets' headers are system headers).
+add_library(attn_warnings INTERFACE)
+target_compile_options(attn_warnings INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion
+                            -Wno-sign-conversion>)
+option(ATTN_WERROR "Treat warnings as errors" OFF)
+if(ATTN_WERROR)
+  target_compile_options(attn_warnings INTERFACE $<$<COMPILE_LANGUAGE:CXX>:-Werror>)
+endif()
+
+option(ATTN_SANITIZE "Build with AddressSanitizer and UndefinedBehaviorSanitizer" OFF)
+if(ATTN_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()

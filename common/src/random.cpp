@@ -1,0 +1,61 @@
+#include "attn/random.hpp"
+
+#include <cmath>
+
+namespace attn {
+
+namespace {
+std::uint64_t splitmix64(std::uint64_t& x) {
+    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+std::uint64_t rotl(std::uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+}  // namespace
+
+Rng::Rng(std::uint64_t seed) {
+    for (auto& s : s_) s = splitmix64(seed);
+}
+
+std::uint64_t Rng::next_u64() {
+    const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
+    const std::uint64_t t = s_[1] << 17;
+    s_[2] ^= s_[0];
+    s_[3] ^= s_[1];
+    s_[1] ^= s_[2];
+    s_[0] ^= s_[3];
+    s_[2] ^= t;
+    s_[3] = rotl(s_[3], 45);
+    return result;
+}
+
+float Rng::uniform() { return static_cast<float>(next_u64() >> 40) * 0x1.0p-24f; }
+
+float Rng::uniform(float lo, float hi) { return lo + (hi - lo) * uniform(); }
+
+float Rng::normal() {
+    if (has_spare_) {
+        has_spare_ = false;
+        return spare_;
+    }
+    // Box-Muller in double, so the tails are right; u1 is in (0, 1] so log(u1) is finite.
+    const double u1 = (static_cast<double>(next_u64() >> 11) + 1.0) * 0x1.0p-53;
+    const double u2 = static_cast<double>(next_u64() >> 11) * 0x1.0p-53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    const double two_pi = 6.283185307179586;
+    spare_ = static_cast<float>(r * std::sin(two_pi * u2));
+    has_spare_ = true;
+    return static_cast<float>(r * std::cos(two_pi * u2));
+}
+
+std::uint64_t Rng::below(std::uint64_t n) {
+    require(n > 0, "Rng::below: n must be positive");
+    // Rejection sampling removes the modulo bias.
+    const std::uint64_t limit = UINT64_MAX - UINT64_MAX % n;
+    std::uint64_t x;
+    do x = next_u64(); while (x >= limit);
+    return x % n;
+}
+
+}  // namespace attn
