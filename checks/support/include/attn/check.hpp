@@ -22,16 +22,7 @@ struct Comparison {
 };
 
 /// Converts a flat index to a multi-index string such as `[1, 0, 3]`.
-inline std::string index_string(std::size_t flat, const std::vector<std::size_t>& shape) {
-    std::vector<std::size_t> idx(shape.size());
-    for (std::size_t d = shape.size(); d-- > 0;) {
-        idx[d] = flat % shape[d];
-        flat /= shape[d];
-    }
-    std::string s = "[";
-    for (std::size_t d = 0; d < idx.size(); ++d) s += (d ? ", " : "") + std::to_string(idx[d]);
-    return s + "]";
-}
+std::string index_string(std::size_t flat, const std::vector<std::size_t>& shape);
 
 /// Compares `actual` with `expected` within an absolute tolerance.
 template <class A, class E>

@@ -1,0 +1,31 @@
+#include "attn/cuda/device.hpp"
+#include "check.cuh"
+
+#include <cstdio>
+
+namespace attn::cuda {
+
+bool device_available(std::string* why) {
+    int count = 0;
+    const cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        if (why) *why = err != cudaSuccess ? cudaGetErrorString(err) : "no CUDA device found";
+        cudaGetLastError();  // clear the sticky error so later calls start clean
+        return false;
+    }
+    return true;
+}
+
+std::string device_summary() {
+    int count = 0;
+    CUDA_CHECK(cudaGetDeviceCount(&count));
+    cudaDeviceProp p{};
+    CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%s, compute capability %d.%d, %.1f GiB, %d SMs", p.name,
+                  p.major, p.minor, static_cast<double>(p.totalGlobalMem) / (1 << 30),
+                  p.multiProcessorCount);
+    return buf;
+}
+
+}  // namespace attn::cuda
