@@ -38,7 +38,7 @@ function(course_lesson name)
     endforeach()
 
     # Every check passes on the solution.
-    doctest_discover_tests(check_${nn} TEST_PREFIX "${nn} solution: "
+    doctest_discover_tests(check_${nn} TEST_PREFIX "${nn} solution/"
                            PROPERTIES LABELS "lesson${nn};solutions")
     # Every check fails on the exercise as shipped: a check that cannot fail is a defect.
     # The test is skipped once the learner has edited the exercise (it would then be
