@@ -7,14 +7,13 @@
 #include <cstdio>
 #include <stdexcept>
 
-#define STB_IMAGE_WRITE_IMPLEMENTATION
-#define STBIW_WINDOWS_UTF8
-#include <stb/stb_image_write.h>
-#include <stb/stb_easy_font.h>
+#include "canvas.hpp"
 
 namespace attn {
 
 namespace {
+
+using detail::Canvas;
 
 std::vector<std::string> labels_or_numbers(const std::vector<std::string>& labels, std::size_t n,
                                            const char* what) {
@@ -63,60 +62,19 @@ std::string printable(const std::string& s) {
 
 // The colour of a weight in [0, 1]: white through blue to a dark navy, so that zero
 // (a masked position) reads as empty paper.
-std::array<std::uint8_t, 3> colour(float v) {
+detail::Rgb colour(float v) {
     static const float stops[][3] = {
         {255, 255, 255}, {198, 219, 239}, {107, 174, 214}, {33, 113, 181}, {8, 48, 107}};
     if (std::isnan(v)) return {230, 50, 50};
     v = std::clamp(v, 0.0f, 1.0f) * 4.0f;
     const int i = std::min(3, static_cast<int>(v));
     const float f = v - static_cast<float>(i);
-    std::array<std::uint8_t, 3> c{};
+    detail::Rgb c{};
     for (int k = 0; k < 3; ++k)
         c[static_cast<std::size_t>(k)] = static_cast<std::uint8_t>(
             std::lround(stops[i][k] + f * (stops[i + 1][k] - stops[i][k])));
     return c;
 }
-
-// An RGB canvas with rectangles and text (stb_easy_font's quads, scaled).
-struct Canvas {
-    int w, h;
-    std::vector<std::uint8_t> px;
-    Canvas(int width_, int height_)
-        : w(width_), h(height_), px(static_cast<std::size_t>(width_ * height_ * 3), 255) {}
-
-    void rect(int x0, int y0, int x1, int y1, std::array<std::uint8_t, 3> c) {
-        x0 = std::max(x0, 0), y0 = std::max(y0, 0), x1 = std::min(x1, w), y1 = std::min(y1, h);
-        for (int y = y0; y < y1; ++y)
-            for (int x = x0; x < x1; ++x)
-                for (int k = 0; k < 3; ++k)
-                    px[static_cast<std::size_t>((y * w + x) * 3 + k)] = c[static_cast<std::size_t>(k)];
-    }
-
-    static int text_width(const std::string& s, int scale) {
-        std::string copy = s;
-        return stb_easy_font_width(copy.data()) * scale;
-    }
-
-    void text(int x, int y, const std::string& s, int scale, std::array<std::uint8_t, 3> c) {
-        std::vector<char> buffer(s.size() * 270 + 1000);
-        std::string copy = s;
-        const int quads = stb_easy_font_print(0, 0, copy.data(), nullptr, buffer.data(),
-                                              static_cast<int>(buffer.size()));
-        // Each quad is 4 vertices of (x, y, z, rgba): 16 bytes each; corners 0 and 2 span it.
-        for (int q = 0; q < quads; ++q) {
-            float v0[2], v2[2];
-            std::memcpy(v0, buffer.data() + q * 64, 8);
-            std::memcpy(v2, buffer.data() + q * 64 + 32, 8);
-            rect(x + static_cast<int>(v0[0]) * scale, y + static_cast<int>(v0[1]) * scale,
-                 x + static_cast<int>(v2[0]) * scale, y + static_cast<int>(v2[1]) * scale, c);
-        }
-    }
-
-    void save(const std::filesystem::path& path) const {
-        if (!stbi_write_png(path.string().c_str(), w, h, 3, px.data(), w * 3))
-            throw std::runtime_error(path.string() + ": cannot write the PNG file");
-    }
-};
 
 constexpr int kScale = 2;      // font scale: stb_easy_font glyphs are about 6 px tall
 constexpr int kLine = 12 * kScale;
@@ -145,7 +103,7 @@ Layout layout(std::size_t rows, std::size_t cols, const std::vector<std::string>
 void draw_panel(Canvas& canvas, int ox, int oy, const Layout& l, const Tensor2& w,
                 const std::vector<std::string>& rl, const std::vector<std::string>& cl,
                 const std::string& title) {
-    const std::array<std::uint8_t, 3> ink{20, 20, 20}, grey{90, 90, 90};
+    const detail::Rgb ink{20, 20, 20}, grey{90, 90, 90};
     canvas.text(ox + l.label_w, oy + 4, printable(title), kScale, ink);
     const int top = oy + kLine + 10 + l.label_h, left = ox + l.label_w;
     const std::size_t rows = w.shape()[0], cols = w.shape()[1];
@@ -167,7 +125,7 @@ void draw_panel(Canvas& canvas, int ox, int oy, const Layout& l, const Tensor2& 
             if (numbers) {
                 char buf[16];
                 std::snprintf(buf, sizeof buf, "%.2f", static_cast<double>(v));
-                const auto c = (v > 0.4f) ? std::array<std::uint8_t, 3>{255, 255, 255} : grey;
+                const auto c = (v > 0.4f) ? detail::Rgb{255, 255, 255} : grey;
                 canvas.text(x + (l.cell - Canvas::text_width(buf, 1)) / 2, y + l.cell / 2 - 4, buf,
                             1, c);
             }
