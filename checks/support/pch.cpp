@@ -1,0 +1,1 @@
+// Compiles the shared precompiled header that the check and test programs reuse.
