@@ -1,5 +1,6 @@
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
+#include "attn/head_fixtures.hpp"
 #include "attn/linalg.hpp"
 
 #include <doctest/doctest.h>
@@ -106,4 +107,52 @@ TEST_CASE("dropout zeros about p of the entries and scales survivors by 1/(1-p)"
     CHECK_CLOSE(dropout(x, 0.5f, a), dropout(x, 0.5f, b), 0.0);
     CHECK_THROWS_AS(dropout(x, 1.0f, rng), std::invalid_argument);
     CHECK_THROWS_AS(dropout(x, -0.1f, rng), std::invalid_argument);
+}
+
+TEST_CASE("Head gives the hand-worked rows 1 0 / 0.3302 0.6698 / 0.7517 0.7517") {
+    const Tensor2 identity = xt::eye<float>(2);
+    Head head(identity, identity, identity, 3);
+    Tensor3 x = {{{1, 0}, {0, 1}, {1, 1}}};
+    // Rows worked on paper to four decimals (see lesson 05); 5e-5 covers that rounding.
+    CHECK_CLOSE(head.forward(x), Tensor3({{{1, 0}, {0.3302f, 0.6698f}, {0.7517f, 0.7517f}}}), 5e-5);
+}
+
+TEST_CASE("Head agrees with PyTorch's head within 1e-6 on every reference fixture") {
+    const auto cases = check::load_head_cases();
+    REQUIRE(cases.size() >= 5);
+    double largest = 0.0;
+    for (const auto& c : cases) {
+        CAPTURE(c.name);
+        Head head(c.w_key, c.w_query, c.w_value, c.block_size, 0.2f);
+        // PyTorch sums in another order than BLAS: float32 rounding of values of size ~1.
+        const auto weights = check::compare(head.attention_weights(c.x), c.weights, 1e-6);
+        const auto out = check::compare(head.forward(c.x), c.out, 1e-6);
+        CHECK_MESSAGE(weights.ok, weights.report);
+        CHECK_MESSAGE(out.ok, out.report);
+        largest = std::max({largest, weights.max_abs_diff, out.max_abs_diff});
+    }
+    MESSAGE("largest |C++ - PyTorch| over ", cases.size(), " cases: ", largest);
+}
+
+TEST_CASE("Head in evaluation mode is deterministic; in training mode dropout acts, seeded") {
+    Rng rng(4);
+    Head a(16, 8, 8, 0.3f, rng, 99);
+    Head b = a;
+    const Tensor3 x = rng.normal_tensor<3>({2, 8, 16});
+    CHECK_CLOSE(a.forward(x), a.forward(x), 0.0);
+    a.training = b.training = true;
+    const Tensor3 ta = a.forward(x), tb = b.forward(x);
+    CHECK_CLOSE(ta, tb, 0.0);  // equal seeds drop the same weights
+    CHECK(xt::amax(xt::abs(ta - a.forward(x)))() > 1e-3f);  // a new draw on each call
+    CHECK_THROWS_AS(Head(16, 8, 8, 1.0f, rng), std::invalid_argument);
+}
+
+TEST_CASE("Head rejects a sequence longer than its block size and a wrong width") {
+    Rng rng(5);
+    Head head(6, 4, 3, 0.0f, rng);
+    CHECK_THROWS_AS(head.forward(Tensor3(xt::zeros<float>({1, 4, 6}))), std::invalid_argument);
+    CHECK_THROWS_AS(head.forward(Tensor3(xt::zeros<float>({1, 3, 5}))), std::invalid_argument);
+    CHECK_THROWS_AS(Head(rng.normal_tensor<2>({4, 6}), rng.normal_tensor<2>({3, 6}),
+                         rng.normal_tensor<2>({4, 6}), 3),
+                    std::invalid_argument);
 }
