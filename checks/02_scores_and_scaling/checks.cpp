@@ -1,0 +1,71 @@
+// Checks for exercise 02: scaled attention scores.
+#include "exercise.hpp"
+
+#include "attn/attention.hpp"
+#include "attn/check.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+
+using attn::Tensor3;
+using exercise::scaled_scores;
+
+TEST_CASE("scores of a small input match values worked by hand") {
+    // Two queries and three keys of size hs = 2, so every score is divided by √2.
+    Tensor3 q = {{{1, 0}, {0, 1}}};
+    Tensor3 k = {{{1, 1}, {2, 0}, {0, 3}}};
+    // q0·k = (1, 2, 0), q1·k = (1, 0, 3).
+    const Tensor3 expected = Tensor3({{{1, 2, 0}, {1, 0, 3}}}) / std::sqrt(2.0f);
+    CHECK_CLOSE(scaled_scores(q, k), expected, 1e-6);
+}
+
+TEST_CASE("the result has shape (B, T_q, T_k) and sequences do not mix") {
+    attn::Rng rng(1);
+    Tensor3 q = rng.normal_tensor<3>({4, 5, 4});
+    Tensor3 k = rng.normal_tensor<3>({4, 6, 4});
+    const Tensor3 before = scaled_scores(q, k);
+    CHECK(attn::shape_of(before) == "(4, 5, 6)");
+    // Swapping the batch axis into the transpose would make sequence 0 read sequence 3.
+    xt::view(k, 3) += 1.0f;
+    const Tensor3 after = scaled_scores(q, k);
+    CHECK_CLOSE(xt::view(after, 0), xt::view(before, 0), 0.0);
+    CHECK_CLOSE(xt::view(after, 1), xt::view(before, 1), 0.0);
+    CHECK(xt::amax(xt::abs(xt::view(after, 3) - xt::view(before, 3)))() > 0.1f);
+}
+
+TEST_CASE("agrees with attn::attention_scores on random input") {
+    attn::Rng rng(2);
+    for (std::size_t hs : {1, 16, 64}) {
+        CAPTURE(hs);
+        Tensor3 q = rng.normal_tensor<3>({3, 7, hs}), k = rng.normal_tensor<3>({3, 7, hs});
+        // Sums of up to 64 products of N(0,1) numbers, divided by 8: a few float32 ulps of
+        // values of size ~1, summed in a possibly different order.
+        CHECK_CLOSE(scaled_scores(q, k), attn::attention_scores(q, k), 1e-5);
+    }
+}
+
+TEST_CASE("scaled scores of unit-variance queries and keys have standard deviation near 1") {
+    attn::Rng rng(3);
+    Tensor3 q = rng.normal_tensor<3>({4, 64, 256}), k = rng.normal_tensor<3>({4, 64, 256});
+    const Tensor3 s = scaled_scores(q, k);
+    double sum2 = 0;
+    for (float v : s) sum2 += double(v) * v;
+    const double spread = std::sqrt(sum2 / double(s.size()));
+    // 16384 scores: the sampling error of a standard deviation is ~1/√(2·16384) ≈ 0.6%;
+    // without the scaling it would be √256 = 16.
+    CHECK(spread == doctest::Approx(1.0).epsilon(0.05));
+}
+
+TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
+    attn::Rng rng(4);
+    Tensor3 q = rng.normal_tensor<3>({2, 3, 4});
+    SUBCASE("keys of another head size") {
+        CHECK_THROWS_AS(scaled_scores(q, rng.normal_tensor<3>({2, 3, 5})), std::invalid_argument);
+    }
+    SUBCASE("keys from another batch size") {
+        CHECK_THROWS_AS(scaled_scores(q, rng.normal_tensor<3>({3, 3, 4})), std::invalid_argument);
+    }
+}

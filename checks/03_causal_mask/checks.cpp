@@ -1,0 +1,87 @@
+// Checks for exercise 03: the causal mask and the masked fill.
+#include "exercise.hpp"
+
+#include "attn/attention.hpp"
+#include "attn/check.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <limits>
+
+using attn::Mask;
+using attn::Tensor3;
+
+namespace {
+constexpr float inf = std::numeric_limits<float>::infinity();
+}
+
+TEST_CASE("the mask at block size 4 is lower triangular, as drawn by hand") {
+    const Mask<2> expected = {{true, false, false, false},
+                              {true, true, false, false},
+                              {true, true, true, false},
+                              {true, true, true, true}};
+    const Mask<2> m = exercise::causal_mask(4);
+    REQUIRE(attn::shape_of(m) == "(4, 4)");
+    CHECK_CLOSE(m, expected, 0.0);
+}
+
+TEST_CASE("masked_fill of a small input writes -inf above the diagonal and keeps the rest") {
+    Tensor3 scores = {{{1, 2, 3}, {4, 5, 6}, {7, 8, 9}}, {{-1, -2, -3}, {-4, -5, -6}, {-7, -8, -9}}};
+    const Mask<2> mask = {{true, false, false}, {true, true, false}, {true, true, true}};
+    const Tensor3 expected = {{{1, -inf, -inf}, {4, 5, -inf}, {7, 8, 9}},
+                              {{-1, -inf, -inf}, {-4, -5, -inf}, {-7, -8, -9}}};
+    CHECK_CLOSE(exercise::masked_fill(scores, mask), expected, 0.0);
+}
+
+TEST_CASE("agrees with the library on random scores, masks and sizes") {
+    attn::Rng rng(1);
+    for (std::size_t n : {1, 2, 5, 8, 13}) {
+        CAPTURE(n);
+        CHECK_CLOSE(exercise::causal_mask(n), attn::causal_mask(n), 0.0);
+        Tensor3 scores = rng.normal_tensor<3>({3, n, n + 1});
+        Mask<2> mask({n, n + 1});
+        for (auto& allowed : mask) allowed = rng.uniform() < 0.5f;  // any pattern, not only causal
+        CHECK_CLOSE(exercise::masked_fill(scores, mask), attn::masked_fill(scores, mask), 0.0);
+    }
+}
+
+TEST_CASE("after the mask and the softmax no token gives weight to a later token") {
+    attn::Rng rng(2);
+    Tensor3 scores = rng.normal_tensor<3>({2, 7, 7}, 0.0f, 3.0f);
+    const Tensor3 w = attn::softmax(exercise::masked_fill(scores, exercise::causal_mask(7)));
+    for (std::size_t b = 0; b < 2; ++b)
+        for (std::size_t i = 0; i < 7; ++i) {
+            CAPTURE(b);
+            CAPTURE(i);
+            // The allowed weights are a distribution: float32 rounding of ≤ 7 terms.
+            CHECK(xt::sum(xt::view(w, b, i))() == doctest::Approx(1.0).epsilon(1e-6));
+            for (std::size_t j = i + 1; j < 7; ++j) CHECK(w(b, i, j) == 0.0f);
+        }
+}
+
+TEST_CASE("no row of a causal mask is fully masked: each token may attend to itself") {
+    for (std::size_t n = 1; n <= 16; ++n) {
+        const Mask<2> m = exercise::causal_mask(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            CAPTURE(n);
+            CAPTURE(i);
+            CHECK(m(i, i));
+        }
+    }
+}
+
+TEST_CASE("bad input is rejected with std::invalid_argument") {
+    SUBCASE("a block size of 0") {
+        CHECK_THROWS_AS(exercise::causal_mask(0), std::invalid_argument);
+    }
+    SUBCASE("a mask that does not fit the scores") {
+        Tensor3 scores = xt::zeros<float>({2, 3, 3});
+        CHECK_THROWS_AS(exercise::masked_fill(scores, attn::causal_mask(4)),
+                        std::invalid_argument);
+        CHECK_THROWS_AS(exercise::masked_fill(scores, Mask<2>(xt::ones<bool>({3, 2}))),
+                        std::invalid_argument);
+    }
+}

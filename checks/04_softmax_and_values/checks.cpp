@@ -1,0 +1,79 @@
+// Checks for exercise 04: the stable softmax over the last axis.
+#include "exercise.hpp"
+
+#include "attn/attention.hpp"
+#include "attn/check.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <limits>
+
+using attn::Tensor3;
+using exercise::softmax_last_axis;
+
+namespace {
+constexpr float inf = std::numeric_limits<float>::infinity();
+}
+
+TEST_CASE("softmax of small rows matches values worked by hand") {
+    // Row 0: e^0, e^1, e^2 over 1 + e + e² (calculator). Row 1: e^0 and e^ln3 = 3 over 4.
+    Tensor3 logits = {{{1, 2, 3}, {0, std::log(3.0f), -inf}}};
+    const Tensor3 expected = {{{0.0900306f, 0.2447285f, 0.6652410f}, {0.25f, 0.75f, 0.0f}}};
+    // Float32 exponentials and one division: a few ulps of numbers below 1.
+    CHECK_CLOSE(softmax_last_axis(logits), expected, 1e-6);
+}
+
+TEST_CASE("logits of plus or minus 1000 neither overflow nor give 0/0") {
+    const float e = std::exp(1.0f);
+    Tensor3 logits = {{{1000, 999, -1000}, {-1000, -1000, -1001}}};
+    // Shifting a row does not change its softmax: these are softmax([1, 0, -2000]) and
+    // softmax([0, 0, -1]), worked by hand.
+    const Tensor3 expected = {{{e / (e + 1), 1 / (e + 1), 0},
+                               {1 / (2 + 1 / e), 1 / (2 + 1 / e), (1 / e) / (2 + 1 / e)}}};
+    CHECK_CLOSE(softmax_last_axis(logits), expected, 1e-6);
+}
+
+TEST_CASE("on random logits rows sum to one and the result agrees with attn::softmax") {
+    attn::Rng rng(1);
+    // Not square, so normalising the wrong axis cannot pass by accident.
+    Tensor3 logits = rng.normal_tensor<3>({3, 4, 9}, 0.0f, 5.0f);
+    const Tensor3 p = softmax_last_axis(logits);
+    // Nine float32 terms of at most 1: their sum rounds within a few 1e-7 of 1.
+    CHECK_CLOSE(xt::sum(p, {2}), xt::ones<float>({3, 4}), 1e-6);
+    CHECK_CLOSE(p, attn::softmax(logits), 1e-6);
+    SUBCASE("adding a constant to every logit of a row changes nothing") {
+        Tensor3 shifted = logits;
+        xt::view(shifted, 1, 2) += 300.0f;
+        // exp of arguments shifted by the max are the same up to float rounding of z − m.
+        CHECK_CLOSE(softmax_last_axis(shifted), p, 1e-5);
+    }
+}
+
+TEST_CASE("a fully masked row becomes zeros and masked entries get exactly 0") {
+    attn::Rng rng(2);
+    Tensor3 scores = rng.normal_tensor<3>({2, 4, 4});
+    const Tensor3 masked = attn::masked_fill(scores, attn::causal_mask(4));
+    CHECK_CLOSE(softmax_last_axis(masked), attn::softmax(masked), 1e-6);
+    Tensor3 none = masked;
+    xt::view(none, 1, 2) = -inf;  // row (1, 2) may attend to nothing
+    const Tensor3 p = softmax_last_axis(none);
+    CHECK_CLOSE(xt::view(p, 1, 2), xt::zeros<float>({4}), 0.0);
+    for (std::size_t j = 1; j < 4; ++j) CHECK(p(0, 0, j) == 0.0f);
+    CHECK(p(0, 0, 0) == 1.0f);
+}
+
+TEST_CASE("NaN, plus infinity and an empty last axis are rejected with std::invalid_argument") {
+    SUBCASE("NaN") {
+        CHECK_THROWS_AS(softmax_last_axis(Tensor3({{{0, std::nanf("")}}})), std::invalid_argument);
+    }
+    SUBCASE("plus infinity") {
+        CHECK_THROWS_AS(softmax_last_axis(Tensor3({{{0, inf}}})), std::invalid_argument);
+    }
+    SUBCASE("no keys at all") {
+        CHECK_THROWS_AS(softmax_last_axis(Tensor3(xt::zeros<float>({2, 3, 0}))),
+                        std::invalid_argument);
+    }
+}

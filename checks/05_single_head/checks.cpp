@@ -1,0 +1,83 @@
+// Checks for exercise 05: the forward pass of one head, in evaluation mode.
+#include "exercise.hpp"
+
+#include "attn/attention.hpp"
+#include "attn/check.hpp"
+#include "attn/head_fixtures.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+
+using attn::Tensor2;
+using attn::Tensor3;
+using exercise::head_forward;
+
+TEST_CASE("the hand-worked example gives the rows computed on paper") {
+    const Tensor2 identity = xt::eye<float>(2);
+    Tensor3 x = {{{1, 0}, {0, 1}, {1, 1}}};
+    // Scores are q·k/√2. Row 1: (0, 1)/√2, weights 1/(1+e^s), e^s/(1+e^s) with s = 1/√2.
+    // Row 2: (1, 1, 2)/√2, weights e^s, e^s, e^2s over their sum; out = (w0 + w2, w1 + w2).
+    const float s = 1.0f / std::sqrt(2.0f);
+    const float a = 1.0f / (1.0f + std::exp(s));
+    const float sum = 2.0f * std::exp(s) + std::exp(2.0f * s);
+    const float w0 = std::exp(s) / sum, w2 = std::exp(2.0f * s) / sum;
+    const Tensor3 expected = {{{1, 0}, {a, 1 - a}, {w0 + w2, w0 + w2}}};
+    // Float32 exponentials of numbers near 1: a few ulps.
+    CHECK_CLOSE(head_forward(x, identity, identity, identity, attn::causal_mask(3)), expected,
+                1e-6);
+    // The same numbers to four decimals: 1.0000 0.0000 / 0.3302 0.6698 / 0.7517 0.7517.
+    CHECK(a == doctest::Approx(0.3302).epsilon(2e-4));
+    CHECK(w0 + w2 == doctest::Approx(0.7517).epsilon(2e-4));
+}
+
+TEST_CASE("agrees with PyTorch's head on the reference fixtures") {
+    const auto cases = attn::check::load_head_cases();
+    REQUIRE(cases.size() >= 5);
+    for (const auto& c : cases) {
+        CAPTURE(c.name);
+        // PyTorch and BLAS sum in different orders: float32 rounding of outputs of size ~1.
+        CHECK_CLOSE(head_forward(c.x, c.w_key, c.w_query, c.w_value,
+                                 attn::causal_mask(c.block_size)),
+                    c.out, 1e-6);
+    }
+}
+
+TEST_CASE("agrees with attn::Head on random input, and later tokens do not change earlier ones") {
+    attn::Rng rng(1);
+    attn::Head head(24, 8, 10, 0.0f, rng);
+    Tensor3 x = rng.normal_tensor<3>({3, 7, 24});
+    const Tensor3 out = head_forward(x, head.key.weight, head.query.weight, head.value.weight,
+                                     head.tril);
+    // The same library steps in the same order: equal up to float32 rounding.
+    CHECK_CLOSE(out, head.forward(x), 1e-6);
+    xt::view(x, xt::all(), 4) += 3.0f;  // change token 4 of every sequence
+    const Tensor3 changed = head_forward(x, head.key.weight, head.query.weight,
+                                         head.value.weight, head.tril);
+    CHECK_CLOSE(xt::view(changed, xt::all(), xt::range(0, 4)),
+                xt::view(out, xt::all(), xt::range(0, 4)), 1e-6);
+    CHECK(xt::amax(xt::abs(xt::view(changed, xt::all(), 4) - xt::view(out, xt::all(), 4)))() >
+          1e-3f);
+}
+
+TEST_CASE("bad input is rejected with std::invalid_argument") {
+    attn::Rng rng(2);
+    const Tensor2 w = rng.normal_tensor<2>({4, 6});
+    const attn::Mask<2> tril = attn::causal_mask(5);
+    SUBCASE("a sequence longer than the block size") {
+        CHECK_THROWS_AS(head_forward(rng.normal_tensor<3>({1, 6, 6}), w, w, w, tril),
+                        std::invalid_argument);
+    }
+    SUBCASE("an input whose width is not C") {
+        CHECK_THROWS_AS(head_forward(rng.normal_tensor<3>({1, 3, 7}), w, w, w, tril),
+                        std::invalid_argument);
+    }
+    SUBCASE("weights of different head sizes") {
+        const Tensor2 other = rng.normal_tensor<2>({3, 6});
+        Tensor3 x = rng.normal_tensor<3>({1, 3, 6});
+        CHECK_THROWS_AS(head_forward(x, w, other, w, tril), std::invalid_argument);
+        CHECK_THROWS_AS(head_forward(x, w, w, other, tril), std::invalid_argument);
+    }
+}
