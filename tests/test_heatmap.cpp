@@ -16,6 +16,13 @@ TEST_CASE("the text heatmap shades each cell by its weight and keeps zeros blank
     CHECK(picture.find("bc |▒▒▓▓|\n") != std::string::npos);
 }
 
+TEST_CASE("long column labels are written downwards so that they stay readable") {
+    Tensor2 w = {{1.0f, 0.0f}, {0.5f, 0.5f}};
+    const std::string picture = heatmap_text(w, {"the", "cat"}, {"the", "cat"});
+    CHECK(picture.find("     t c\n     h a\n     e t\n") == 0);
+    CHECK(picture.find("the |██  |\n") != std::string::npos);
+}
+
 TEST_CASE("the text heatmap marks NaN and rejects label lists of the wrong length") {
     Tensor2 w = {{NAN}};
     CHECK(heatmap_text(w).find("|??|") != std::string::npos);

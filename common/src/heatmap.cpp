@@ -51,6 +51,18 @@ std::string fit(const std::string& s, std::size_t n) {
     return out + std::string(n - taken, ' ');
 }
 
+// The code points of a UTF-8 string, each as its bytes.
+std::vector<std::string> split_characters(const std::string& s) {
+    std::vector<std::string> out;
+    for (std::size_t i = 0; i < s.size();) {
+        const auto c = static_cast<unsigned char>(s[i]);
+        const std::size_t len = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+        out.push_back(s.substr(i, len));
+        i += len;
+    }
+    return out;
+}
+
 // A printable ASCII version of a token label for the PNG font (which has ASCII only).
 std::string printable(const std::string& s) {
     if (s == " ") return "' '";
@@ -143,9 +155,25 @@ std::string heatmap_text(const Tensor2& w, const std::vector<std::string>& row_l
     const auto cl = labels_or_numbers(col_labels, cols, "column");
     std::size_t lw = 0;
     for (const auto& s : rl) lw = std::max(lw, width(s));
-    std::string out = std::string(lw + 2, ' ');
-    for (const auto& s : cl) out += fit(s, 2);
-    out += "\n";
+    // Column labels sit above their two-character cells: on one line when they fit,
+    // otherwise written downwards, one character per line, so words stay readable.
+    std::size_t cw = 0;
+    for (const auto& s : cl) cw = std::max(cw, width(s));
+    std::string out;
+    if (cw <= 2) {
+        out = std::string(lw + 2, ' ');
+        for (const auto& s : cl) out += fit(s, 2);
+        out += "\n";
+    } else {
+        std::vector<std::vector<std::string>> chars;
+        for (const auto& s : cl) chars.push_back(split_characters(s));
+        for (std::size_t k = 0; k < cw; ++k) {
+            std::string line = std::string(lw + 2, ' ');
+            for (const auto& c : chars) line += fit(k < c.size() ? c[k] : "", 2);
+            while (!line.empty() && line.back() == ' ') line.pop_back();
+            out += line + "\n";
+        }
+    }
     for (std::size_t i = 0; i < rows; ++i) {
         out += std::string(lw - width(rl[i]), ' ') + rl[i] + " |";
         for (std::size_t j = 0; j < cols; ++j) {

@@ -11,8 +11,8 @@
 namespace attn {
 
 /// Draws a matrix of weights in [0, 1] as shaded block characters, two per cell
-/// (`  `, `░░`, `▒▒`, `▓▓`, `██` for 0 to 1), with row labels on the left and the first
-/// characters of the column labels on top.
+/// (`  `, `░░`, `▒▒`, `▓▓`, `██` for 0 to 1), with row labels on the left and the column
+/// labels on top (written downwards, one character per line, when wider than two).
 ///
 /// Plain characters, no colour codes: it reads the same in a terminal, a log file and the
 /// docs. Values below 0 or above 1 are clamped; NaN is drawn as `??`.
