@@ -4,7 +4,7 @@
 #include "attn/gpt.hpp"
 #include "attn/npy.hpp"
 
-#include "gradcheck.hpp"
+#include "attn/gradcheck.hpp"
 
 #include <doctest/doctest.h>
 
@@ -150,7 +150,7 @@ TEST_CASE("the whole model's gradient agrees with finite differences, with dropo
             // allows 4 ulps; a wrong gradient path is off by O(0.01-1). (A larger step,
             // h = 1e-2, trades this for truncation error h²/6·f''' of up to 1e-2 with weights
             // this large.)
-            const attn::test::GradCheck r = attn::test::finite_difference(
+            const attn::GradCheck r = attn::finite_difference(
                 model.parameters().data(), analytic.data(), analytic.size(), 1e-3f, objective);
             MESSAGE("dropout " << dropout << ", bias " << bias << ": " << analytic.size()
                                << " parameters, max |analytic - numeric| = " << r.max_abs_error

@@ -1,7 +1,7 @@
 // Every layer's backward pass against central finite differences of its forward pass.
 #include "attn/gpt_layers.hpp"
 
-#include "gradcheck.hpp"
+#include "attn/gradcheck.hpp"
 
 #include <doctest/doctest.h>
 
@@ -11,10 +11,6 @@
 #include <vector>
 
 using namespace attn;
-using attn::test::finite_difference;
-using attn::test::GradCheck;
-using attn::test::normal_vector;
-using attn::test::weighted_sum;
 
 namespace {
 

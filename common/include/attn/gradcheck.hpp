@@ -1,4 +1,6 @@
-// Central finite differences for the gradient checks of the GPT's layers and model.
+/// @file gradcheck.hpp
+/// @brief Central finite differences, to check a hand-written backward pass against its
+/// forward pass.
 #pragma once
 
 #include "attn/random.hpp"
@@ -8,7 +10,7 @@
 #include <functional>
 #include <vector>
 
-namespace attn::test {
+namespace attn {
 
 /// The outcome of comparing an analytic gradient with central differences.
 struct GradCheck {
@@ -18,6 +20,12 @@ struct GradCheck {
 
 /// Perturbs each of the n floats at x by ±h, evaluates `objective` (a double computed from
 /// the float forward pass) and compares (f(x+h) − f(x−h)) / 2h with analytic[i].
+/// @param x the inputs to perturb, n floats; restored on return
+/// @param analytic the gradient to check, n floats
+/// @param n the number of inputs
+/// @param h the step
+/// @param objective recomputes the scalar from the current inputs
+/// @return the largest error and the largest numeric derivative
 inline GradCheck finite_difference(float* x, const float* analytic, std::size_t n, float h,
                                    const std::function<double()>& objective) {
     GradCheck r;
@@ -37,7 +45,9 @@ inline GradCheck finite_difference(float* x, const float* analytic, std::size_t 
     return r;
 }
 
-/// n standard normal floats.
+/// n normal floats N(0, std²).
+/// @param rng the source @param n how many @param std their standard deviation
+/// @return the numbers
 inline std::vector<float> normal_vector(Rng& rng, std::size_t n, float std = 1.0f) {
     std::vector<float> v(n);
     for (float& x : v) x = std * rng.normal();
@@ -45,10 +55,12 @@ inline std::vector<float> normal_vector(Rng& rng, std::size_t n, float std = 1.0
 }
 
 /// Σ w·out in double: the objective whose gradient with respect to `out` is w.
+/// @param out the outputs of a forward pass @param w the weights, as many as `out`
+/// @return the weighted sum
 inline double weighted_sum(const std::vector<float>& out, const std::vector<float>& w) {
     double s = 0.0;
     for (std::size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out[i]) * w[i];
     return s;
 }
 
-}  // namespace attn::test
+}  // namespace attn
