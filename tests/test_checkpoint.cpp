@@ -68,6 +68,40 @@ TEST_CASE("a checkpoint written and reloaded gives bit-identical logits and its 
     }
 }
 
+TEST_CASE("training resumed from a checkpoint and optimizer state repeats the losses bit for bit") {
+    GPTConfig config = small_config();
+    config.dropout = 0.1f;
+    GPT model(config, 5);
+    AdamW optimizer;
+    const std::vector<int> x = {1, 2, 3, 4, 5, 6, 7, 8, 12, 0, 1, 2};
+    const std::vector<int> y = {2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3};
+    auto step = [&](GPT& m, AdamW& opt) {
+        const float loss = m.forward(x, y, 2, 6);
+        m.zero_grad();
+        m.backward();
+        clip_grad_norm(m, 1.0f);
+        opt.step(m, 1e-2f);
+        return loss;
+    };
+    for (int i = 0; i < 3; ++i) step(model, optimizer);
+    const fs::path dir = fs::temp_directory_path() / "attn_checkpoint_resume";
+    fs::remove_all(dir);
+    save_checkpoint(dir, model, {"", 3});
+    save_optimizer(dir, optimizer);
+    GPT resumed = load_checkpoint(dir);
+    AdamW resumed_optimizer = load_optimizer(dir, resumed);
+    CHECK(resumed_optimizer.step_count == 3);
+    for (int i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        model.seed_dropout(100 + i);  // the same dropout masks on both sides
+        resumed.seed_dropout(100 + i);
+        CHECK(step(resumed, resumed_optimizer) == step(model, optimizer));
+    }
+    CHECK(resumed.parameters() == model.parameters());
+    fs::remove(dir / "adamw.v.npy");
+    CHECK_THROWS_AS(load_optimizer(dir, resumed), CheckpointError);
+}
+
 TEST_CASE("a checkpoint has one file per state_dict key with PyTorch's shapes") {
     const fs::path dir = fresh_dir("names");
     const std::vector<std::pair<std::string, std::vector<std::size_t>>> expected = {

@@ -52,4 +52,17 @@ GPTConfig load_config(const std::filesystem::path& dir, CheckpointInfo* info = n
 /// @return the model, in training mode, with the loaded weights
 GPT load_checkpoint(const std::filesystem::path& dir, CheckpointInfo* info = nullptr);
 
+/// Writes AdamW's state into a weights directory, so that training can resume exactly:
+/// `adamw.m.npy` and `adamw.v.npy` (P,), the moments in the layout of GPT::parameters(), and
+/// `adamw.json` with the step count and the hyperparameters.
+/// @param dir the weights directory (created if needed)
+/// @param optimizer the state to write
+void save_optimizer(const std::filesystem::path& dir, const AdamW& optimizer);
+
+/// Reads the AdamW state that save_optimizer() wrote.
+/// @param dir the weights directory
+/// @param model the model it belongs to: the moments must hold one value per parameter
+/// @return the optimizer, ready to take the next step
+AdamW load_optimizer(const std::filesystem::path& dir, const GPT& model);
+
 }  // namespace attn

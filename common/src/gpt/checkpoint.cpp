@@ -128,4 +128,46 @@ GPT load_checkpoint(const fs::path& dir, CheckpointInfo* info) {
     return model;
 }
 
+void save_optimizer(const fs::path& dir, const AdamW& optimizer) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw CheckpointError(dir.string() + ": cannot create the directory: " + ec.message());
+    const json j = {{"step_count", optimizer.step_count}, {"beta1", optimizer.beta1},
+                    {"beta2", optimizer.beta2},           {"eps", optimizer.eps},
+                    {"weight_decay", optimizer.weight_decay}};
+    const fs::path file = dir / "adamw.json";
+    std::ofstream out(file);
+    out << j.dump(2) << "\n";
+    if (!out) throw CheckpointError(file.string() + ": cannot write");
+    try {
+        write_npy(dir / "adamw.m.npy", {optimizer.m.size()}, optimizer.m.data());
+        write_npy(dir / "adamw.v.npy", {optimizer.v.size()}, optimizer.v.data());
+    } catch (const NpyError& e) {
+        throw CheckpointError(e.what());
+    }
+}
+
+AdamW load_optimizer(const fs::path& dir, const GPT& model) {
+    const fs::path file = dir / "adamw.json";
+    std::ifstream in(file);
+    if (!in) throw CheckpointError(file.string() + ": cannot open (no optimizer state saved?)");
+    json j;
+    try {
+        j = json::parse(in);
+    } catch (const json::exception& e) {
+        throw CheckpointError(file.string() + ": not valid JSON: " + e.what());
+    }
+    AdamW opt;
+    opt.step_count = config_field<long>(j, "step_count", file);
+    opt.beta1 = config_field<float>(j, "beta1", file);
+    opt.beta2 = config_field<float>(j, "beta2", file);
+    opt.eps = config_field<float>(j, "eps", file);
+    opt.weight_decay = config_field<float>(j, "weight_decay", file);
+    if (opt.step_count == 0) return opt;  // no step taken: no moments yet
+    const std::vector<std::size_t> shape = {model.parameters().size()};
+    opt.m = read_parameter(dir / "adamw.m.npy", shape).data;
+    opt.v = read_parameter(dir / "adamw.v.npy", shape).data;
+    return opt;
+}
+
 }  // namespace attn
