@@ -44,9 +44,7 @@ std::string load_error(const fs::path& dir) {
     return "";
 }
 
-void write_text(const fs::path& file, const std::string& text) {
-    std::ofstream(file) << text;
-}
+void write_text(const fs::path& file, const std::string& text) { std::ofstream(file) << text; }
 }  // namespace
 
 TEST_CASE("a checkpoint written and reloaded gives bit-identical logits and its metadata") {

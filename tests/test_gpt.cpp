@@ -111,8 +111,8 @@ TEST_CASE("ten AdamW steps with clipping follow PyTorch's losses") {
             clip_grad_norm(model, 1.0f);
             optimizer.step(model, 1e-3f);
         }
-        MESSAGE(name << ": worst |loss - torch| over 10 AdamW steps = " << worst
-                     << " (loss " << expected.data.front() << " -> " << expected.data.back() << ")");
+        MESSAGE(name << ": worst |loss - torch| over 10 AdamW steps = " << worst << " (loss "
+                     << expected.data.front() << " -> " << expected.data.back() << ")");
     }
 }
 

@@ -25,8 +25,8 @@ constexpr double tol = 1e-3;
 void check_gradient(const char* what, float* x, const std::vector<float>& analytic,
                     const std::function<double()>& objective) {
     const GradCheck r = finite_difference(x, analytic.data(), analytic.size(), h, objective);
-    MESSAGE(std::string(what) << ": max |analytic - numeric| = " << r.max_abs_error << " (largest gradient "
-                 << r.max_abs_grad << ")");
+    MESSAGE(std::string(what) << ": max |analytic - numeric| = " << r.max_abs_error
+                              << " (largest gradient " << r.max_abs_grad << ")");
     CHECK_MESSAGE(r.max_abs_error <= tol, what);
     CHECK(r.max_abs_grad > 1e-3);  // the check compared something
 }
@@ -60,14 +60,14 @@ TEST_CASE("LayerNorm's backward agrees with finite differences, with and without
         const float* b = with_bias ? bias.data() : nullptr;
         std::vector<float> out(inp.size()), mean(B * T), rstd(B * T);
         std::vector<float> w = normal_vector(rng, out.size());
-        layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), b, B,
-                          T, C);
+        layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), b, B, T,
+                          C);
         std::vector<float> dinp(inp.size(), 0.0f), dweight(C, 0.0f), dbias(C, 0.0f);
         layernorm_backward(dinp.data(), dweight.data(), with_bias ? dbias.data() : nullptr,
                            w.data(), inp.data(), weight.data(), mean.data(), rstd.data(), B, T, C);
         auto objective = [&] {
-            layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), b,
-                              B, T, C);
+            layernorm_forward(out.data(), mean.data(), rstd.data(), inp.data(), weight.data(), b, B,
+                              T, C);
             return weighted_sum(out, w);
         };
         check_gradient("dinp", inp.data(), dinp, objective);
@@ -219,12 +219,13 @@ TEST_CASE("inverted dropout zeroes about p of the values and scales the rest by 
     for (int i = 0; i < N; ++i) CHECK(dx[i] == 2.0f * mask[i]);
 }
 
-TEST_CASE("cross-entropy of uniform logits is ln V and its backward agrees with finite differences") {
+TEST_CASE(
+    "cross-entropy of uniform logits is ln V and its backward agrees with finite differences") {
     const int B = 2, T = 3, V = 7;
     std::vector<float> logits(B * T * V, 0.5f), probs(logits.size()), losses(B * T);
     const std::vector<int> targets = {0, 6, 3, 3, 1, 2};
-    const float uniform = crossentropy_forward(probs.data(), losses.data(), logits.data(),
-                                               targets.data(), B, T, V);
+    const float uniform =
+        crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), B, T, V);
     CHECK(uniform == doctest::Approx(std::log(7.0)).epsilon(1e-6));
 
     Rng rng(9);

@@ -124,8 +124,10 @@ TEST_CASE("LayerNorm's gradients agree with finite differences of the forward pa
         return weighted(y, dout);
     };
     const double ex = fd_error(x, g.dx, loss);
-    const double ew = attn::finite_difference(weight.data(), g.dweight.data(), C, h, loss).max_abs_error;
-    const double eb = attn::finite_difference(bias.data(), g.dbias.data(), C, h, loss).max_abs_error;
+    const double ew =
+        attn::finite_difference(weight.data(), g.dweight.data(), C, h, loss).max_abs_error;
+    const double eb =
+        attn::finite_difference(bias.data(), g.dbias.data(), C, h, loss).max_abs_error;
     MESSAGE("max |analytic - numeric|: dx " << ex << ", dweight " << ew << ", dbias " << eb);
     CHECK(ex <= fd_tol);
     CHECK(ew <= fd_tol);
@@ -152,7 +154,7 @@ TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
                     std::invalid_argument);
     CHECK_THROWS_AS(exercise::layernorm_backward(a, a, rng.normal_tensor<1>({4})),
                     std::invalid_argument);
-    CHECK_THROWS_AS(exercise::layernorm_backward(rng.normal_tensor<2>({3, 3}), a,
-                                                 rng.normal_tensor<1>({3})),
-                    std::invalid_argument);
+    CHECK_THROWS_AS(
+        exercise::layernorm_backward(rng.normal_tensor<2>({3, 3}), a, rng.normal_tensor<1>({3})),
+        std::invalid_argument);
 }

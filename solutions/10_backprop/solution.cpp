@@ -21,7 +21,7 @@ AttentionGradients attention_backward(const attn::Tensor2& dout, const attn::Ten
     // forward: out = w·v
     const attn::Tensor2 dw = attn::matmul_transposed(dout, v);  // (T, T) = dout·vᵀ
     const attn::Tensor2 wt = xt::transpose(w);
-    attn::Tensor2 dv = attn::matmul(wt, dout);                  // (T, hs) = wᵀ·dout
+    attn::Tensor2 dv = attn::matmul(wt, dout);  // (T, hs) = wᵀ·dout
 
     // forward: w[i] = softmax(s[i]) with s[i][j] = −∞ for j > i (w = 0 there, so ds = 0)
     attn::Tensor2 ds({T, T});
@@ -44,8 +44,7 @@ LayerNormGradients layernorm_backward(const attn::Tensor2& dout, const attn::Ten
     const std::size_t N = x.shape()[0], C = x.shape()[1];
     attn::expect_shape("dout", dout, {N, C});
     attn::expect_shape("weight", weight, {C});
-    LayerNormGradients g{attn::Tensor2({N, C}), attn::Tensor1({C}, 0.0f),
-                         attn::Tensor1({C}, 0.0f)};
+    LayerNormGradients g{attn::Tensor2({N, C}), attn::Tensor1({C}, 0.0f), attn::Tensor1({C}, 0.0f)};
     const float inv_C = 1.0f / static_cast<float>(C);
     for (std::size_t r = 0; r < N; ++r) {
         // the forward pass's statistics, recomputed

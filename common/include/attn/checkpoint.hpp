@@ -29,8 +29,8 @@ public:
 
 /// What a checkpoint holds besides the model's sizes and weights.
 struct CheckpointInfo {
-    std::string vocab;       ///< the characters of the vocabulary in id order (may be empty)
-    std::int64_t step = 0;   ///< the training step at which it was written
+    std::string vocab;      ///< the characters of the vocabulary in id order (may be empty)
+    std::int64_t step = 0;  ///< the training step at which it was written
 };
 
 /// Writes `model` as a weights directory (created if needed; existing files overwritten).

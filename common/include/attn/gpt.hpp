@@ -36,11 +36,11 @@ struct GPTConfig {
 
 /// One named parameter tensor inside the flat parameter buffer.
 struct ParameterInfo {
-    std::string name;                ///< nanoGPT's state_dict key, e.g. `transformer.h.0.ln_1.weight`
+    std::string name;  ///< nanoGPT's state_dict key, e.g. `transformer.h.0.ln_1.weight`
     std::vector<std::size_t> shape;  ///< PyTorch's shape, e.g. (3C, C) for `c_attn.weight`
     std::size_t offset = 0;          ///< where it starts in the flat buffer (floats)
     std::size_t size = 0;            ///< the product of the shape
-    bool decay = false;              ///< whether AdamW decays it (nanoGPT: tensors of 2 or more dims)
+    bool decay = false;  ///< whether AdamW decays it (nanoGPT: tensors of 2 or more dims)
 };
 
 /// Pointers to the parameter tensors inside one flat buffer, grouped by kind as llm.c does:
@@ -68,29 +68,29 @@ struct ParameterTensors {
 /// The forward pass's saved activations, sized for one (B, T) and reused every step.
 /// Per-layer tensors are stacked along a leading L axis.
 struct Activations {
-    std::vector<float> encoded;     ///< (B, T, C) embeddings (after dropout)
-    std::vector<float> ln1;         ///< (L, B, T, C)
-    std::vector<float> ln1_mean;    ///< (L, B, T)
-    std::vector<float> ln1_rstd;    ///< (L, B, T)
-    std::vector<float> qkv;         ///< (L, B, T, 3C)
-    std::vector<float> atty;        ///< (L, B, T, C) heads' outputs before `c_proj`
-    std::vector<float> att;         ///< (L, B, NH, T, T) attention weights
-    std::vector<float> att_dropped; ///< (L, B, NH, T, T) after dropout; empty without dropout
-    std::vector<float> attproj;     ///< (L, B, T, C) `c_proj` output (after dropout)
-    std::vector<float> residual2;   ///< (L, B, T, C) residual stream after attention
-    std::vector<float> ln2;         ///< (L, B, T, C)
-    std::vector<float> ln2_mean;    ///< (L, B, T)
-    std::vector<float> ln2_rstd;    ///< (L, B, T)
-    std::vector<float> fch;         ///< (L, B, T, 4C) `c_fc` output
-    std::vector<float> fch_gelu;    ///< (L, B, T, 4C)
-    std::vector<float> fcproj;      ///< (L, B, T, C) MLP output (after dropout)
-    std::vector<float> residual3;   ///< (L, B, T, C) residual stream after the MLP
-    std::vector<float> lnf;         ///< (B, T, C)
-    std::vector<float> lnf_mean;    ///< (B, T)
-    std::vector<float> lnf_rstd;    ///< (B, T)
-    std::vector<float> logits;      ///< (B, T, V)
-    std::vector<float> probs;       ///< (B, T, V) softmax of the logits
-    std::vector<float> losses;      ///< (B, T) per-position cross-entropy
+    std::vector<float> encoded;       ///< (B, T, C) embeddings (after dropout)
+    std::vector<float> ln1;           ///< (L, B, T, C)
+    std::vector<float> ln1_mean;      ///< (L, B, T)
+    std::vector<float> ln1_rstd;      ///< (L, B, T)
+    std::vector<float> qkv;           ///< (L, B, T, 3C)
+    std::vector<float> atty;          ///< (L, B, T, C) heads' outputs before `c_proj`
+    std::vector<float> att;           ///< (L, B, NH, T, T) attention weights
+    std::vector<float> att_dropped;   ///< (L, B, NH, T, T) after dropout; empty without dropout
+    std::vector<float> attproj;       ///< (L, B, T, C) `c_proj` output (after dropout)
+    std::vector<float> residual2;     ///< (L, B, T, C) residual stream after attention
+    std::vector<float> ln2;           ///< (L, B, T, C)
+    std::vector<float> ln2_mean;      ///< (L, B, T)
+    std::vector<float> ln2_rstd;      ///< (L, B, T)
+    std::vector<float> fch;           ///< (L, B, T, 4C) `c_fc` output
+    std::vector<float> fch_gelu;      ///< (L, B, T, 4C)
+    std::vector<float> fcproj;        ///< (L, B, T, C) MLP output (after dropout)
+    std::vector<float> residual3;     ///< (L, B, T, C) residual stream after the MLP
+    std::vector<float> lnf;           ///< (B, T, C)
+    std::vector<float> lnf_mean;      ///< (B, T)
+    std::vector<float> lnf_rstd;      ///< (B, T)
+    std::vector<float> logits;        ///< (B, T, V)
+    std::vector<float> probs;         ///< (B, T, V) softmax of the logits
+    std::vector<float> losses;        ///< (B, T) per-position cross-entropy
     std::vector<float> encoded_mask;  ///< (B, T, C) dropout factors; empty without dropout
     std::vector<float> attproj_mask;  ///< (L, B, T, C) dropout factors; empty without dropout
     std::vector<float> fcproj_mask;   ///< (L, B, T, C) dropout factors; empty without dropout
@@ -124,9 +124,9 @@ public:
     /// @param seed seeds the initialisation and the dropout masks
     explicit GPT(const GPTConfig& config, std::uint64_t seed = 1337);
 
-    GPT(const GPT&) = delete;             ///< not copyable
-    GPT& operator=(const GPT&) = delete;  ///< not copyable
-    GPT(GPT&&) noexcept = default;        ///< movable: the buffers keep their addresses
+    GPT(const GPT&) = delete;                  ///< not copyable
+    GPT& operator=(const GPT&) = delete;       ///< not copyable
+    GPT(GPT&&) noexcept = default;             ///< movable: the buffers keep their addresses
     GPT& operator=(GPT&&) noexcept = default;  ///< movable
 
     /// The forward pass.
@@ -174,7 +174,7 @@ public:
     const Activations& activations() const { return acts_; }
     /// The logits of the last forward call, (B, T, V) flat.
     const std::vector<float>& logits() const { return acts_.logits; }
-    int batch_size() const { return B_; }     ///< B of the last forward call (0 before any)
+    int batch_size() const { return B_; }       ///< B of the last forward call (0 before any)
     int sequence_length() const { return T_; }  ///< T of the last forward call (0 before any)
 
 private:
@@ -201,13 +201,13 @@ private:
 /// decay applies only to the tensors that ParameterInfo::decay marks, as nanoGPT's
 /// `configure_optimizers` does.
 struct AdamW {
-    float beta1 = 0.9f;          ///< decay rate of the first moment
-    float beta2 = 0.99f;         ///< decay rate of the second moment
-    float eps = 1e-8f;           ///< added to √v̂
-    float weight_decay = 0.1f;   ///< decoupled decay, multiplied by the learning rate
-    std::vector<float> m;        ///< first moment, same layout as GPT::parameters()
-    std::vector<float> v;        ///< second moment, same layout as GPT::parameters()
-    long step_count = 0;         ///< steps taken so far
+    float beta1 = 0.9f;         ///< decay rate of the first moment
+    float beta2 = 0.99f;        ///< decay rate of the second moment
+    float eps = 1e-8f;          ///< added to √v̂
+    float weight_decay = 0.1f;  ///< decoupled decay, multiplied by the learning rate
+    std::vector<float> m;       ///< first moment, same layout as GPT::parameters()
+    std::vector<float> v;       ///< second moment, same layout as GPT::parameters()
+    long step_count = 0;        ///< steps taken so far
 
     /// One update of every parameter from the gradients in `model`.
     /// @param model the model to update (its gradients are read, its parameters changed)

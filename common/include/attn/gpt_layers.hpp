@@ -57,8 +57,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 /// @param rstd (B, T) from the forward pass
 /// @param B batch size  @param T sequence length  @param C channels
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int B, int T, int C);
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int B, int T, int C);
 
 /// A linear map with PyTorch's weight layout: `out = inp · weightᵀ + bias` (cblas_sgemm).
 /// @param out (N, OC), where N = B·T
@@ -77,8 +77,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
 /// @param inp (N, C)
 /// @param weight (OC, C)
 /// @param N rows (B·T)  @param C input channels  @param OC output channels
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC);
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC);
 
 /// Causal multi-head self-attention on the fused projection `qkv`, without the output
 /// projection: per batch item and head, `att = softmax(mask(q·kᵀ/√hs))`, then
@@ -104,8 +104,8 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 /// @param dropout_p the dropout probability the forward pass used
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, const float* att_dropped, float dropout_p, int B,
-                        int T, int C, int NH);
+                        const float* att, const float* att_dropped, float dropout_p, int B, int T,
+                        int C, int NH);
 
 /// Exact GELU, as `torch.nn.GELU()`: `out = ½·x·(1 + erf(x/√2))`.
 /// @param out (N) @param inp (N) @param N number of elements

@@ -31,8 +31,8 @@ NpyArray read_parameter(const fs::path& file, const std::vector<std::size_t>& sh
                               a.dtype);
     }
     if (a.shape != shape) {
-        throw CheckpointError(file.string() + ": expected shape " + format_shape(shape) +
-                              ", got " + format_shape(a.shape));
+        throw CheckpointError(file.string() + ": expected shape " + format_shape(shape) + ", got " +
+                              format_shape(a.shape));
     }
     return a;
 }
@@ -43,8 +43,8 @@ T config_field(const json& j, const char* key, const fs::path& file) {
     try {
         return j.at(key).get<T>();
     } catch (const json::exception&) {
-        throw CheckpointError(file.string() + ": \"" + key + "\" has the wrong type: " +
-                              j.at(key).dump());
+        throw CheckpointError(file.string() + ": \"" + key +
+                              "\" has the wrong type: " + j.at(key).dump());
     }
 }
 }  // namespace
@@ -54,10 +54,14 @@ void save_checkpoint(const fs::path& dir, const GPT& model, const CheckpointInfo
     fs::create_directories(dir, ec);
     if (ec) throw CheckpointError(dir.string() + ": cannot create the directory: " + ec.message());
     const GPTConfig& c = model.config();
-    json j = {{"vocab_size", c.vocab_size}, {"block_size", c.block_size},
-              {"n_layer", c.n_layer},       {"n_head", c.n_head},
-              {"n_embd", c.n_embd},         {"dropout", c.dropout},
-              {"bias", c.bias},             {"vocab", info.vocab},
+    json j = {{"vocab_size", c.vocab_size},
+              {"block_size", c.block_size},
+              {"n_layer", c.n_layer},
+              {"n_head", c.n_head},
+              {"n_embd", c.n_embd},
+              {"dropout", c.dropout},
+              {"bias", c.bias},
+              {"vocab", info.vocab},
               {"step", info.step}};
     const fs::path config_file = dir / "config.json";
     std::ofstream out(config_file);
@@ -132,8 +136,10 @@ void save_optimizer(const fs::path& dir, const AdamW& optimizer) {
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw CheckpointError(dir.string() + ": cannot create the directory: " + ec.message());
-    const json j = {{"step_count", optimizer.step_count}, {"beta1", optimizer.beta1},
-                    {"beta2", optimizer.beta2},           {"eps", optimizer.eps},
+    const json j = {{"step_count", optimizer.step_count},
+                    {"beta1", optimizer.beta1},
+                    {"beta2", optimizer.beta2},
+                    {"eps", optimizer.eps},
                     {"weight_decay", optimizer.weight_decay}};
     const fs::path file = dir / "adamw.json";
     std::ofstream out(file);

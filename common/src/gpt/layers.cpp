@@ -66,8 +66,8 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
 }
 
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                        const float* inp, const float* weight, const float* mean,
-                        const float* rstd, int B, int T, int C) {
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int B, int T, int C) {
     for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row) {
         const float* x = inp + row * C;
         const float* dy = dout + row * C;
@@ -108,8 +108,8 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
     }
 }
 
-void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout,
-                     const float* inp, const float* weight, int N, int C, int OC) {
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
     // forward: out = inp · weightᵀ + bias
     // dinp (N, C) += dout (N, OC) · weight (OC, C)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
@@ -174,8 +174,8 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, const float* att_dropped, float dropout_p, int B,
-                        int T, int C, int NH) {
+                        const float* att, const float* att_dropped, float dropout_p, int B, int T,
+                        int C, int NH) {
     const int hs = C / NH;
     const int C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -191,15 +191,15 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
             float* dk = dq + C;
             float* dv = dq + 2 * C;
             const size_t bh = (static_cast<size_t>(b) * NH + h) * T * T;
-            const float* a = att + bh;                            // (T, T)
-            const float* weights = dropout ? att_dropped + bh : a;  // (T, T)
+            const float* a = att + bh;                                              // (T, T)
+            const float* weights = dropout ? att_dropped + bh : a;                  // (T, T)
             const float* dout_bh = dout + static_cast<size_t>(b) * T * C + h * hs;  // (T, hs)
-            float* datt = scratch;                                                // (T, T)
+            float* datt = scratch;                                                  // (T, T)
 
             // forward: out = weights · v
             // dweights (T, T) = dout (T, hs) · vᵀ (hs, T)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dout_bh, C, v,
-                        C3, 0.0f, datt, T);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dout_bh, C, v, C3,
+                        0.0f, datt, T);
             // dv (T, hs) += weightsᵀ (T, T) · dout (T, hs)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, weights, T,
                         dout_bh, C, 1.0f, dv, C3);
@@ -224,8 +224,8 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
             }
             // forward: scores = scale · q · kᵀ
             // dq (T, hs) += scale · dscores (T, T) · k (T, hs)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, k,
-                        C3, 1.0f, dq, C3);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, k, C3,
+                        1.0f, dq, C3);
             // dk (T, hs) += scale · dscoresᵀ (T, T) · q (T, hs)
             cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T, q, C3,
                         1.0f, dk, C3);

@@ -13,17 +13,17 @@ namespace attn {
 namespace {
 using std::size_t;
 
-// Fills a std::vector to n zeros, reallocating only when the size changes.
+// Sets a buffer to n zeros (std::vector reuses its storage when it is large enough).
 void resize_zero(std::vector<float>& v, size_t n) { v.assign(n, 0.0f); }
 
 void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
 }  // namespace
 
 void GPTConfig::validate() const {
-    require(vocab_size > 0, "GPT config: vocab_size must be positive, got " +
-                                std::to_string(vocab_size));
-    require(block_size > 0, "GPT config: block_size must be positive, got " +
-                                std::to_string(block_size));
+    require(vocab_size > 0,
+            "GPT config: vocab_size must be positive, got " + std::to_string(vocab_size));
+    require(block_size > 0,
+            "GPT config: block_size must be positive, got " + std::to_string(block_size));
     require(n_layer > 0, "GPT config: n_layer must be positive, got " + std::to_string(n_layer));
     require(n_head > 0, "GPT config: n_head must be positive, got " + std::to_string(n_head));
     require(n_embd > 0 && n_embd % n_head == 0,
@@ -40,7 +40,8 @@ std::size_t GPTConfig::num_parameters() const {
     return V * C + Tb * C + L * per_layer + C + (bias ? C : 0);
 }
 
-GPT::GPT(const GPTConfig& config, std::uint64_t seed) : config_(config), dropout_rng_(seed ^ 0x5eed) {
+GPT::GPT(const GPTConfig& config, std::uint64_t seed)
+    : config_(config), dropout_rng_(seed ^ 0x5eed) {
     config_.validate();
     const size_t V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
                  Tb = config_.block_size;
@@ -103,7 +104,8 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed) : config_(config), dropout
     auto add = [&](const std::string& name, const Kind& k, size_t offset) {
         table_.push_back({name, k.shape, offset, product(k.shape), k.shape.size() >= 2});
     };
-    for (size_t i = 0; i < embeddings.size(); ++i) add(embeddings[i].suffix, embeddings[i], placed[i].offset);
+    for (size_t i = 0; i < embeddings.size(); ++i)
+        add(embeddings[i].suffix, embeddings[i], placed[i].offset);
     for (size_t l = 0; l < L; ++l) {
         for (size_t i = 0; i < per_layer.size(); ++i) {
             const Kind& k = per_layer[i];
@@ -125,7 +127,8 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed) : config_(config), dropout
     for (const ParameterInfo& p : table_) {
         float* w = params_memory_.data() + p.offset;
         const bool is_norm = p.name.find("ln_") != std::string::npos;
-        const bool is_bias = p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+        const bool is_bias =
+            p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
         if (is_bias) continue;  // already 0
         if (is_norm) {
             std::fill(w, w + p.size, 1.0f);
@@ -199,8 +202,7 @@ float GPT::forward(const std::vector<int>& inputs, const std::vector<int>& targe
 }
 
 float GPT::forward(const int* inputs, const int* targets, int B, int T) {
-    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
-              NH = config_.n_head;
+    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
     require(B > 0, "GPT::forward: B must be positive, got " + std::to_string(B));
     require(T > 0 && T <= config_.block_size,
             "GPT::forward: T must be in [1, block_size = " + std::to_string(config_.block_size) +
@@ -212,8 +214,8 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
                     std::to_string(i) + " is outside [0, " + std::to_string(V) + ")");
         require(!targets || (targets[i] >= 0 && targets[i] < V),
                 "GPT::forward: target id " + std::to_string(targets ? targets[i] : 0) +
-                    " at position " + std::to_string(i) + " is outside [0, " +
-                    std::to_string(V) + ")");
+                    " at position " + std::to_string(i) + " is outside [0, " + std::to_string(V) +
+                    ")");
     }
     if (B != B_ || T != T_) allocate_activations(B, T);
 
@@ -228,7 +230,8 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
 
     // x = drop(wte[idx] + wpe[pos])                                     (B, T, C)
     encoder_forward(a.encoded.data(), inputs, p.wte, p.wpe, B, T, C);
-    if (dropout) dropout_forward(a.encoded.data(), a.encoded_mask.data(), pdrop, dropout_rng_, N * C);
+    if (dropout)
+        dropout_forward(a.encoded.data(), a.encoded_mask.data(), pdrop, dropout_rng_, N * C);
 
     for (int l = 0; l < L; ++l) {
         const size_t lc = static_cast<size_t>(l) * C;
@@ -255,18 +258,19 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
                           C, NH);
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
-        if (dropout) dropout_forward(attproj, a.attproj_mask.data() + l * BTC, pdrop, dropout_rng_, N * C);
+        if (dropout)
+            dropout_forward(attproj, a.attproj_mask.data() + l * BTC, pdrop, dropout_rng_, N * C);
         residual_forward(residual2, residual, attproj, N * C);
 
         // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
         layernorm_forward(ln2, a.ln2_mean.data() + l * BT, a.ln2_rstd.data() + l * BT, residual2,
                           p.ln2w + lc, p.ln2b ? p.ln2b + lc : nullptr, B, T, C);
-        matmul_forward(fch, ln2, p.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C,
-                       4 * C);
+        matmul_forward(fch, ln2, p.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C, 4 * C);
         gelu_forward(fch_gelu, fch, N * 4 * C);
         matmul_forward(fcproj, fch_gelu, p.fcprojw + lc * 4 * C,
                        p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C);
-        if (dropout) dropout_forward(fcproj, a.fcproj_mask.data() + l * BTC, pdrop, dropout_rng_, N * C);
+        if (dropout)
+            dropout_forward(fcproj, a.fcproj_mask.data() + l * BTC, pdrop, dropout_rng_, N * C);
         residual_forward(residual3, residual2, fcproj, N * C);
     }
 
@@ -288,8 +292,7 @@ void GPT::zero_grad() { zero(grads_memory_); }
 void GPT::backward() {
     require(has_targets_, "GPT::backward: the last forward call had no targets, so no loss");
     const int B = B_, T = T_;
-    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
-              NH = config_.n_head;
+    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
     const size_t BT = static_cast<size_t>(B) * T;
     const int N = static_cast<int>(BT);
     const size_t BTC = BT * C;
