@@ -1,0 +1,160 @@
+// Checks for exercise 10: backpropagation through attention and LayerNorm.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/gpt_layers.hpp"
+#include "attn/gradcheck.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <vector>
+
+using attn::Tensor1;
+using attn::Tensor2;
+
+namespace {
+
+// The forward pass of one causal head, from the course library: out (T, hs) and the weights
+// w (T, T), for q, k, v (T, hs) packed side by side as the library's fused qkv (T, 3·hs).
+struct Head {
+    Tensor2 out, w;
+};
+Head head_forward(const Tensor2& q, const Tensor2& k, const Tensor2& v) {
+    const int T = static_cast<int>(q.shape()[0]), hs = static_cast<int>(q.shape()[1]);
+    std::vector<float> qkv(static_cast<std::size_t>(T) * 3 * hs);
+    for (int t = 0; t < T; ++t) {
+        for (int c = 0; c < hs; ++c) {
+            qkv[t * 3 * hs + c] = q(t, c);
+            qkv[t * 3 * hs + hs + c] = k(t, c);
+            qkv[t * 3 * hs + 2 * hs + c] = v(t, c);
+        }
+    }
+    Head h{Tensor2({q.shape()[0], q.shape()[1]}), Tensor2({q.shape()[0], q.shape()[0]})};
+    attn::attention_forward(h.out.data(), h.w.data(), nullptr, qkv.data(), 0.0f, nullptr, 1, T, hs,
+                            1);
+    return h;
+}
+
+// Σ g·out in double: the loss whose gradient with respect to out is g.
+double weighted(const Tensor2& out, const Tensor2& g) {
+    double s = 0.0;
+    for (std::size_t i = 0; i < out.size(); ++i) s += static_cast<double>(out.flat(i)) * g.flat(i);
+    return s;
+}
+
+// Tolerance of the finite-difference comparisons: a step h = 1e-2 on O(1) inputs has a
+// truncation error h²/6·f''' of about 2e-5, and float rounding of a sum of ~30 outputs
+// divided by 2h adds about 5e-5 (measured on the solution: below 1e-4); 1e-3 stays far
+// below the O(0.1) error of a wrong formula.
+constexpr float h = 1e-2f;
+constexpr double fd_tol = 1e-3;
+
+double fd_error(Tensor2& x, const Tensor2& analytic, const std::function<double()>& loss) {
+    return attn::finite_difference(x.data(), analytic.data(), x.size(), h, loss).max_abs_error;
+}
+
+}  // namespace
+
+TEST_CASE("a single token attends to itself: all of dout goes to its value") {
+    const Tensor2 q = {{0.3f, -1.0f}}, k = {{2.0f, 0.5f}}, v = {{1.0f, 4.0f}};
+    const Tensor2 w = {{1.0f}}, dout = {{0.7f, -0.2f}};
+    const auto g = exercise::attention_backward(dout, q, k, v, w);
+    // w is 1 whatever the scores: q and k get no gradient, and dv = dout.
+    CHECK_CLOSE(g.dq, Tensor2({{0.0f, 0.0f}}), 1e-7);
+    CHECK_CLOSE(g.dk, Tensor2({{0.0f, 0.0f}}), 1e-7);
+    CHECK_CLOSE(g.dv, dout, 1e-7);
+}
+
+TEST_CASE("a two-token example matches gradients worked by hand") {
+    // hs = 1, so the scale is 1. Row 1's scores are [0, ln 3]: weights [1/4, 3/4].
+    // out[1] = 1/4·1 + 3/4·5 = 4; the loss is out[1], so dout = [[0], [1]].
+    // dv = wᵀ·dout = [1/4, 3/4]; dw[1] = v = [1, 5]; Σ w·dw = 4;
+    // ds[1] = w·(dw − 4) = [−3/4, 3/4]; dq[1] = ds[1]·k = 3/4·ln 3; dk = ds[1]ᵀ·q[1] = [−3/4, 3/4].
+    const float ln3 = std::log(3.0f);
+    const Tensor2 q = {{1.0f}, {1.0f}}, k = {{0.0f}, {ln3}}, v = {{1.0f}, {5.0f}};
+    const Tensor2 w = {{1.0f, 0.0f}, {0.25f, 0.75f}}, dout = {{0.0f}, {1.0f}};
+    const auto g = exercise::attention_backward(dout, q, k, v, w);
+    CHECK_CLOSE(g.dv, Tensor2({{0.25f}, {0.75f}}), 1e-6);
+    CHECK_CLOSE(g.dq, Tensor2({{0.0f}, {0.75f * ln3}}), 1e-6);
+    CHECK_CLOSE(g.dk, Tensor2({{-0.75f}, {0.75f}}), 1e-6);
+}
+
+TEST_CASE("dq, dk and dv agree with finite differences of the forward pass") {
+    attn::Rng rng(10);
+    Tensor2 q = rng.normal_tensor<2>({6, 4}), k = rng.normal_tensor<2>({6, 4}),
+            v = rng.normal_tensor<2>({6, 4});
+    const Tensor2 dout = rng.normal_tensor<2>({6, 4});
+    const auto g = exercise::attention_backward(dout, q, k, v, head_forward(q, k, v).w);
+    auto loss = [&] { return weighted(head_forward(q, k, v).out, dout); };
+    const double eq = fd_error(q, g.dq, loss), ek = fd_error(k, g.dk, loss),
+                 ev = fd_error(v, g.dv, loss);
+    MESSAGE("max |analytic - numeric|: dq " << eq << ", dk " << ek << ", dv " << ev);
+    CHECK(eq <= fd_tol);
+    CHECK(ek <= fd_tol);
+    CHECK(ev <= fd_tol);
+}
+
+TEST_CASE("the mask: the first query's gradient reaches the first key and value only") {
+    attn::Rng rng(11);
+    const Tensor2 q = rng.normal_tensor<2>({5, 3}), k = rng.normal_tensor<2>({5, 3}),
+                  v = rng.normal_tensor<2>({5, 3});
+    Tensor2 dout = xt::zeros<float>({5, 3});
+    xt::view(dout, 0) = rng.normal_tensor<1>({3});  // only out[0] matters
+    const auto g = exercise::attention_backward(dout, q, k, v, head_forward(q, k, v).w);
+    // out[0] = v[0] exactly (token 0 sees only itself): dv[0] = dout[0], nothing else moves.
+    CHECK_CLOSE(g.dv, dout, 1e-6);
+    CHECK_CLOSE(g.dq, xt::zeros<float>({5, 3}), 1e-6);
+    CHECK_CLOSE(g.dk, xt::zeros<float>({5, 3}), 1e-6);
+}
+
+TEST_CASE("LayerNorm's gradients agree with finite differences of the forward pass") {
+    attn::Rng rng(12);
+    const int N = 4, C = 6;
+    Tensor2 x = rng.normal_tensor<2>({4, 6}, 0.5f, 2.0f);
+    Tensor1 weight = rng.normal_tensor<1>({6}), bias = rng.normal_tensor<1>({6});
+    const Tensor2 dout = rng.normal_tensor<2>({4, 6});
+    const auto g = exercise::layernorm_backward(dout, x, weight);
+    Tensor2 y({4, 6});
+    std::vector<float> mean(N), rstd(N);
+    auto loss = [&] {
+        attn::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(),
+                                bias.data(), 1, N, C);
+        return weighted(y, dout);
+    };
+    const double ex = fd_error(x, g.dx, loss);
+    const double ew =
+        attn::finite_difference(weight.data(), g.dweight.data(), C, h, loss).max_abs_error;
+    const double eb =
+        attn::finite_difference(bias.data(), g.dbias.data(), C, h, loss).max_abs_error;
+    MESSAGE("max |analytic - numeric|: dx " << ex << ", dweight " << ew << ", dbias " << eb);
+    CHECK(ex <= fd_tol);
+    CHECK(ew <= fd_tol);
+    CHECK(eb <= fd_tol);
+}
+
+TEST_CASE("LayerNorm's input gradient sums to zero over each row") {
+    // Adding a constant to a row does not change LayerNorm's output, so the gradient has no
+    // component along (1, 1, ..., 1).
+    attn::Rng rng(13);
+    const Tensor2 x = rng.normal_tensor<2>({3, 8}), dout = rng.normal_tensor<2>({3, 8});
+    const auto g = exercise::layernorm_backward(dout, x, rng.normal_tensor<1>({8}));
+    // Sums of 8 gradients of size O(1): float rounding stays below 1e-5.
+    CHECK_CLOSE(xt::sum(g.dx, {1}), xt::zeros<float>({3}), 1e-5);
+    CHECK_CLOSE(g.dbias, xt::sum(dout, {0}), 1e-5);
+}
+
+TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
+    attn::Rng rng(14);
+    const Tensor2 a = rng.normal_tensor<2>({4, 3}), w = rng.normal_tensor<2>({4, 4});
+    CHECK_THROWS_AS(exercise::attention_backward(a, a, rng.normal_tensor<2>({4, 2}), a, w),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(exercise::attention_backward(a, a, a, a, rng.normal_tensor<2>({4, 3})),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(exercise::layernorm_backward(a, a, rng.normal_tensor<1>({4})),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(
+        exercise::layernorm_backward(rng.normal_tensor<2>({3, 3}), a, rng.normal_tensor<1>({3})),
+        std::invalid_argument);
+}

@@ -1,0 +1,225 @@
+/// @file gpt.hpp
+/// @brief nanoGPT's GPT language model on the CPU: parameters in one flat buffer, activations
+/// preallocated, forward and hand-written backward pass, AdamW and gradient clipping.
+///
+/// The model: token + learned position embeddings; n_layer pre-norm blocks, each
+/// `x = x + attn(ln_1(x))`, `x = x + mlp(ln_2(x))` with causal multi-head attention (fused
+/// `c_attn` (3C, C), output projection `c_proj` (C, C)) and an MLP (`c_fc` (4C, C), exact
+/// GELU, `c_proj` (C, 4C)); a final LayerNorm; the LM head shares its weight with `wte`.
+/// The layers are the functions of gpt_layers.hpp.
+#pragma once
+
+#include "attn/random.hpp"
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace attn {
+
+/// The model's sizes, with nanoGPT's names.
+struct GPTConfig {
+    int vocab_size = 65;   ///< V, the number of token ids
+    int block_size = 256;  ///< the longest sequence the model reads (rows of `wpe`)
+    int n_layer = 6;       ///< L, the number of transformer blocks
+    int n_head = 6;        ///< NH, heads per attention layer; must divide n_embd
+    int n_embd = 384;      ///< C, the width of the residual stream
+    float dropout = 0.0f;  ///< dropout probability in training mode, in [0, 1)
+    bool bias = true;      ///< whether the Linear layers and LayerNorms have biases
+
+    /// Throws std::invalid_argument naming the first size that is not usable.
+    void validate() const;
+    /// The number of parameters (the tied embedding counted once).
+    std::size_t num_parameters() const;
+};
+
+/// One named parameter tensor inside the flat parameter buffer.
+struct ParameterInfo {
+    std::string name;  ///< nanoGPT's state_dict key, e.g. `transformer.h.0.ln_1.weight`
+    std::vector<std::size_t> shape;  ///< PyTorch's shape, e.g. (3C, C) for `c_attn.weight`
+    std::size_t offset = 0;          ///< where it starts in the flat buffer (floats)
+    std::size_t size = 0;            ///< the product of the shape
+    bool decay = false;  ///< whether AdamW decays it (nanoGPT: tensors of 2 or more dims)
+};
+
+/// Pointers to the parameter tensors inside one flat buffer, grouped by kind as llm.c does:
+/// the L blocks' tensors of one kind lie one after the other. A bias is nullptr when the
+/// model has none (GPTConfig::bias false).
+struct ParameterTensors {
+    float* wte = nullptr;       ///< (V, C) token embedding, also the LM head
+    float* wpe = nullptr;       ///< (block_size, C) position embedding
+    float* ln1w = nullptr;      ///< (L, C)
+    float* ln1b = nullptr;      ///< (L, C)
+    float* qkvw = nullptr;      ///< (L, 3C, C) `attn.c_attn.weight`
+    float* qkvb = nullptr;      ///< (L, 3C)
+    float* attprojw = nullptr;  ///< (L, C, C) `attn.c_proj.weight`
+    float* attprojb = nullptr;  ///< (L, C)
+    float* ln2w = nullptr;      ///< (L, C)
+    float* ln2b = nullptr;      ///< (L, C)
+    float* fcw = nullptr;       ///< (L, 4C, C) `mlp.c_fc.weight`
+    float* fcb = nullptr;       ///< (L, 4C)
+    float* fcprojw = nullptr;   ///< (L, C, 4C) `mlp.c_proj.weight`
+    float* fcprojb = nullptr;   ///< (L, C)
+    float* lnfw = nullptr;      ///< (C) `transformer.ln_f.weight`
+    float* lnfb = nullptr;      ///< (C)
+};
+
+/// The forward pass's saved activations, sized for one (B, T) and reused every step.
+/// Per-layer tensors are stacked along a leading L axis.
+struct Activations {
+    std::vector<float> encoded;       ///< (B, T, C) embeddings (after dropout)
+    std::vector<float> ln1;           ///< (L, B, T, C)
+    std::vector<float> ln1_mean;      ///< (L, B, T)
+    std::vector<float> ln1_rstd;      ///< (L, B, T)
+    std::vector<float> qkv;           ///< (L, B, T, 3C)
+    std::vector<float> atty;          ///< (L, B, T, C) heads' outputs before `c_proj`
+    std::vector<float> att;           ///< (L, B, NH, T, T) attention weights
+    std::vector<float> att_dropped;   ///< (L, B, NH, T, T) after dropout; empty without dropout
+    std::vector<float> attproj;       ///< (L, B, T, C) `c_proj` output (after dropout)
+    std::vector<float> residual2;     ///< (L, B, T, C) residual stream after attention
+    std::vector<float> ln2;           ///< (L, B, T, C)
+    std::vector<float> ln2_mean;      ///< (L, B, T)
+    std::vector<float> ln2_rstd;      ///< (L, B, T)
+    std::vector<float> fch;           ///< (L, B, T, 4C) `c_fc` output
+    std::vector<float> fch_gelu;      ///< (L, B, T, 4C)
+    std::vector<float> fcproj;        ///< (L, B, T, C) MLP output (after dropout)
+    std::vector<float> residual3;     ///< (L, B, T, C) residual stream after the MLP
+    std::vector<float> lnf;           ///< (B, T, C)
+    std::vector<float> lnf_mean;      ///< (B, T)
+    std::vector<float> lnf_rstd;      ///< (B, T)
+    std::vector<float> logits;        ///< (B, T, V)
+    std::vector<float> probs;         ///< (B, T, V) softmax of the logits
+    std::vector<float> losses;        ///< (B, T) per-position cross-entropy
+    std::vector<float> encoded_mask;  ///< (B, T, C) dropout factors; empty without dropout
+    std::vector<float> attproj_mask;  ///< (L, B, T, C) dropout factors; empty without dropout
+    std::vector<float> fcproj_mask;   ///< (L, B, T, C) dropout factors; empty without dropout
+};
+
+/// The backward pass's working buffers for one layer at a time, sized for one (B, T).
+struct GradientScratch {
+    std::vector<float> dresidual;  ///< (B, T, C) gradient of the residual stream
+    std::vector<float> dln;        ///< (B, T, C) gradient of a LayerNorm output
+    std::vector<float> dqkv;       ///< (B, T, 3C)
+    std::vector<float> datty;      ///< (B, T, C)
+    std::vector<float> dfch;       ///< (B, T, 4C) gradient of the `c_fc` output
+    std::vector<float> dfch_gelu;  ///< (B, T, 4C)
+    std::vector<float> dlogits;    ///< (B, T, V)
+    std::vector<float> datt;       ///< (T, T) attention backward scratch
+    std::vector<float> dinner;     ///< (B, T, C) gradient of a block's branch output
+};
+
+/// nanoGPT's GPT with its parameters, gradients and activations in preallocated buffers.
+///
+/// Typical step: `float loss = model.forward(x, y, B, T); model.zero_grad();
+/// model.backward(); optimizer.step(model, lr);`. The activation buffers are allocated by
+/// the first forward call and again only when (B, T) changes, so a training loop with fixed
+/// sizes allocates nothing per step. Not copyable (the pointers point into its own
+/// buffers); movable.
+class GPT {
+public:
+    /// A model with nanoGPT's initialisation: weights N(0, 0.02), the residual projections
+    /// (`attn.c_proj`, `mlp.c_proj`) N(0, 0.02/√(2·n_layer)), biases 0, LayerNorm weights 1.
+    /// @param config the sizes; validated
+    /// @param seed seeds the initialisation and the dropout masks
+    explicit GPT(const GPTConfig& config, std::uint64_t seed = 1337);
+
+    GPT(const GPT&) = delete;                  ///< not copyable
+    GPT& operator=(const GPT&) = delete;       ///< not copyable
+    GPT(GPT&&) noexcept = default;             ///< movable: the buffers keep their addresses
+    GPT& operator=(GPT&&) noexcept = default;  ///< movable
+
+    /// The forward pass.
+    /// @param inputs (B, T) token ids in [0, V)
+    /// @param targets (B, T) the next tokens, or nullptr to compute the logits only
+    /// @param B batch size
+    /// @param T sequence length, 1 ≤ T ≤ block_size
+    /// @return the mean cross-entropy over B·T positions, or NaN when targets is nullptr
+    float forward(const int* inputs, const int* targets, int B, int T);
+
+    /// Convenience overload for (B, T) ids in vectors of B·T elements.
+    /// @param inputs (B, T) @param targets (B, T), or empty @param B batch @param T time
+    /// @return as forward(const int*, const int*, int, int)
+    float forward(const std::vector<int>& inputs, const std::vector<int>& targets, int B, int T);
+
+    /// Sets every parameter gradient to zero.
+    void zero_grad();
+
+    /// The backward pass of the last forward call, which must have had targets: adds
+    /// d(mean loss)/d(parameter) into grads (call zero_grad() first for a fresh gradient).
+    void backward();
+
+    /// Switches dropout on (training) or off (evaluation), as `nn.Module.train()`.
+    /// @param on true for training mode
+    void train(bool on = true) { training_ = on; }
+    /// Whether dropout is applied.
+    bool training() const { return training_; }
+    /// Reseeds the dropout masks' random source.
+    /// @param seed the new seed
+    void seed_dropout(std::uint64_t seed) { dropout_rng_ = Rng(seed); }
+
+    const GPTConfig& config() const { return config_; }  ///< the model's sizes
+    /// The name, shape and place in the flat buffer of every parameter tensor, in
+    /// state_dict order (the tied `lm_head.weight` is not listed: it is `transformer.wte.weight`).
+    const std::vector<ParameterInfo>& parameter_table() const { return table_; }
+
+    std::vector<float>& parameters() { return params_memory_; }  ///< every parameter, flat
+    const std::vector<float>& parameters() const { return params_memory_; }  ///< read-only
+    std::vector<float>& gradients() { return grads_memory_; }  ///< every gradient, same layout
+    const std::vector<float>& gradients() const { return grads_memory_; }  ///< read-only
+    const ParameterTensors& params() const { return params_; }  ///< pointers into parameters()
+    const ParameterTensors& grads() const { return grads_; }    ///< pointers into gradients()
+
+    /// The activations of the last forward call.
+    const Activations& activations() const { return acts_; }
+    /// The logits of the last forward call, (B, T, V) flat.
+    const std::vector<float>& logits() const { return acts_.logits; }
+    int batch_size() const { return B_; }       ///< B of the last forward call (0 before any)
+    int sequence_length() const { return T_; }  ///< T of the last forward call (0 before any)
+
+private:
+    void allocate_activations(int B, int T);
+
+    GPTConfig config_;
+    std::vector<ParameterInfo> table_;
+    std::vector<float> params_memory_;
+    std::vector<float> grads_memory_;
+    ParameterTensors params_;
+    ParameterTensors grads_;
+    Activations acts_;
+    GradientScratch scratch_;
+    std::vector<int> inputs_;   // (B, T) of the last forward call
+    std::vector<int> targets_;  // (B, T) of the last forward call
+    Rng dropout_rng_;
+    int B_ = 0, T_ = 0;
+    bool training_ = true;
+    bool has_targets_ = false;
+    bool dropout_applied_ = false;
+};
+
+/// AdamW as `torch.optim.AdamW`: decoupled weight decay, bias-corrected moments. Weight
+/// decay applies only to the tensors that ParameterInfo::decay marks, as nanoGPT's
+/// `configure_optimizers` does.
+struct AdamW {
+    float beta1 = 0.9f;         ///< decay rate of the first moment
+    float beta2 = 0.99f;        ///< decay rate of the second moment
+    float eps = 1e-8f;          ///< added to √v̂
+    float weight_decay = 0.1f;  ///< decoupled decay, multiplied by the learning rate
+    std::vector<float> m;       ///< first moment, same layout as GPT::parameters()
+    std::vector<float> v;       ///< second moment, same layout as GPT::parameters()
+    long step_count = 0;        ///< steps taken so far
+
+    /// One update of every parameter from the gradients in `model`.
+    /// @param model the model to update (its gradients are read, its parameters changed)
+    /// @param lr the learning rate for this step
+    void step(GPT& model, float lr);
+};
+
+/// Scales the gradients so that their global L2 norm is at most `max_norm`, as
+/// `torch.nn.utils.clip_grad_norm_` (which divides by norm + 1e-6).
+/// @param model the model whose gradients are clipped
+/// @param max_norm the largest allowed norm
+/// @return the norm before clipping
+float clip_grad_norm(GPT& model, float max_norm);
+
+}  // namespace attn

@@ -1,0 +1,161 @@
+/// @file gpt_layers.hpp
+/// @brief The GPT's layers as flat forward/backward function pairs over contiguous float
+/// buffers.
+///
+/// Every function takes its outputs first, then its inputs, then the sizes. Buffers are
+/// C-order float arrays whose shapes are written beside each parameter, with the axis
+/// letters of tensor.hpp: `B` batch, `T` time, `C` channels, `NH` heads, `hs = C / NH`
+/// head size, `V` vocabulary, `OC` output channels.
+///
+/// Every backward function *adds* into its gradient buffers (`d<name> +=`), so a tensor
+/// read by two layers (the residual stream, the tied embedding) collects both
+/// contributions; the caller zeroes the gradients once before the backward pass.
+/// Backward functions never allocate: scratch space, where needed, is passed in.
+#pragma once
+
+#include "attn/random.hpp"
+
+namespace attn {
+
+/// Token plus position embedding: `out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]`.
+/// @param out (B, T, C)
+/// @param inp (B, T) token ids in [0, V)
+/// @param wte (V, C) token embedding
+/// @param wpe (block_size, C) position embedding; T ≤ block_size
+/// @param B batch size  @param T sequence length  @param C channels
+void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
+                     int C);
+
+/// Backward of encoder_forward: scatters `dout` into the rows of the embeddings it read.
+/// @param dwte (V, C) accumulated
+/// @param dwpe (block_size, C) accumulated
+/// @param dout (B, T, C)
+/// @param inp (B, T)
+/// @param B batch size  @param T sequence length  @param C channels
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
+                      int C);
+
+/// LayerNorm over the last axis (ε = 1e-5, biased variance, as `torch.nn.LayerNorm`).
+/// @param out (B, T, C)
+/// @param mean (B, T) saved for the backward pass
+/// @param rstd (B, T) 1/√(var + ε), saved for the backward pass
+/// @param inp (B, T, C)
+/// @param weight (C)
+/// @param bias (C), or nullptr for a LayerNorm without bias
+/// @param B batch size  @param T sequence length  @param C channels
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int B, int T, int C);
+
+/// Backward of layernorm_forward.
+/// @param dinp (B, T, C) accumulated
+/// @param dweight (C) accumulated
+/// @param dbias (C) accumulated, or nullptr when the LayerNorm has no bias
+/// @param dout (B, T, C)
+/// @param inp (B, T, C)
+/// @param weight (C)
+/// @param mean (B, T) from the forward pass
+/// @param rstd (B, T) from the forward pass
+/// @param B batch size  @param T sequence length  @param C channels
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int B, int T, int C);
+
+/// A linear map with PyTorch's weight layout: `out = inp · weightᵀ + bias` (cblas_sgemm).
+/// @param out (N, OC), where N = B·T
+/// @param inp (N, C)
+/// @param weight (OC, C)
+/// @param bias (OC), or nullptr
+/// @param N rows (B·T)  @param C input channels  @param OC output channels
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC);
+
+/// Backward of matmul_forward.
+/// @param dinp (N, C) accumulated
+/// @param dweight (OC, C) accumulated
+/// @param dbias (OC) accumulated, or nullptr
+/// @param dout (N, OC)
+/// @param inp (N, C)
+/// @param weight (OC, C)
+/// @param N rows (B·T)  @param C input channels  @param OC output channels
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC);
+
+/// Causal multi-head self-attention on the fused projection `qkv`, without the output
+/// projection: per batch item and head, `att = softmax(mask(q·kᵀ/√hs))`, then
+/// `out = dropout(att) · v`, with the heads written side by side into `out`.
+/// @param out (B, T, C) the heads' outputs, head h in channels [h·hs, (h+1)·hs)
+/// @param att (B, NH, T, T) the attention weights; zero above the diagonal
+/// @param att_dropped (B, NH, T, T) the weights after dropout; used only when
+///        dropout_p > 0 (otherwise it may be nullptr)
+/// @param qkv (B, T, 3C) q, k and v side by side, as nanoGPT's `c_attn` produces them
+/// @param dropout_p the probability of zeroing a weight; 0 for no dropout
+/// @param rng the source of the dropout mask; unused (may be nullptr) when dropout_p is 0
+/// @param B batch size  @param T sequence length  @param C channels  @param NH heads
+void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
+                       float dropout_p, Rng* rng, int B, int T, int C, int NH);
+
+/// Backward of attention_forward.
+/// @param dqkv (B, T, 3C) accumulated
+/// @param scratch (T, T) working space
+/// @param dout (B, T, C)
+/// @param qkv (B, T, 3C)
+/// @param att (B, NH, T, T) from the forward pass
+/// @param att_dropped (B, NH, T, T) from the forward pass when dropout_p > 0, else unused
+/// @param dropout_p the dropout probability the forward pass used
+/// @param B batch size  @param T sequence length  @param C channels  @param NH heads
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const float* att_dropped, float dropout_p, int B, int T,
+                        int C, int NH);
+
+/// Exact GELU, as `torch.nn.GELU()`: `out = ½·x·(1 + erf(x/√2))`.
+/// @param out (N) @param inp (N) @param N number of elements
+void gelu_forward(float* out, const float* inp, int N);
+
+/// Backward of gelu_forward.
+/// @param dinp (N) accumulated @param inp (N) @param dout (N) @param N number of elements
+void gelu_backward(float* dinp, const float* inp, const float* dout, int N);
+
+/// The residual connection: `out = inp1 + inp2`.
+/// @param out (N) @param inp1 (N) @param inp2 (N) @param N number of elements
+void residual_forward(float* out, const float* inp1, const float* inp2, int N);
+
+/// Backward of residual_forward: the gradient flows unchanged to both inputs.
+/// @param dinp1 (N) accumulated @param dinp2 (N) accumulated @param dout (N)
+/// @param N number of elements
+void residual_backward(float* dinp1, float* dinp2, const float* dout, int N);
+
+/// Inverted dropout, in place: each element is zeroed with probability p and the survivors
+/// are scaled by 1/(1 − p), so the expected value is unchanged. `mask` records the factor
+/// (0 or 1/(1 − p)) applied to each element.
+/// @param x (N) changed in place
+/// @param mask (N) the factor applied to each element
+/// @param p probability of zeroing, in [0, 1)
+/// @param rng the source of randomness
+/// @param N number of elements
+void dropout_forward(float* x, float* mask, float p, Rng& rng, int N);
+
+/// Backward of dropout_forward, in place: `dx *= mask`.
+/// @param dx (N) changed in place @param mask (N) from the forward pass
+/// @param N number of elements
+void dropout_backward(float* dx, const float* mask, int N);
+
+/// Softmax over the vocabulary and cross-entropy against the targets.
+/// @param probs (B, T, V) the softmax of the logits, saved for the backward pass
+/// @param losses (B, T) −log probs[target] per position
+/// @param logits (B, T, V)
+/// @param targets (B, T) token ids in [0, V)
+/// @param B batch size  @param T sequence length  @param V vocabulary size
+/// @return the mean loss over the B·T positions
+float crossentropy_forward(float* probs, float* losses, const float* logits, const int* targets,
+                           int B, int T, int V);
+
+/// Backward of the mean cross-entropy through the softmax:
+/// `dlogits += (probs − onehot(targets)) / (B·T)`.
+/// @param dlogits (B, T, V) accumulated
+/// @param probs (B, T, V) from crossentropy_forward
+/// @param targets (B, T)
+/// @param B batch size  @param T sequence length  @param V vocabulary size
+void crossentropy_backward(float* dlogits, const float* probs, const int* targets, int B, int T,
+                           int V);
+
+}  // namespace attn

@@ -1,0 +1,316 @@
+// The GPT's layers, forward and backward, over flat float buffers. Shapes use the axis
+// letters of tensor.hpp; each backward quotes the forward line it differentiates.
+#include "attn/gpt_layers.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+
+namespace attn {
+
+namespace {
+using std::size_t;
+constexpr float layernorm_eps = 1e-5f;
+}  // namespace
+
+void encoder_forward(float* out, const int* inp, const float* wte, const float* wpe, int B, int T,
+                     int C) {
+    for (int b = 0; b < B; ++b) {
+        for (int t = 0; t < T; ++t) {
+            float* out_bt = out + (static_cast<size_t>(b) * T + t) * C;  // (C)
+            const float* wte_ix = wte + static_cast<size_t>(inp[b * T + t]) * C;
+            const float* wpe_t = wpe + static_cast<size_t>(t) * C;
+            for (int i = 0; i < C; ++i) out_bt[i] = wte_ix[i] + wpe_t[i];
+        }
+    }
+}
+
+void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B, int T,
+                      int C) {
+    for (int b = 0; b < B; ++b) {
+        for (int t = 0; t < T; ++t) {
+            const float* dout_bt = dout + (static_cast<size_t>(b) * T + t) * C;
+            float* dwte_ix = dwte + static_cast<size_t>(inp[b * T + t]) * C;
+            float* dwpe_t = dwpe + static_cast<size_t>(t) * C;
+            // forward: out_bt[i] = wte_ix[i] + wpe_t[i]
+            for (int i = 0; i < C; ++i) {
+                dwte_ix[i] += dout_bt[i];
+                dwpe_t[i] += dout_bt[i];
+            }
+        }
+    }
+}
+
+void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
+                       const float* bias, int B, int T, int C) {
+    for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row) {
+        const float* x = inp + row * C;  // (C)
+        float* y = out + row * C;        // (C)
+        float m = 0.0f;
+        for (int i = 0; i < C; ++i) m += x[i];
+        m /= static_cast<float>(C);
+        float v = 0.0f;
+        for (int i = 0; i < C; ++i) v += (x[i] - m) * (x[i] - m);
+        v /= static_cast<float>(C);
+        const float s = 1.0f / std::sqrt(v + layernorm_eps);
+        for (int i = 0; i < C; ++i) {
+            const float n = (x[i] - m) * s;
+            y[i] = n * weight[i] + (bias ? bias[i] : 0.0f);
+        }
+        mean[row] = m;
+        rstd[row] = s;
+    }
+}
+
+void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
+                        const float* inp, const float* weight, const float* mean, const float* rstd,
+                        int B, int T, int C) {
+    for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row) {
+        const float* x = inp + row * C;
+        const float* dy = dout + row * C;
+        float* dx = dinp + row * C;
+        const float m = mean[row], s = rstd[row];
+        // forward: n = (x - m) * s; y = n * weight + bias. With dn = dy * weight, the
+        // gradient through the mean and the variance is
+        // dx = s * (dn - mean(dn) - n * mean(dn * n)).
+        float dn_mean = 0.0f, dn_n_mean = 0.0f;
+        for (int i = 0; i < C; ++i) {
+            const float n = (x[i] - m) * s;
+            const float dn = weight[i] * dy[i];
+            dn_mean += dn;
+            dn_n_mean += dn * n;
+        }
+        dn_mean /= static_cast<float>(C);
+        dn_n_mean /= static_cast<float>(C);
+        for (int i = 0; i < C; ++i) {
+            const float n = (x[i] - m) * s;
+            const float dn = weight[i] * dy[i];
+            if (dbias) dbias[i] += dy[i];
+            dweight[i] += n * dy[i];
+            dx[i] += s * (dn - dn_mean - n * dn_n_mean);
+        }
+    }
+}
+
+void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
+                    int C, int OC) {
+    // out (N, OC) = inp (N, C) · weightᵀ (C, OC)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
+                out, OC);
+    if (bias) {
+        for (size_t n = 0; n < static_cast<size_t>(N); ++n) {
+            float* row = out + n * OC;
+            for (int o = 0; o < OC; ++o) row[o] += bias[o];
+        }
+    }
+}
+
+void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
+                     const float* weight, int N, int C, int OC) {
+    // forward: out = inp · weightᵀ + bias
+    // dinp (N, C) += dout (N, OC) · weight (OC, C)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
+                1.0f, dinp, C);
+    // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C)
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
+                dweight, C);
+    if (dbias) {
+        for (size_t n = 0; n < static_cast<size_t>(N); ++n) {
+            const float* row = dout + n * OC;
+            for (int o = 0; o < OC; ++o) dbias[o] += row[o];
+        }
+    }
+}
+
+void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
+                       float dropout_p, Rng* rng, int B, int T, int C, int NH) {
+    const int hs = C / NH;
+    const int C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const bool dropout = dropout_p > 0.0f;
+    for (int b = 0; b < B; ++b) {
+        for (int h = 0; h < NH; ++h) {
+            // q, k, v (T, hs) are column blocks of qkv (T, 3C): leading dimension 3C.
+            const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            const size_t bh = (static_cast<size_t>(b) * NH + h) * T * T;
+            float* a = att + bh;  // (T, T)
+            // scores (T, T) = q · kᵀ / √hs; the entries above the diagonal are overwritten below
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3,
+                        0.0f, a, T);
+            // causal mask and softmax: row t attends to positions 0..t only
+            for (int t = 0; t < T; ++t) {
+                float* row = a + static_cast<size_t>(t) * T;
+                float maxval = row[0];
+                for (int j = 1; j <= t; ++j) maxval = std::max(maxval, row[j]);
+                float sum = 0.0f;
+                for (int j = 0; j <= t; ++j) {
+                    row[j] = std::exp(row[j] - maxval);
+                    sum += row[j];
+                }
+                const float inv = 1.0f / sum;
+                for (int j = 0; j <= t; ++j) row[j] *= inv;
+                for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+            }
+            const float* weights = a;
+            if (dropout) {
+                float* ad = att_dropped + bh;
+                const float keep_scale = 1.0f / (1.0f - dropout_p);
+                for (size_t i = 0; i < static_cast<size_t>(T) * T; ++i) {
+                    ad[i] = rng->uniform() < dropout_p ? 0.0f : a[i] * keep_scale;
+                }
+                weights = ad;
+            }
+            // out (T, hs), leading dimension C = weights (T, T) · v (T, hs)
+            float* o = out + static_cast<size_t>(b) * T * C + h * hs;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, weights, T, v,
+                        C3, 0.0f, o, C);
+        }
+    }
+}
+
+void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
+                        const float* att, const float* att_dropped, float dropout_p, int B, int T,
+                        int C, int NH) {
+    const int hs = C / NH;
+    const int C3 = 3 * C;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const bool dropout = dropout_p > 0.0f;
+    const float keep_scale = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
+    for (int b = 0; b < B; ++b) {
+        for (int h = 0; h < NH; ++h) {
+            const size_t qkv_off = static_cast<size_t>(b) * T * C3 + h * hs;
+            const float* q = qkv + qkv_off;
+            const float* k = q + C;
+            const float* v = q + 2 * C;
+            float* dq = dqkv + qkv_off;
+            float* dk = dq + C;
+            float* dv = dq + 2 * C;
+            const size_t bh = (static_cast<size_t>(b) * NH + h) * T * T;
+            const float* a = att + bh;                                              // (T, T)
+            const float* weights = dropout ? att_dropped + bh : a;                  // (T, T)
+            const float* dout_bh = dout + static_cast<size_t>(b) * T * C + h * hs;  // (T, hs)
+            float* datt = scratch;                                                  // (T, T)
+
+            // forward: out = weights · v
+            // dweights (T, T) = dout (T, hs) · vᵀ (hs, T)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dout_bh, C, v, C3,
+                        0.0f, datt, T);
+            // dv (T, hs) += weightsᵀ (T, T) · dout (T, hs)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, weights, T,
+                        dout_bh, C, 1.0f, dv, C3);
+            // forward: weights = att * mask, mask = 0 or 1/(1-p). A kept weight is nonzero
+            // unless att itself is zero, where the softmax backward below multiplies by att = 0
+            // anyway, so the mask is read back from the dropped weights.
+            if (dropout) {
+                for (size_t i = 0; i < static_cast<size_t>(T) * T; ++i) {
+                    datt[i] = weights[i] != 0.0f ? datt[i] * keep_scale : 0.0f;
+                }
+            }
+            // forward: att[t, :t+1] = softmax(scores[t, :t+1]), att[t, t+1:] = 0
+            // dscores[t, j] = att[t, j] * (datt[t, j] - Σ_k att[t, k] datt[t, k]), in place
+            for (int t = 0; t < T; ++t) {
+                const float* arow = a + static_cast<size_t>(t) * T;
+                float* drow = datt + static_cast<size_t>(t) * T;
+                float dot = 0.0f;
+                for (int j = 0; j <= t; ++j) dot += arow[j] * drow[j];
+                for (int j = 0; j <= t; ++j) drow[j] = arow[j] * (drow[j] - dot);
+                // masked positions: their scores never reached the output
+                for (int j = t + 1; j < T; ++j) drow[j] = 0.0f;
+            }
+            // forward: scores = scale · q · kᵀ
+            // dq (T, hs) += scale · dscores (T, T) · k (T, hs)
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, k, C3,
+                        1.0f, dq, C3);
+            // dk (T, hs) += scale · dscoresᵀ (T, T) · q (T, hs)
+            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T, q, C3,
+                        1.0f, dk, C3);
+        }
+    }
+}
+
+void gelu_forward(float* out, const float* inp, int N) {
+    const float inv_sqrt2 = 0.70710678118654752f;
+    for (int i = 0; i < N; ++i) {
+        const float x = inp[i];
+        out[i] = 0.5f * x * (1.0f + std::erf(x * inv_sqrt2));
+    }
+}
+
+void gelu_backward(float* dinp, const float* inp, const float* dout, int N) {
+    const float inv_sqrt2 = 0.70710678118654752f;
+    const float inv_sqrt_2pi = 0.39894228040143268f;
+    for (int i = 0; i < N; ++i) {
+        const float x = inp[i];
+        // forward: out = ½ x (1 + erf(x/√2)) = x Φ(x); d/dx = Φ(x) + x φ(x)
+        const float cdf = 0.5f * (1.0f + std::erf(x * inv_sqrt2));
+        const float pdf = inv_sqrt_2pi * std::exp(-0.5f * x * x);
+        dinp[i] += dout[i] * (cdf + x * pdf);
+    }
+}
+
+void residual_forward(float* out, const float* inp1, const float* inp2, int N) {
+    for (int i = 0; i < N; ++i) out[i] = inp1[i] + inp2[i];
+}
+
+void residual_backward(float* dinp1, float* dinp2, const float* dout, int N) {
+    // forward: out = inp1 + inp2
+    for (int i = 0; i < N; ++i) {
+        dinp1[i] += dout[i];
+        dinp2[i] += dout[i];
+    }
+}
+
+void dropout_forward(float* x, float* mask, float p, Rng& rng, int N) {
+    const float keep_scale = 1.0f / (1.0f - p);
+    for (int i = 0; i < N; ++i) {
+        mask[i] = rng.uniform() < p ? 0.0f : keep_scale;
+        x[i] *= mask[i];
+    }
+}
+
+void dropout_backward(float* dx, const float* mask, int N) {
+    // forward: x *= mask
+    for (int i = 0; i < N; ++i) dx[i] *= mask[i];
+}
+
+float crossentropy_forward(float* probs, float* losses, const float* logits, const int* targets,
+                           int B, int T, int V) {
+    double total = 0.0;
+    const size_t BT = static_cast<size_t>(B) * T;
+    for (size_t row = 0; row < BT; ++row) {
+        const float* z = logits + row * V;  // (V)
+        float* p = probs + row * V;         // (V)
+        float maxval = z[0];
+        for (int i = 1; i < V; ++i) maxval = std::max(maxval, z[i]);
+        float sum = 0.0f;
+        for (int i = 0; i < V; ++i) {
+            p[i] = std::exp(z[i] - maxval);
+            sum += p[i];
+        }
+        // −log p[target] from the log-sum-exp, not from log(p), which underflows first
+        losses[row] = std::log(sum) - (z[targets[row]] - maxval);
+        const float inv = 1.0f / sum;
+        for (int i = 0; i < V; ++i) p[i] *= inv;
+        total += losses[row];
+    }
+    return static_cast<float>(total / static_cast<double>(BT));
+}
+
+void crossentropy_backward(float* dlogits, const float* probs, const int* targets, int B, int T,
+                           int V) {
+    const size_t BT = static_cast<size_t>(B) * T;
+    const float dloss = 1.0f / static_cast<float>(BT);  // d(mean)/d(loss of one position)
+    for (size_t row = 0; row < BT; ++row) {
+        const float* p = probs + row * V;
+        float* dz = dlogits + row * V;
+        // forward: loss = log Σ exp(z) − z[target]; d/dz = softmax(z) − onehot(target)
+        for (int i = 0; i < V; ++i) dz[i] += dloss * (p[i] - (i == targets[row] ? 1.0f : 0.0f));
+    }
+}
+
+}  // namespace attn

@@ -1,0 +1,192 @@
+// The weights directory: round trips, nanoGPT's names and shapes, and clear errors.
+#include "attn/checkpoint.hpp"
+#include "attn/npy.hpp"
+
+#include <doctest/doctest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace attn;
+
+namespace {
+namespace fs = std::filesystem;
+
+GPTConfig small_config(bool bias = true) {
+    GPTConfig c;
+    c.vocab_size = 13;
+    c.block_size = 8;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 8;
+    c.bias = bias;
+    return c;
+}
+
+// A fresh copy of a model's weights directory, for a test to damage.
+fs::path fresh_dir(const std::string& name) {
+    const fs::path dir = fs::temp_directory_path() / ("attn_checkpoint_" + name);
+    fs::remove_all(dir);
+    GPT model(small_config(), 3);
+    save_checkpoint(dir, model, {"abcdefghijklm", 0});
+    return dir;
+}
+
+// The message of the CheckpointError that loading `dir` throws, or "" if it loads.
+std::string load_error(const fs::path& dir) {
+    try {
+        load_checkpoint(dir);
+    } catch (const CheckpointError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+void write_text(const fs::path& file, const std::string& text) { std::ofstream(file) << text; }
+}  // namespace
+
+TEST_CASE("a checkpoint written and reloaded gives bit-identical logits and its metadata") {
+    for (bool bias : {true, false}) {
+        CAPTURE(bias);
+        GPT model(small_config(bias), 7);
+        const fs::path dir = fs::temp_directory_path() / "attn_checkpoint_roundtrip";
+        fs::remove_all(dir);
+        save_checkpoint(dir, model, {"abcdefghijklm", 1234});
+        CheckpointInfo info;
+        GPT loaded = load_checkpoint(dir, &info);
+        CHECK(info.vocab == "abcdefghijklm");
+        CHECK(info.step == 1234);
+        CHECK(loaded.parameters() == model.parameters());
+        const std::vector<int> x = {1, 2, 3, 4, 5, 6, 7, 8, 12, 0, 1, 2};
+        model.forward(x, {}, 2, 6);
+        loaded.forward(x, {}, 2, 6);
+        CHECK(loaded.logits() == model.logits());
+    }
+}
+
+TEST_CASE("training resumed from a checkpoint and optimizer state repeats the losses bit for bit") {
+    GPTConfig config = small_config();
+    config.dropout = 0.1f;
+    GPT model(config, 5);
+    AdamW optimizer;
+    const std::vector<int> x = {1, 2, 3, 4, 5, 6, 7, 8, 12, 0, 1, 2};
+    const std::vector<int> y = {2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3};
+    auto step = [&](GPT& m, AdamW& opt) {
+        const float loss = m.forward(x, y, 2, 6);
+        m.zero_grad();
+        m.backward();
+        clip_grad_norm(m, 1.0f);
+        opt.step(m, 1e-2f);
+        return loss;
+    };
+    for (int i = 0; i < 3; ++i) step(model, optimizer);
+    const fs::path dir = fs::temp_directory_path() / "attn_checkpoint_resume";
+    fs::remove_all(dir);
+    save_checkpoint(dir, model, {"", 3});
+    save_optimizer(dir, optimizer);
+    GPT resumed = load_checkpoint(dir);
+    AdamW resumed_optimizer = load_optimizer(dir, resumed);
+    CHECK(resumed_optimizer.step_count == 3);
+    for (int i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        model.seed_dropout(100 + i);  // the same dropout masks on both sides
+        resumed.seed_dropout(100 + i);
+        CHECK(step(resumed, resumed_optimizer) == step(model, optimizer));
+    }
+    CHECK(resumed.parameters() == model.parameters());
+    fs::remove(dir / "adamw.v.npy");
+    CHECK_THROWS_AS(load_optimizer(dir, resumed), CheckpointError);
+}
+
+TEST_CASE("a checkpoint has one file per state_dict key with PyTorch's shapes") {
+    const fs::path dir = fresh_dir("names");
+    const std::vector<std::pair<std::string, std::vector<std::size_t>>> expected = {
+        {"transformer.wte.weight", {13, 8}},
+        {"transformer.wpe.weight", {8, 8}},
+        {"transformer.h.0.ln_1.weight", {8}},
+        {"transformer.h.0.ln_1.bias", {8}},
+        {"transformer.h.0.attn.c_attn.weight", {24, 8}},
+        {"transformer.h.0.attn.c_attn.bias", {24}},
+        {"transformer.h.0.attn.c_proj.weight", {8, 8}},
+        {"transformer.h.1.ln_2.weight", {8}},
+        {"transformer.h.1.mlp.c_fc.weight", {32, 8}},
+        {"transformer.h.1.mlp.c_proj.weight", {8, 32}},
+        {"transformer.h.1.mlp.c_proj.bias", {8}},
+        {"transformer.ln_f.weight", {8}},
+        {"lm_head.weight", {13, 8}},
+    };
+    for (const auto& [name, shape] : expected) {
+        CAPTURE(name);
+        CHECK(read_npy(dir / (name + ".npy")).shape == shape);
+    }
+    CHECK(read_npy(dir / "lm_head.weight.npy").data ==
+          read_npy(dir / "transformer.wte.weight.npy").data);
+}
+
+TEST_CASE("a missing parameter file is named in the error") {
+    const fs::path dir = fresh_dir("missing");
+    fs::remove(dir / "transformer.h.1.mlp.c_fc.bias.npy");
+    const std::string e = load_error(dir);
+    CHECK(e.find("transformer.h.1.mlp.c_fc.bias.npy") != std::string::npos);
+}
+
+TEST_CASE("a parameter of the wrong shape is named with the expected and the actual shape") {
+    const fs::path dir = fresh_dir("shape");
+    const std::vector<float> zeros(24 * 8, 0.0f);
+    const fs::path file = dir / "transformer.h.0.attn.c_attn.weight.npy";
+    write_npy(file, {8, 24}, zeros.data());
+    CHECK(load_error(dir) == file.string() + ": expected shape (24, 8), got (8, 24)");
+}
+
+TEST_CASE("a truncated parameter file is reported, naming the file") {
+    const fs::path dir = fresh_dir("truncated");
+    const fs::path file = dir / "transformer.wpe.weight.npy";
+    const auto size = fs::file_size(file);
+    fs::resize_file(file, size - 10);
+    const std::string e = load_error(dir);
+    CHECK(e.find("transformer.wpe.weight.npy") != std::string::npos);
+}
+
+TEST_CASE("an LM head that differs from the tied embedding is rejected") {
+    const fs::path dir = fresh_dir("untied");
+    const std::vector<float> ones(13 * 8, 1.0f);
+    write_npy(dir / "lm_head.weight.npy", {13, 8}, ones.data());
+    CHECK(load_error(dir).find("tied") != std::string::npos);
+}
+
+TEST_CASE("a config that is missing a size, malformed or inconsistent is rejected") {
+    const fs::path dir = fresh_dir("config");
+    const fs::path file = dir / "config.json";
+    SUBCASE("missing size") {
+        write_text(file, R"({"vocab_size": 13, "block_size": 8, "n_layer": 2, "n_head": 2})");
+        CHECK(load_error(dir) == file.string() + ": missing \"n_embd\"");
+    }
+    SUBCASE("wrong type") {
+        write_text(file, R"({"vocab_size": "13", "block_size": 8, "n_layer": 2, "n_head": 2,
+                             "n_embd": 8})");
+        CHECK(load_error(dir) == file.string() + ": \"vocab_size\" has the wrong type: \"13\"");
+    }
+    SUBCASE("heads do not divide the width") {
+        write_text(file, R"({"vocab_size": 13, "block_size": 8, "n_layer": 2, "n_head": 3,
+                             "n_embd": 8})");
+        CHECK(load_error(dir) == file.string() +
+                                     ": GPT config: n_embd must be a positive multiple of "
+                                     "n_head, got n_embd 8 and n_head 3");
+    }
+    SUBCASE("not JSON") {
+        write_text(file, "n_embd = 8\n");
+        CHECK(load_error(dir).find(file.string() + ": not valid JSON") == 0);
+    }
+    SUBCASE("a config that disagrees with the weights: the first mis-shaped tensor is named") {
+        write_text(file, R"({"vocab_size": 13, "block_size": 8, "n_layer": 2, "n_head": 2,
+                             "n_embd": 16})");
+        CHECK(load_error(dir) == (dir / "transformer.wte.weight.npy").string() +
+                                     ": expected shape (13, 16), got (13, 8)");
+    }
+    SUBCASE("no config at all") {
+        fs::remove(file);
+        CHECK(load_error(dir).find(file.string() + ": cannot open") == 0);
+    }
+}

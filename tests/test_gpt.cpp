@@ -1,0 +1,293 @@
+// The GPT model against PyTorch (fixtures from tools/reference/make_gpt_fixtures.py), against
+// finite differences, and its initialisation and optimizer.
+#include "attn/checkpoint.hpp"
+#include "attn/gpt.hpp"
+#include "attn/npy.hpp"
+
+#include "attn/gradcheck.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+using namespace attn;
+
+namespace {
+namespace fs = std::filesystem;
+const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gpt";
+
+std::vector<int> load_ids(const fs::path& file) {
+    const NpyArray a = read_npy(file);
+    return std::vector<int>(a.data.begin(), a.data.end());
+}
+
+// The largest |actual − expected| over a tensor, or infinity if the sizes differ.
+double max_abs_diff(const float* actual, const NpyArray& expected, std::size_t size) {
+    if (expected.data.size() != size) return INFINITY;
+    double worst = 0.0;
+    for (std::size_t i = 0; i < size; ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(actual[i]) - expected.data[i]));
+    }
+    return worst;
+}
+
+double mean_loss_in_double(const GPT& model) {
+    double s = 0.0;
+    for (float l : model.activations().losses) s += l;
+    return s / static_cast<double>(model.activations().losses.size());
+}
+
+// Tolerances of the PyTorch comparisons: both sides compute in float32 with sums in a
+// different order (BLAS against PyTorch's kernels), so values of size O(1) differ by a few
+// ulps, ~1e-7 to 1e-6. 1e-5 on logits, loss and gradients is llm.c's bar for its CPU
+// trainer; 1e-4 on the losses after 10 AdamW steps allows the differences to grow through
+// the updates (each step moves weights by ~lr = 1e-3).
+constexpr double parity_tol = 1e-5;
+constexpr double adamw_tol = 1e-4;
+}  // namespace
+
+TEST_CASE("forward, loss and every gradient match PyTorch's nanoGPT on the same weights") {
+    for (const std::string name : {"bias", "nobias"}) {
+        CAPTURE(name);
+        const fs::path dir = fixtures / name;
+        GPT model = load_checkpoint(dir / "weights");
+        model.train(false);
+        const std::vector<int> x = load_ids(dir / "x.npy"), y = load_ids(dir / "y.npy");
+        const NpyArray xs = read_npy(dir / "x.npy");
+        const int B = static_cast<int>(xs.shape[0]), T = static_cast<int>(xs.shape[1]);
+        const float loss = model.forward(x, y, B, T);
+        model.zero_grad();
+        model.backward();
+
+        const double loss_diff = std::fabs(loss - read_npy(dir / "loss.npy").data[0]);
+        const double logits_diff = max_abs_diff(model.logits().data(), read_npy(dir / "logits.npy"),
+                                                model.logits().size());
+        MESSAGE(name << ": loss " << loss << ", |loss - torch| = " << loss_diff
+                     << ", max |logits - torch| = " << logits_diff);
+        CHECK(loss_diff <= parity_tol);
+        CHECK(logits_diff <= parity_tol);
+
+        double worst = 0.0;
+        std::string worst_name;
+        for (const ParameterInfo& p : model.parameter_table()) {
+            CAPTURE(p.name);
+            const NpyArray expected = read_npy(dir / "grad" / (p.name + ".npy"));
+            REQUIRE(expected.shape == p.shape);
+            const double d = max_abs_diff(model.gradients().data() + p.offset, expected, p.size);
+            CHECK(d <= parity_tol);
+            if (d >= worst) {
+                worst = d;
+                worst_name = p.name;
+            }
+        }
+        MESSAGE(name << ": worst gradient difference " << worst << " in " << worst_name);
+    }
+}
+
+TEST_CASE("ten AdamW steps with clipping follow PyTorch's losses") {
+    for (const std::string name : {"bias", "nobias"}) {
+        CAPTURE(name);
+        const fs::path dir = fixtures / name;
+        GPT model = load_checkpoint(dir / "weights");
+        model.train(false);
+        const std::vector<int> x = load_ids(dir / "x.npy"), y = load_ids(dir / "y.npy");
+        const NpyArray xs = read_npy(dir / "x.npy");
+        const int B = static_cast<int>(xs.shape[0]), T = static_cast<int>(xs.shape[1]);
+        const NpyArray expected = read_npy(dir / "adamw_losses.npy");
+        AdamW optimizer;  // nanoGPT's recipe: betas (0.9, 0.99), weight decay 0.1
+        double worst = 0.0;
+        for (std::size_t step = 0; step < expected.data.size(); ++step) {
+            CAPTURE(step);
+            const float loss = model.forward(x, y, B, T);
+            const double d = std::fabs(loss - expected.data[step]);
+            CHECK(d <= adamw_tol);
+            worst = std::max(worst, d);
+            model.zero_grad();
+            model.backward();
+            clip_grad_norm(model, 1.0f);
+            optimizer.step(model, 1e-3f);
+        }
+        MESSAGE(name << ": worst |loss - torch| over 10 AdamW steps = " << worst << " (loss "
+                     << expected.data.front() << " -> " << expected.data.back() << ")");
+    }
+}
+
+TEST_CASE("the whole model's gradient agrees with finite differences, with dropout held fixed") {
+    // A tiny model with large weights, so every nonlinearity is exercised.
+    GPTConfig config;
+    config.vocab_size = 11;
+    config.block_size = 8;
+    config.n_layer = 2;
+    config.n_head = 2;
+    config.n_embd = 8;
+    const int B = 2, T = 6;
+    const std::vector<int> x = {1, 4, 2, 9, 0, 3, 10, 10, 5, 6, 7, 8};
+    const std::vector<int> y = {4, 2, 9, 0, 3, 1, 10, 5, 6, 7, 8, 2};
+    for (float dropout : {0.0f, 0.2f}) {
+        for (bool bias : {true, false}) {
+            CAPTURE(dropout);
+            CAPTURE(bias);
+            config.dropout = dropout;
+            config.bias = bias;
+            GPT model(config, 3);
+            Rng rng(11);
+            for (float& p : model.parameters()) p += 0.3f * rng.normal();
+            auto objective = [&] {
+                model.seed_dropout(42);  // the same masks on every evaluation
+                model.forward(x, y, B, T);
+                return mean_loss_in_double(model);
+            };
+            objective();
+            model.zero_grad();
+            model.backward();
+            const std::vector<float> analytic = model.gradients();
+            // Tolerance: the float loss (~2.5) is exact to about one ulp, 2.4e-7; divided by
+            // the step 2h = 2e-3 that is ~1.2e-4 per derivative, which is the error seen. 5e-4
+            // allows 4 ulps; a wrong gradient path is off by O(0.01-1). (A larger step,
+            // h = 1e-2, trades this for truncation error h²/6·f''' of up to 1e-2 with weights
+            // this large.)
+            const attn::GradCheck r = attn::finite_difference(
+                model.parameters().data(), analytic.data(), analytic.size(), 1e-3f, objective);
+            MESSAGE("dropout " << dropout << ", bias " << bias << ": " << analytic.size()
+                               << " parameters, max |analytic - numeric| = " << r.max_abs_error
+                               << " (largest gradient " << r.max_abs_grad << ")");
+            CHECK(r.max_abs_error <= 5e-4);
+        }
+    }
+}
+
+TEST_CASE("initialisation follows nanoGPT and the loss at initialisation is about ln V") {
+    GPTConfig config;
+    config.vocab_size = 65;
+    config.block_size = 64;
+    config.n_layer = 4;
+    config.n_head = 4;
+    config.n_embd = 128;
+    GPT model(config, 1);
+    CHECK(model.parameters().size() == config.num_parameters());
+    // nanoGPT's count for this config: 65·128 + 64·128 + 4·(12·128² + 13·128) + 2·128.
+    CHECK(config.num_parameters() == 65 * 128 + 64 * 128 + 4 * (12 * 128 * 128 + 13 * 128) + 256);
+    for (const ParameterInfo& p : model.parameter_table()) {
+        CAPTURE(p.name);
+        const float* w = model.parameters().data() + p.offset;
+        double sum = 0.0, sum_sq = 0.0;
+        for (std::size_t i = 0; i < p.size; ++i) {
+            sum += w[i];
+            sum_sq += static_cast<double>(w[i]) * w[i];
+        }
+        const double n = static_cast<double>(p.size);
+        const double mean = sum / n, std = std::sqrt(sum_sq / n - mean * mean);
+        const bool is_bias = p.name.find(".bias") != std::string::npos;
+        if (is_bias) {
+            CHECK(sum_sq == 0.0);
+        } else if (p.name.find("ln_") != std::string::npos) {
+            CHECK(mean == 1.0);
+            CHECK(std == 0.0);
+        } else {
+            // The sample std of n ≥ 8192 normals is within 3% of the true one (~4 sigma).
+            const bool residual = p.name.find("c_proj.weight") != std::string::npos;
+            const double expected = residual ? 0.02 / std::sqrt(2.0 * config.n_layer) : 0.02;
+            CHECK(std == doctest::Approx(expected).epsilon(0.03));
+            CHECK(p.decay);
+        }
+    }
+    // Near-zero logits predict every token with probability about 1/V.
+    Rng rng(2);
+    std::vector<int> x(8 * 64), y(8 * 64);
+    for (int& t : x) t = static_cast<int>(rng.below(65));
+    for (int& t : y) t = static_cast<int>(rng.below(65));
+    const float loss = model.forward(x, y, 8, 64);
+    MESSAGE("loss at initialisation " << loss << ", ln 65 = " << std::log(65.0));
+    // Logits of std σ ≈ 0.02·√C ≈ 0.23 raise the expected loss above ln V by about σ²/2 ≈ 0.03;
+    // 0.1 allows that and the sampling noise of 512 random targets.
+    CHECK(std::fabs(loss - std::log(65.0)) < 0.1);
+}
+
+TEST_CASE("evaluation mode switches dropout off and training mode switches it on") {
+    GPTConfig config;
+    config.vocab_size = 11;
+    config.block_size = 8;
+    config.n_layer = 1;
+    config.n_head = 2;
+    config.n_embd = 8;
+    config.dropout = 0.5f;
+    GPT with_dropout(config, 5);
+    config.dropout = 0.0f;
+    GPT without(config, 5);  // same seed: same weights
+    const std::vector<int> x = {1, 2, 3, 4}, y = {2, 3, 4, 5};
+    with_dropout.train(false);
+    const float eval_loss = with_dropout.forward(x, y, 1, 4);
+    CHECK(eval_loss == without.forward(x, y, 1, 4));
+    with_dropout.train(true);
+    CHECK(with_dropout.forward(x, y, 1, 4) != eval_loss);
+}
+
+TEST_CASE("clip_grad_norm scales the gradient to the given norm and leaves small ones alone") {
+    GPTConfig config;
+    config.vocab_size = 3;
+    config.block_size = 2;
+    config.n_layer = 1;
+    config.n_head = 1;
+    config.n_embd = 2;
+    GPT model(config);
+    std::vector<float>& g = model.gradients();
+    std::fill(g.begin(), g.end(), 0.0f);
+    g[0] = 3.0f;
+    g[1] = 4.0f;  // norm 5
+    CHECK(clip_grad_norm(model, 1.0f) == doctest::Approx(5.0f));
+    // torch divides by norm + 1e-6
+    CHECK(g[0] == doctest::Approx(3.0 / (5.0 + 1e-6)));
+    CHECK(g[1] == doctest::Approx(4.0 / (5.0 + 1e-6)));
+    CHECK(clip_grad_norm(model, 2.0f) == doctest::Approx(1.0f));
+    CHECK(g[1] == doctest::Approx(4.0 / (5.0 + 1e-6)));  // unchanged
+}
+
+TEST_CASE("one AdamW step moves each weight by lr against its gradient's sign, plus decay") {
+    // At step 1, m̂ = g and v̂ = g², so the update is lr·g/(|g| + eps) = lr·sign(g) for |g| ≫ eps;
+    // decay multiplies the decayed tensors by (1 − lr·wd) first.
+    GPTConfig config;
+    config.vocab_size = 3;
+    config.block_size = 2;
+    config.n_layer = 1;
+    config.n_head = 1;
+    config.n_embd = 2;
+    GPT model(config);
+    const std::vector<float> before = model.parameters();
+    std::vector<float>& g = model.gradients();
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = (i % 2 ? 1.0f : -1.0f) * 0.5f;
+    AdamW optimizer;
+    const float lr = 0.01f;
+    optimizer.step(model, lr);
+    for (const ParameterInfo& p : model.parameter_table()) {
+        CAPTURE(p.name);
+        for (std::size_t i = p.offset; i < p.offset + p.size; ++i) {
+            const double decayed = before[i] * (p.decay ? 1.0 - lr * 0.1 : 1.0);
+            const double expected = decayed - lr * (g[i] > 0 ? 1.0 : -1.0);
+            CHECK(model.parameters()[i] == doctest::Approx(expected).epsilon(1e-6));
+        }
+    }
+}
+
+TEST_CASE("the forward pass rejects token ids outside the vocabulary and T beyond block_size") {
+    GPTConfig config;
+    config.vocab_size = 5;
+    config.block_size = 4;
+    config.n_layer = 1;
+    config.n_head = 1;
+    config.n_embd = 4;
+    GPT model(config);
+    CHECK_THROWS_WITH_AS(model.forward({1, 5}, {}, 1, 2),
+                         "GPT::forward: token id 5 at position 1 is outside [0, 5)",
+                         std::invalid_argument);
+    CHECK_THROWS_AS(model.forward(std::vector<int>(5, 0), {}, 1, 5), std::invalid_argument);
+    config.n_embd = 6;
+    config.n_head = 4;
+    CHECK_THROWS_WITH_AS(GPT{config},
+                         "GPT config: n_embd must be a positive multiple of n_head, got n_embd 6 "
+                         "and n_head 4",
+                         std::invalid_argument);
+}
