@@ -80,13 +80,13 @@ void random_batch(std::vector<int>& x, std::vector<int>& y, int V, std::uint64_t
     }
 }
 
+#if ATTN_HAVE_CUDA
 float max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
     float d = 0.0f;
     for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
     return d;
 }
 
-#if ATTN_HAVE_CUDA
 // GPU against CPU on the same weights and batch, in fp32 and with TF32 matmuls.
 void compare_on_gpu(GPT& cpu, const std::vector<int>& x, const std::vector<int>& y) {
     print_heading("The same weights and batch on both devices");
