@@ -1,0 +1,574 @@
+// nanoGPT's GPT on the GPU: device buffers laid out as the CPU model's, and the forward and
+// backward passes as the CPU's GPT::forward/backward, line for line, with the ops of
+// gpt_ops.hpp. Plain C++: the kernels are behind those host functions.
+#include "attn/cuda/gpt.hpp"
+
+#include "attn/cuda/device.hpp"
+#include "attn/cuda/gpt_ops.hpp"
+#include "check.cuh"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace attn::cuda {
+
+namespace {
+using std::size_t;
+
+// One cudaMalloc'd block of floats carved into named buffers.
+class DeviceArena {
+public:
+    DeviceArena() = default;
+    DeviceArena(const DeviceArena&) = delete;
+    DeviceArena& operator=(const DeviceArena&) = delete;
+    ~DeviceArena() { release(); }
+    // Allocates `total` floats (zeroed) and frees the previous block.
+    void allocate(size_t total) {
+        release();
+        if (total == 0) return;
+        CUDA_CHECK(cudaMalloc(&base_, total * sizeof(float)));
+        CUDA_CHECK(cudaMemset(base_, 0, total * sizeof(float)));
+        size_ = total;
+    }
+    float* base() const { return base_; }
+    size_t size() const { return size_; }
+
+private:
+    void release() {
+        if (base_) cudaFree(base_);  // in a destructor: nothing to report to
+        base_ = nullptr;
+        size_ = 0;
+    }
+    float* base_ = nullptr;
+    size_t size_ = 0;
+};
+
+// Hands out consecutive slices of an arena; first pass counts, second pass assigns.
+// Slices are rounded up to 64 floats (256 bytes), which also keeps the doubles aligned.
+class Carver {
+public:
+    explicit Carver(float* base) : base_(base) {}
+    float* take(size_t n) {
+        if (n == 0) return nullptr;
+        float* p = base_ ? base_ + used_ : nullptr;
+        used_ += (n + 63) / 64 * 64;
+        return p;
+    }
+    size_t used() const { return used_; }
+
+private:
+    float* base_;
+    size_t used_ = 0;
+};
+
+// A contiguous range of the flat parameter buffer with one weight-decay setting.
+struct DecayRun {
+    size_t offset, size;
+    bool decay;
+};
+
+// The device's activations, the same tensors as attn::Activations without the dropout
+// masks (recomputed from their seeds), plus the backward pass's scratch buffers.
+struct DeviceActivations {
+    float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *att_dropped, *attproj,
+        *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3, *lnf,
+        *lnf_mean, *lnf_rstd, *logits, *probs, *losses;
+    float *dresidual, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits, *dinner;
+    float* reduce_scratch;  // column reductions (bias and LayerNorm weight gradients)
+    AttentionScratch attention;
+};
+
+void carve(Carver& c, DeviceActivations& a, const GPTConfig& cfg, int B, int T, bool dropout) {
+    const size_t BT = static_cast<size_t>(B) * T, C = cfg.n_embd, L = cfg.n_layer,
+                 V = cfg.vocab_size, NH = cfg.n_head;
+    const size_t BTC = BT * C, att = L * B * NH * static_cast<size_t>(T) * T;
+    a.encoded = c.take(BTC);
+    a.ln1 = c.take(L * BTC);
+    a.ln1_mean = c.take(L * BT);
+    a.ln1_rstd = c.take(L * BT);
+    a.qkv = c.take(L * 3 * BTC);
+    a.atty = c.take(L * BTC);
+    a.att = c.take(att);
+    a.att_dropped = dropout ? c.take(att) : nullptr;
+    a.attproj = c.take(L * BTC);
+    a.residual2 = c.take(L * BTC);
+    a.ln2 = c.take(L * BTC);
+    a.ln2_mean = c.take(L * BT);
+    a.ln2_rstd = c.take(L * BT);
+    a.fch = c.take(L * 4 * BTC);
+    a.fch_gelu = c.take(L * 4 * BTC);
+    a.fcproj = c.take(L * BTC);
+    a.residual3 = c.take(L * BTC);
+    a.lnf = c.take(BTC);
+    a.lnf_mean = c.take(BT);
+    a.lnf_rstd = c.take(BT);
+    a.logits = c.take(BT * V);
+    a.probs = c.take(BT * V);
+    a.losses = c.take(BT);
+    a.dresidual = c.take(BTC);
+    a.dln = c.take(BTC);
+    a.dqkv = c.take(3 * BTC);
+    a.datty = c.take(BTC);
+    a.dfch = c.take(4 * BTC);
+    a.dfch_gelu = c.take(4 * BTC);
+    a.dlogits = c.take(BT * V);
+    a.dinner = c.take(BTC);
+    const int N = static_cast<int>(BT), Ci = cfg.n_embd;
+    a.reduce_scratch = c.take(std::max({2 * column_reduce_scratch(N, Ci),
+                                        column_reduce_scratch(N, 4 * Ci),
+                                        column_reduce_scratch(N, static_cast<int>(V))}));
+    const size_t heads = attention_scratch_heads(B, T, Ci);
+    a.attention.q = c.take(heads);
+    a.attention.k = c.take(heads);
+    a.attention.v = c.take(heads);
+    a.attention.y = c.take(heads);
+    a.attention.scores = c.take(static_cast<size_t>(B) * NH * T * T);
+}
+
+void zero_async(float* p, size_t n, cudaStream_t s) {
+    if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), s));
+}
+
+// splitmix64: a dropout site's seed from the model's seed, the forward call and the site.
+std::uint64_t mix(std::uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+}  // namespace
+
+struct CudaGPT::Impl {
+    GPTConfig cfg;
+    CudaOptions options;
+    cudaStream_t stream = nullptr;
+    std::unique_ptr<Blas> blas;
+    DeviceArena state;  // parameters, gradients, AdamW m and v, scalars
+    DeviceArena acts_memory;
+    float *params = nullptr, *grads = nullptr, *m = nullptr, *v = nullptr;
+    float* mean_loss = nullptr;  // (1)
+    float* norm = nullptr;       // (1)
+    float* norm_scratch = nullptr;
+    ParameterTensors p, g;  // device pointers, same offsets as the CPU model's
+    std::vector<DecayRun> runs;
+    DeviceActivations a{};
+    int* d_tokens = nullptr;   // (2, B, T): inputs then targets
+    int* h_tokens = nullptr;   // pinned staging for the upload
+    cudaEvent_t uploaded = nullptr;
+    int B = 0, T = 0;
+    bool has_targets = false, dropout_applied = false, dropout_allocated = false;
+    std::uint64_t seed = 0, forward_calls = 0;
+
+    ~Impl() {
+        // Destructors must not throw: release what was acquired, ignoring errors.
+        if (uploaded) cudaEventDestroy(uploaded);
+        if (h_tokens) cudaFreeHost(h_tokens);
+        if (d_tokens) cudaFree(d_tokens);
+        blas.reset();
+        if (stream) cudaStreamDestroy(stream);
+    }
+
+    std::uint64_t site_seed(int site) const {
+        return mix(seed ^ mix(forward_calls * 1024 + static_cast<std::uint64_t>(site)));
+    }
+
+    void allocate(int newB, int newT, bool dropout) {
+        CUDA_CHECK(cudaStreamSynchronize(stream));  // nothing may still use the old buffers
+        DeviceActivations sizes{};
+        Carver count(nullptr);
+        carve(count, sizes, cfg, newB, newT, dropout);
+        acts_memory.allocate(count.used());
+        Carver assign(acts_memory.base());
+        carve(assign, a, cfg, newB, newT, dropout);
+        if (h_tokens) CUDA_CHECK(cudaFreeHost(h_tokens));
+        if (d_tokens) CUDA_CHECK(cudaFree(d_tokens));
+        h_tokens = nullptr;
+        d_tokens = nullptr;
+        const size_t BT = static_cast<size_t>(newB) * newT;
+        CUDA_CHECK(cudaMallocHost(&h_tokens, 2 * BT * sizeof(int)));
+        CUDA_CHECK(cudaMalloc(&d_tokens, 2 * BT * sizeof(int)));
+        B = newB;
+        T = newT;
+        dropout_allocated = dropout;
+    }
+};
+
+CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t seed)
+    : impl_(std::make_unique<Impl>()), config_(model.config()),
+      num_parameters_(model.parameters().size()) {
+    std::string why;
+    if (!device_available(&why)) throw std::runtime_error("CudaGPT: no usable CUDA device (" + why + ")");
+    Impl& d = *impl_;
+    d.cfg = config_;
+    d.options = options;
+    d.seed = seed;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&d.stream, cudaStreamNonBlocking));
+    CUDA_CHECK(cudaEventCreateWithFlags(&d.uploaded, cudaEventDisableTiming));
+    d.blas = std::make_unique<Blas>(options.tf32);
+    d.blas->set_stream(d.stream);
+
+    // parameters, gradients, m, v, then the two scalars and the norm's partial sums
+    const size_t n = num_parameters_;
+    Carver count(nullptr);
+    for (int i = 0; i < 4; ++i) count.take(n);
+    count.take(1);
+    count.take(1);
+    count.take(clip_scratch_size());
+    d.state.allocate(count.used());
+    Carver assign(d.state.base());
+    d.params = assign.take(n);
+    d.grads = assign.take(n);
+    d.m = assign.take(n);
+    d.v = assign.take(n);
+    d.mean_loss = assign.take(1);
+    d.norm = assign.take(1);
+    d.norm_scratch = assign.take(clip_scratch_size());
+
+    // The same tensors at the same offsets as the CPU model's ParameterTensors.
+    const float* host_base = model.parameters().data();
+    auto place = [&](float* ParameterTensors::*member) {
+        const float* hp = model.params().*member;
+        d.p.*member = hp ? d.params + (hp - host_base) : nullptr;
+        d.g.*member = hp ? d.grads + (hp - host_base) : nullptr;
+    };
+    for (auto member : {&ParameterTensors::wte, &ParameterTensors::wpe, &ParameterTensors::ln1w,
+                        &ParameterTensors::ln1b, &ParameterTensors::qkvw, &ParameterTensors::qkvb,
+                        &ParameterTensors::attprojw, &ParameterTensors::attprojb,
+                        &ParameterTensors::ln2w, &ParameterTensors::ln2b, &ParameterTensors::fcw,
+                        &ParameterTensors::fcb, &ParameterTensors::fcprojw,
+                        &ParameterTensors::fcprojb, &ParameterTensors::lnfw,
+                        &ParameterTensors::lnfb}) {
+        place(member);
+    }
+
+    // AdamW's decay runs: the table sorted by offset, neighbours with the same setting merged.
+    std::vector<ParameterInfo> table = model.parameter_table();
+    std::sort(table.begin(), table.end(),
+              [](const ParameterInfo& x, const ParameterInfo& y) { return x.offset < y.offset; });
+    for (const ParameterInfo& info : table) {
+        if (!d.runs.empty() && d.runs.back().decay == info.decay &&
+            d.runs.back().offset + d.runs.back().size == info.offset) {
+            d.runs.back().size += info.size;
+        } else {
+            d.runs.push_back({info.offset, info.size, info.decay});
+        }
+    }
+    copy_parameters_from(model);
+}
+
+CudaGPT::~CudaGPT() = default;
+
+void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T) {
+    Impl& d = *impl_;
+    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
+              NH = config_.n_head;
+    if (B <= 0) throw std::invalid_argument("CudaGPT::forward: B must be positive, got " + std::to_string(B));
+    if (T <= 0 || T > config_.block_size) {
+        throw std::invalid_argument("CudaGPT::forward: T must be in [1, block_size = " +
+                                    std::to_string(config_.block_size) + "], got " +
+                                    std::to_string(T));
+    }
+    const size_t BT = static_cast<size_t>(B) * T;
+    for (size_t i = 0; i < BT; ++i) {
+        if (inputs[i] < 0 || inputs[i] >= V || (targets && (targets[i] < 0 || targets[i] >= V))) {
+            throw std::invalid_argument("CudaGPT::forward: a token id at position " +
+                                        std::to_string(i) + " is outside [0, " +
+                                        std::to_string(V) + ")");
+        }
+    }
+    const float pdrop = config_.dropout;
+    const bool dropout = training_ && pdrop > 0.0f;
+    if (B != d.B || T != d.T || (dropout && !d.dropout_allocated)) d.allocate(B, T, dropout);
+
+    // Upload: the pinned staging buffer may still be read by the previous copy.
+    CUDA_CHECK(cudaEventSynchronize(d.uploaded));
+    std::copy(inputs, inputs + BT, d.h_tokens);
+    if (targets) std::copy(targets, targets + BT, d.h_tokens + BT);
+    CUDA_CHECK(cudaMemcpyAsync(d.d_tokens, d.h_tokens, (targets ? 2 : 1) * BT * sizeof(int),
+                               cudaMemcpyHostToDevice, d.stream));
+    CUDA_CHECK(cudaEventRecord(d.uploaded, d.stream));
+    const int* d_inputs = d.d_tokens;
+    const int* d_targets = d.d_tokens + BT;
+
+    ++d.forward_calls;
+    d.dropout_applied = dropout;
+    const ParameterTensors& p = d.p;
+    DeviceActivations& a = d.a;
+    cudaStream_t s = d.stream;
+    Blas& blas = *d.blas;
+    const int N = static_cast<int>(BT);
+    const size_t BTC = BT * C;
+    const size_t att_size = static_cast<size_t>(B) * NH * T * T;
+
+    // x = drop(wte[idx] + wpe[pos])                                     (B, T, C)
+    encoder_forward(a.encoded, d_inputs, p.wte, p.wpe, B, T, C, s);
+    if (dropout) dropout_forward(a.encoded, pdrop, d.site_seed(0), BTC, s);
+
+    for (int l = 0; l < L; ++l) {
+        const size_t lc = static_cast<size_t>(l) * C;
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        float* ln1 = a.ln1 + l * BTC;
+        float* qkv = a.qkv + l * BTC * 3;
+        float* atty = a.atty + l * BTC;
+        float* att = a.att + l * att_size;
+        float* att_dropped = dropout ? a.att_dropped + l * att_size : nullptr;
+        float* attproj = a.attproj + l * BTC;
+        float* residual2 = a.residual2 + l * BTC;
+        float* ln2 = a.ln2 + l * BTC;
+        float* fch = a.fch + l * BTC * 4;
+        float* fch_gelu = a.fch_gelu + l * BTC * 4;
+        float* fcproj = a.fcproj + l * BTC;
+        float* residual3 = a.residual3 + l * BTC;
+
+        // x = x + drop(c_proj(attention(c_attn(ln_1(x)))))
+        layernorm_forward(ln1, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual, p.ln1w + lc,
+                          p.ln1b ? p.ln1b + lc : nullptr, B, T, C, s);
+        matmul_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C,
+                       3 * C, blas, s);
+        switch (d.options.attention) {
+        case AttentionKind::materialised:
+            attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f,
+                              d.site_seed(1 + 3 * l), a.attention, B, T, C, NH, blas, s);
+            break;
+        }
+        matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
+                       N, C, C, blas, s);
+        if (dropout) dropout_forward(attproj, pdrop, d.site_seed(2 + 3 * l), BTC, s);
+        residual_forward(residual2, residual, attproj, BTC, s);
+
+        // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
+        layernorm_forward(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2, p.ln2w + lc,
+                          p.ln2b ? p.ln2b + lc : nullptr, B, T, C, s);
+        matmul_forward(fch, ln2, p.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C,
+                       4 * C, blas, s);
+        gelu_forward(fch_gelu, fch, BTC * 4, s);
+        matmul_forward(fcproj, fch_gelu, p.fcprojw + lc * 4 * C,
+                       p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C, blas, s);
+        if (dropout) dropout_forward(fcproj, pdrop, d.site_seed(3 + 3 * l), BTC, s);
+        residual_forward(residual3, residual2, fcproj, BTC, s);
+    }
+
+    // logits = ln_f(x) · wteᵀ                                           (B, T, V)
+    const float* last = a.residual3 + (L - 1) * BTC;
+    layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, B, T, C, s);
+    matmul_forward(a.logits, a.lnf, p.wte, nullptr, N, C, V, blas, s);
+
+    d.has_targets = targets != nullptr;
+    if (targets) crossentropy_forward(a.probs, a.losses, d.mean_loss, a.logits, d_targets, B, T, V, s);
+}
+
+float CudaGPT::forward(const int* inputs, const int* targets, int B, int T) {
+    forward_async(inputs, targets, B, T);
+    return loss();
+}
+
+float CudaGPT::loss() {
+    Impl& d = *impl_;
+    if (!d.has_targets) return std::numeric_limits<float>::quiet_NaN();
+    float value = 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(&value, d.mean_loss, sizeof(float), cudaMemcpyDeviceToHost, d.stream));
+    CUDA_CHECK(cudaStreamSynchronize(d.stream));
+    return value;
+}
+
+void CudaGPT::zero_grad() { zero_async(impl_->grads, num_parameters_, impl_->stream); }
+
+void CudaGPT::backward() {
+    Impl& d = *impl_;
+    if (!d.has_targets) {
+        throw std::invalid_argument("CudaGPT::backward: the last forward call had no targets, so no loss");
+    }
+    const int B = d.B, T = d.T;
+    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
+              NH = config_.n_head;
+    const size_t BT = static_cast<size_t>(B) * T;
+    const int N = static_cast<int>(BT);
+    const size_t BTC = BT * C;
+    const size_t att_size = static_cast<size_t>(B) * NH * T * T;
+    const ParameterTensors& p = d.p;
+    const ParameterTensors& g = d.g;
+    DeviceActivations& a = d.a;
+    cudaStream_t s = d.stream;
+    Blas& blas = *d.blas;
+    const bool dropout = d.dropout_applied;
+    const float pdrop = dropout ? config_.dropout : 0.0f;
+    const int* d_inputs = d.d_tokens;
+    const int* d_targets = d.d_tokens + BT;
+    float* rs = a.reduce_scratch;
+
+    // loss = mean cross-entropy(softmax(logits), targets)
+    zero_async(a.dlogits, BT * V, s);
+    crossentropy_backward(a.dlogits, a.probs, d_targets, B, T, V, s);
+    // logits = lnf · wteᵀ (the tied LM head: its gradient adds to the embedding's)
+    zero_async(a.dln, BTC, s);
+    matmul_backward(a.dln, g.wte, nullptr, a.dlogits, a.lnf, p.wte, rs, N, C, V, blas, s);
+    // lnf = ln_f(residual3[L-1])
+    zero_async(a.dresidual, BTC, s);
+    layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dln, a.residual3 + (L - 1) * BTC, p.lnfw,
+                       a.lnf_mean, a.lnf_rstd, rs, B, T, C, s);
+
+    // a.dresidual holds d(residual3[l]) on entry to each block and d(block input) on exit.
+    for (int l = L - 1; l >= 0; --l) {
+        const size_t lc = static_cast<size_t>(l) * C;
+        const float* residual = l == 0 ? a.encoded : a.residual3 + (l - 1) * BTC;
+        const float* ln1 = a.ln1 + l * BTC;
+        const float* qkv = a.qkv + l * BTC * 3;
+        const float* atty = a.atty + l * BTC;
+        const float* att = a.att + l * att_size;
+        const float* att_dropped = dropout ? a.att_dropped + l * att_size : nullptr;
+        const float* residual2 = a.residual2 + l * BTC;
+        const float* ln2 = a.ln2 + l * BTC;
+        const float* fch = a.fch + l * BTC * 4;
+        const float* fch_gelu = a.fch_gelu + l * BTC * 4;
+
+        // residual3 = residual2 + fcproj: d(fcproj) = dresidual
+        CUDA_CHECK(cudaMemcpyAsync(a.dinner, a.dresidual, BTC * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, s));
+        // fcproj = drop(fch_gelu · c_projᵀ + b)
+        if (dropout) dropout_backward(a.dinner, pdrop, d.site_seed(3 + 3 * l), BTC, s);
+        zero_async(a.dfch_gelu, 4 * BTC, s);
+        matmul_backward(a.dfch_gelu, g.fcprojw + lc * 4 * C, g.fcprojb ? g.fcprojb + lc : nullptr,
+                        a.dinner, fch_gelu, p.fcprojw + lc * 4 * C, rs, N, 4 * C, C, blas, s);
+        // fch_gelu = gelu(fch)
+        zero_async(a.dfch, 4 * BTC, s);
+        gelu_backward(a.dfch, fch, a.dfch_gelu, 4 * BTC, s);
+        // fch = ln2 · c_fcᵀ + b
+        zero_async(a.dln, BTC, s);
+        matmul_backward(a.dln, g.fcw + lc * 4 * C, g.fcb ? g.fcb + 4 * lc : nullptr, a.dfch, ln2,
+                        p.fcw + lc * 4 * C, rs, N, C, 4 * C, blas, s);
+        // ln2 = ln_2(residual2)
+        layernorm_backward(a.dresidual, g.ln2w + lc, g.ln2b ? g.ln2b + lc : nullptr, a.dln,
+                           residual2, p.ln2w + lc, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, rs, B,
+                           T, C, s);
+
+        // residual2 = residual + attproj
+        CUDA_CHECK(cudaMemcpyAsync(a.dinner, a.dresidual, BTC * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, s));
+        // attproj = drop(atty · c_projᵀ + b)
+        if (dropout) dropout_backward(a.dinner, pdrop, d.site_seed(2 + 3 * l), BTC, s);
+        zero_async(a.datty, BTC, s);
+        matmul_backward(a.datty, g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr,
+                        a.dinner, atty, p.attprojw + lc * C, rs, N, C, C, blas, s);
+        // atty = attention(qkv)
+        zero_async(a.dqkv, 3 * BTC, s);
+        switch (d.options.attention) {
+        case AttentionKind::materialised:
+            attention_backward(a.dqkv, a.datty, qkv, att, att_dropped, pdrop, a.attention, B, T,
+                               C, NH, blas, s);
+            break;
+        }
+        // qkv = ln1 · c_attnᵀ + b
+        zero_async(a.dln, BTC, s);
+        matmul_backward(a.dln, g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr, a.dqkv,
+                        ln1, p.qkvw + lc * 3 * C, rs, N, C, 3 * C, blas, s);
+        // ln1 = ln_1(residual)
+        layernorm_backward(a.dresidual, g.ln1w + lc, g.ln1b ? g.ln1b + lc : nullptr, a.dln,
+                           residual, p.ln1w + lc, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, rs, B,
+                           T, C, s);
+    }
+
+    // encoded = drop(wte[idx] + wpe[pos])
+    if (dropout) dropout_backward(a.dresidual, pdrop, d.site_seed(0), BTC, s);
+    encoder_backward(g.wte, g.wpe, a.dresidual, d_inputs, B, T, C, V, s);
+}
+
+void CudaGPT::clip_grad_norm_async(float max_norm) {
+    Impl& d = *impl_;
+    attn::cuda::clip_grad_norm(d.grads, d.norm, d.norm_scratch, num_parameters_, max_norm, d.stream);
+}
+
+float CudaGPT::clip_grad_norm(float max_norm) {
+    clip_grad_norm_async(max_norm);
+    return grad_norm();
+}
+
+float CudaGPT::grad_norm() {
+    Impl& d = *impl_;
+    float value = 0.0f;
+    CUDA_CHECK(cudaMemcpyAsync(&value, d.norm, sizeof(float), cudaMemcpyDeviceToHost, d.stream));
+    CUDA_CHECK(cudaStreamSynchronize(d.stream));
+    return value;
+}
+
+void CudaGPT::adamw_step(AdamW& opt, float lr) {
+    Impl& d = *impl_;
+    ++opt.step_count;
+    for (const DecayRun& run : d.runs) {
+        adamw_update(d.params + run.offset, d.grads + run.offset, d.m + run.offset,
+                     d.v + run.offset, run.size, lr, opt.beta1, opt.beta2, opt.eps,
+                     run.decay ? opt.weight_decay : 0.0f, opt.step_count, d.stream);
+    }
+}
+
+namespace {
+void check_same_config(const GPTConfig& a, const GPTConfig& b, const char* where) {
+    if (a.vocab_size != b.vocab_size || a.block_size != b.block_size || a.n_layer != b.n_layer ||
+        a.n_head != b.n_head || a.n_embd != b.n_embd || a.bias != b.bias) {
+        throw std::invalid_argument(std::string(where) +
+                                    ": the CPU model's sizes differ from the GPU model's");
+    }
+}
+
+void download(float* host, const float* device, size_t n, cudaStream_t s) {
+    CUDA_CHECK(cudaMemcpyAsync(host, device, n * sizeof(float), cudaMemcpyDeviceToHost, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+void upload(float* device, const float* host, size_t n, cudaStream_t s) {
+    CUDA_CHECK(cudaMemcpyAsync(device, host, n * sizeof(float), cudaMemcpyHostToDevice, s));
+    CUDA_CHECK(cudaStreamSynchronize(s));
+}
+}  // namespace
+
+void CudaGPT::copy_parameters_to(GPT& model) const {
+    check_same_config(model.config(), config_, "CudaGPT::copy_parameters_to");
+    download(model.parameters().data(), impl_->params, num_parameters_, impl_->stream);
+}
+
+void CudaGPT::copy_parameters_from(const GPT& model) {
+    check_same_config(model.config(), config_, "CudaGPT::copy_parameters_from");
+    upload(impl_->params, model.parameters().data(), num_parameters_, impl_->stream);
+}
+
+void CudaGPT::copy_gradients_to(std::vector<float>& out) const {
+    out.resize(num_parameters_);
+    download(out.data(), impl_->grads, num_parameters_, impl_->stream);
+}
+
+void CudaGPT::copy_optimizer_to(AdamW& opt) const {
+    opt.m.resize(num_parameters_);
+    opt.v.resize(num_parameters_);
+    download(opt.m.data(), impl_->m, num_parameters_, impl_->stream);
+    download(opt.v.data(), impl_->v, num_parameters_, impl_->stream);
+}
+
+void CudaGPT::copy_optimizer_from(const AdamW& opt) {
+    Impl& d = *impl_;
+    if (opt.m.empty() && opt.v.empty()) {
+        zero_async(d.m, num_parameters_, d.stream);
+        zero_async(d.v, num_parameters_, d.stream);
+        CUDA_CHECK(cudaStreamSynchronize(d.stream));
+        return;
+    }
+    if (opt.m.size() != num_parameters_ || opt.v.size() != num_parameters_) {
+        throw std::invalid_argument("CudaGPT::copy_optimizer_from: m and v must hold " +
+                                    std::to_string(num_parameters_) + " floats, got " +
+                                    std::to_string(opt.m.size()) + " and " +
+                                    std::to_string(opt.v.size()));
+    }
+    upload(d.m, opt.m.data(), num_parameters_, d.stream);
+    upload(d.v, opt.v.data(), num_parameters_, d.stream);
+}
+
+void CudaGPT::copy_logits_to(std::vector<float>& out) const {
+    const Impl& d = *impl_;
+    out.resize(static_cast<size_t>(d.B) * d.T * config_.vocab_size);
+    if (!out.empty()) download(out.data(), d.a.logits, out.size(), d.stream);
+}
+
+void CudaGPT::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+}  // namespace attn::cuda

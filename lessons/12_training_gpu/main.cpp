@@ -1,0 +1,189 @@
+// Lesson 12: Training on the GPU. The page that narrates this program is lesson.md beside it.
+//
+// With the CUDA toolkit (ATTN_HAVE_CUDA) and a device, it compares the GPU model with the
+// CPU model on the same weights and batch and trains briefly on the GPU; without either, it
+// says in one line what the GPU part needs and shows the CPU side of the comparison.
+#include "attn/data.hpp"
+#include "attn/gpt.hpp"
+#include "attn/lesson.hpp"
+#include "attn/print.hpp"
+#include "attn/random.hpp"
+
+#if ATTN_HAVE_CUDA
+#include "attn/cuda/device.hpp"
+#include "attn/cuda/gpt.hpp"
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+using namespace attn;
+
+namespace {
+
+// Which GPU op mirrors which CPU layer function, and the kernels behind it.
+struct OpMapping {
+    const char* cpu;      // gpt_layers.hpp
+    const char* gpu;      // attn/cuda/gpt_ops.hpp
+    const char* kernels;  // common/cuda/*.cu
+};
+//! [mapping]
+const OpMapping mapping[] = {
+    {"encoder_forward", "cuda::encoder_forward", "one thread per (b, t, c)"},
+    {"encoder_backward", "cuda::encoder_backward", "one thread per (token, c), positions in order"},
+    {"layernorm_forward", "cuda::layernorm_forward", "one warp per row, two passes"},
+    {"layernorm_backward", "cuda::layernorm_backward", "warp per row + column sums in chunks"},
+    {"matmul_forward", "cuda::matmul_forward", "cublasSgemm + bias kernel"},
+    {"matmul_backward", "cuda::matmul_backward", "two cublasSgemm + column sums"},
+    {"attention_forward", "cuda::attention_forward", "split heads, batched GEMM, warp softmax"},
+    {"attention_backward", "cuda::attention_backward", "4 batched GEMMs, warp softmax backward"},
+    {"gelu_forward/backward", "cuda::gelu_forward/backward", "element-wise, erff"},
+    {"residual_forward", "cuda::residual_forward", "element-wise"},
+    {"dropout_forward/backward", "cuda::dropout_forward/backward", "hash of (seed, index)"},
+    {"crossentropy_forward", "cuda::crossentropy_forward", "one block per row + mean in double"},
+    {"crossentropy_backward", "cuda::crossentropy_backward", "element-wise"},
+    {"AdamW::step", "cuda::adamw_update", "element-wise, one launch per decay run"},
+    {"clip_grad_norm", "cuda::clip_grad_norm", "Σg² in double, fixed order, then scale"},
+};
+//! [mapping]
+
+void print_mapping() {
+    print_heading("CPU layer functions and the GPU ops that mirror them");
+    std::printf("%-26s %-30s %s\n", "CPU (gpt_layers.hpp)", "GPU (cuda/gpt_ops.hpp)", "kernels");
+    for (const OpMapping& m : mapping) std::printf("%-26s %-30s %s\n", m.cpu, m.gpu, m.kernels);
+}
+
+// The comparison's model: small, so that the CPU side takes a blink.
+GPTConfig small_config() {
+    GPTConfig c;
+    c.vocab_size = 65;
+    c.block_size = 64;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_embd = 64;
+    c.dropout = 0.0f;
+    return c;
+}
+constexpr int B = 8, T = 64;
+
+void random_batch(std::vector<int>& x, std::vector<int>& y, int V, std::uint64_t seed) {
+    Rng rng(seed);
+    x.resize(static_cast<std::size_t>(B) * T);
+    y.resize(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        x[i] = static_cast<int>(rng.uniform() * static_cast<float>(V)) % V;
+        y[i] = static_cast<int>(rng.uniform() * static_cast<float>(V)) % V;
+    }
+}
+
+#if ATTN_HAVE_CUDA
+float max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
+    float d = 0.0f;
+    for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+    return d;
+}
+
+// GPU against CPU on the same weights and batch, in fp32 and with TF32 matmuls.
+void compare_on_gpu(GPT& cpu, const std::vector<int>& x, const std::vector<int>& y) {
+    print_heading("The same weights and batch on both devices");
+    const float cpu_loss = cpu.forward(x.data(), y.data(), B, T);
+    cpu.zero_grad();
+    cpu.backward();
+    for (const bool tf32 : {false, true}) {
+        //! [compare]
+        cuda::CudaOptions options;
+        options.tf32 = tf32;
+        cuda::CudaGPT gpu(cpu, options);  // copies the config and the weights
+        const float gpu_loss = gpu.forward(x.data(), y.data(), B, T);
+        gpu.zero_grad();
+        gpu.backward();
+        std::vector<float> logits, grads;
+        gpu.copy_logits_to(logits);
+        gpu.copy_gradients_to(grads);
+        //! [compare]
+        std::printf("%s: loss CPU %.6f GPU %.6f | max |Δ| logits %.2e, gradients %.2e\n",
+                    tf32 ? "TF32" : "fp32", static_cast<double>(cpu_loss),
+                    static_cast<double>(gpu_loss),
+                    static_cast<double>(max_abs_difference(logits, cpu.logits())),
+                    static_cast<double>(max_abs_difference(grads, cpu.gradients())));
+    }
+}
+
+// A short run on a text written into the program, to watch the loss fall on the GPU.
+void train_briefly_on_gpu() {
+    print_heading("A short training run on the GPU");
+    std::string text;
+    for (int i = 0; i < 60; ++i) {
+        text += "The queen of hearts, she made some tarts, all on a summer's day; "
+                "the knave of hearts, he stole the tarts, and took them clean away.\n";
+    }
+    const TextDataset data = make_dataset(text, 0.1, T + 1);
+    GPTConfig cfg = small_config();
+    cfg.vocab_size = static_cast<int>(data.vocab.size());
+    GPT cpu(cfg, 1337);
+    cuda::CudaGPT gpu(cpu);
+    AdamW opt;
+    Rng rng(7);
+    std::vector<int> x, y;
+    const auto start = std::chrono::steady_clock::now();
+    //! [train]
+    for (int step = 0; step <= 200; ++step) {
+        sample_batch(data.train, B, T, rng, x, y);
+        gpu.forward_async(x.data(), y.data(), B, T);  // no wait
+        gpu.zero_grad();
+        gpu.backward();
+        gpu.clip_grad_norm_async(1.0f);
+        gpu.adamw_step(opt, 1e-3f);
+        if (step % 50 == 0) std::printf("step %3d  loss %.4f\n", step, static_cast<double>(gpu.loss()));
+    }
+    //! [train]
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    std::printf("201 steps of B=%d, T=%d in %.2f s on %s\n", B, T, s,
+                cuda::device_summary().c_str());
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    return run_lesson(argc, argv, "Lesson 12: Training on the GPU", [](const LessonOptions&) {
+        print_mapping();
+
+        GPT cpu(small_config(), 1337);
+        std::vector<int> x, y;
+        random_batch(x, y, cpu.config().vocab_size, 11);
+
+#if ATTN_HAVE_CUDA
+        std::string why;
+        const bool have_device = cuda::device_available(&why);
+#else
+        const std::string why = "this build has no CUDA toolkit";
+        const bool have_device = false;
+#endif
+        if (!have_device) {
+            std::printf("\nThe GPU part needs a CUDA device (%s): build with nvcc and run "
+                        "./workbook run 12 on a machine with an NVIDIA GPU.\n",
+                        why.c_str());
+            print_heading("The CPU side: the numbers the GPU is compared against");
+            const float loss = cpu.forward(x.data(), y.data(), B, T);
+            cpu.zero_grad();
+            cpu.backward();
+            double sum_sq = 0.0;
+            for (float g : cpu.gradients()) sum_sq += static_cast<double>(g) * g;
+            std::printf("model: %d layers, %d heads, C = %d, V = %d, %zu parameters; batch B=%d T=%d\n",
+                        cpu.config().n_layer, cpu.config().n_head, cpu.config().n_embd,
+                        cpu.config().vocab_size, cpu.parameters().size(), B, T);
+            std::printf("loss %.6f (ln V = %.6f), gradient norm %.6f\n", static_cast<double>(loss),
+                        std::log(static_cast<double>(cpu.config().vocab_size)), std::sqrt(sum_sq));
+            return;
+        }
+#if ATTN_HAVE_CUDA
+        compare_on_gpu(cpu, x, y);
+        train_briefly_on_gpu();
+#endif
+    });
+}

@@ -1,0 +1,256 @@
+// The GPU model against the CPU model on the same weights and batch: logits, loss, every
+// gradient, AdamW steps, and a checkpoint written from the GPU that reloads with the same
+// losses. Without a usable device it prints one line starting "skipped:" and CTest reports
+// the test as skipped.
+#define DOCTEST_CONFIG_IMPLEMENT
+#include "attn/checkpoint.hpp"
+#include "attn/cuda/device.hpp"
+#include "attn/cuda/gpt.hpp"
+#include "attn/gpt.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+using namespace attn;
+
+namespace {
+
+// Small enough to run in a blink, large enough that every kernel takes more than one
+// block or warp along each axis: T = 32 rows per head, C = 64 > 32 lanes, 4C = 256.
+GPTConfig small_config(bool bias) {
+    GPTConfig c;
+    c.vocab_size = 65;
+    c.block_size = 32;
+    c.n_layer = 2;
+    c.n_head = 4;
+    c.n_embd = 64;
+    c.bias = bias;
+    return c;
+}
+constexpr int B = 4, T = 32;
+
+// A batch of B·T token ids and their next tokens, from a seeded source.
+void make_batch(std::vector<int>& x, std::vector<int>& y, std::uint64_t seed, int V) {
+    Rng rng(seed);
+    x.resize(static_cast<std::size_t>(B) * T);
+    y.resize(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        x[i] = static_cast<int>(rng.uniform() * static_cast<float>(V)) % V;
+        y[i] = static_cast<int>(rng.uniform() * static_cast<float>(V)) % V;
+    }
+}
+
+// The largest |a − b| over a range, and the largest |b| (the scale a tolerance refers to).
+struct Difference {
+    float max_abs = 0.0f;
+    float scale = 0.0f;
+};
+Difference compare(const float* a, const float* b, std::size_t n) {
+    Difference d;
+    for (std::size_t i = 0; i < n; ++i) {
+        d.max_abs = std::max(d.max_abs, std::fabs(a[i] - b[i]));
+        d.scale = std::max(d.scale, std::fabs(b[i]));
+    }
+    return d;
+}
+
+// The tolerances, relative to the largest magnitude of the tensor compared.
+//
+// fp32: the GPU sums in other orders than OpenBLAS and the CPU loops (cuBLAS's blocking,
+// warp reductions) and uses CUDA's expf/erff (≤ 2 ulp). Each sum of K terms then differs
+// by about √K·ε·max|term| with ε = 6e-8; the longest sums here are the weight gradients'
+// over B·T = 128 rows and the 4C = 256-wide matmuls, so ≈ 16·6e-8 ≈ 1e-6 per layer, grown
+// through 2 blocks and the backward pass to ~1e-5. 1e-4 leaves a factor 10 of headroom
+// and is still 100 times below what a wrong index or a missed term would give.
+//
+// TF32: the matmul inputs are rounded to a 10-bit mantissa, relative error 2^-11 ≈ 5e-4
+// per product, about √K·5e-4 ≈ 1e-2 through a 256-term dot product at worst, before the
+// errors of different layers partly cancel; hence 3e-2.
+struct Tolerance {
+    float relative;
+};
+constexpr Tolerance fp32_tolerance{1e-4f};
+constexpr Tolerance tf32_tolerance{3e-2f};
+
+void check_close(const char* what, const float* gpu, const float* cpu, std::size_t n,
+                 Tolerance tol) {
+    const Difference d = compare(gpu, cpu, n);
+    CAPTURE(what);
+    CAPTURE(d.max_abs);
+    CAPTURE(d.scale);
+    CHECK(d.max_abs <= tol.relative * std::max(d.scale, 1e-6f));
+}
+
+}  // namespace
+
+TEST_CASE("the GPU model's logits, loss and every gradient match the CPU model's") {
+    for (const bool bias : {true, false}) {
+        for (const bool tf32 : {false, true}) {
+            CAPTURE(bias);
+            CAPTURE(tf32);
+            const Tolerance tol = tf32 ? tf32_tolerance : fp32_tolerance;
+            GPT cpu(small_config(bias), 7);
+            cuda::CudaOptions options;
+            options.tf32 = tf32;
+            cuda::CudaGPT gpu(cpu, options);
+            std::vector<int> x, y;
+            make_batch(x, y, 11, cpu.config().vocab_size);
+
+            const float cpu_loss = cpu.forward(x.data(), y.data(), B, T);
+            const float gpu_loss = gpu.forward(x.data(), y.data(), B, T);
+            // The loss is a mean of 128 log-sum-exps of logits of size ~1; the same relative
+            // tolerance as the logits, times the loss (≈ ln 65 ≈ 4.2).
+            CHECK(std::fabs(gpu_loss - cpu_loss) <= tol.relative * cpu_loss);
+
+            std::vector<float> logits;
+            gpu.copy_logits_to(logits);
+            REQUIRE(logits.size() == cpu.logits().size());
+            check_close("logits", logits.data(), cpu.logits().data(), logits.size(), tol);
+
+            cpu.zero_grad();
+            cpu.backward();
+            gpu.zero_grad();
+            gpu.backward();
+            std::vector<float> grads;
+            gpu.copy_gradients_to(grads);
+            REQUIRE(grads.size() == cpu.gradients().size());
+            // Tensor by tensor, each against its own scale: a small tensor's error must not
+            // hide behind a large tensor's magnitude.
+            for (const ParameterInfo& info : cpu.parameter_table()) {
+                check_close(info.name.c_str(), grads.data() + info.offset,
+                            cpu.gradients().data() + info.offset, info.size, tol);
+            }
+        }
+    }
+}
+
+TEST_CASE("five AdamW steps with clipping on the GPU follow the CPU's losses and weights") {
+    GPT cpu(small_config(true), 7);
+    cuda::CudaGPT gpu(cpu);
+    AdamW cpu_opt, gpu_opt;
+    const float lr = 1e-3f;
+    std::vector<int> x, y;
+    for (int step = 0; step < 5; ++step) {
+        CAPTURE(step);
+        make_batch(x, y, 100 + step, cpu.config().vocab_size);
+        const float cpu_loss = cpu.forward(x.data(), y.data(), B, T);
+        cpu.zero_grad();
+        cpu.backward();
+        const float cpu_norm = clip_grad_norm(cpu, 1.0f);
+        cpu_opt.step(cpu, lr);
+
+        gpu.forward_async(x.data(), y.data(), B, T);
+        gpu.zero_grad();
+        gpu.backward();
+        gpu.clip_grad_norm_async(1.0f);
+        gpu.adamw_step(gpu_opt, lr);
+        const float gpu_loss = gpu.loss();
+        const float gpu_norm = gpu.grad_norm();
+        // fp32 as above (1e-4 relative), on values of size ~4 (loss) and ~1 (norm).
+        CHECK(std::fabs(gpu_loss - cpu_loss) <= 1e-4f * cpu_loss);
+        CHECK(std::fabs(gpu_norm - cpu_norm) <= 1e-4f * cpu_norm);
+    }
+    CHECK(gpu_opt.step_count == cpu_opt.step_count);
+    GPT from_gpu(small_config(true), 0);
+    gpu.copy_parameters_to(from_gpu);
+    // Adam moves each weight by about lr per step whatever the gradient's size, so a weight
+    // whose gradient is as small as the rounding noise may move differently on the two
+    // devices: at most 2·lr per step, 5 steps. Such weights must be rare; the rest agree to
+    // the rounding of the updates (~1e-6 on weights of size ~0.02-1).
+    const std::vector<float>& a = from_gpu.parameters();
+    const std::vector<float>& b = cpu.parameters();
+    std::size_t far = 0;
+    float worst = 0.0f;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const float d = std::fabs(a[i] - b[i]);
+        worst = std::max(worst, d);
+        far += d > 1e-5f;
+    }
+    CAPTURE(far);
+    CHECK(worst <= 2 * 5 * lr);
+    CHECK(static_cast<double>(far) <= 1e-3 * static_cast<double>(a.size()));
+
+    AdamW moments;
+    gpu.copy_optimizer_to(moments);
+    const Difference dm = compare(moments.m.data(), cpu_opt.m.data(), moments.m.size());
+    CAPTURE(dm.max_abs);
+    CHECK(dm.max_abs <= 1e-3f * dm.scale);
+}
+
+TEST_CASE("a checkpoint written from the GPU model reloads with the same losses") {
+    namespace fs = std::filesystem;
+    GPT cpu(small_config(true), 21);
+    cuda::CudaGPT gpu(cpu);
+    AdamW opt;
+    std::vector<int> x, y;
+    for (int step = 0; step < 3; ++step) {
+        make_batch(x, y, 200 + step, cpu.config().vocab_size);
+        gpu.forward_async(x.data(), y.data(), B, T);
+        gpu.zero_grad();
+        gpu.backward();
+        gpu.clip_grad_norm_async(1.0f);
+        gpu.adamw_step(opt, 1e-3f);
+    }
+    // Save: parameters through the CPU model, into the same files the CPU trainer writes.
+    const fs::path dir = fs::temp_directory_path() / "attn_gpu_checkpoint_test";
+    fs::remove_all(dir);
+    gpu.copy_parameters_to(cpu);
+    save_checkpoint(dir, cpu, {"", 3});
+    AdamW saved_opt = opt;
+    gpu.copy_optimizer_to(saved_opt);
+
+    GPT reloaded = load_checkpoint(dir);
+    cuda::CudaGPT gpu2(reloaded);
+    gpu2.copy_optimizer_from(saved_opt);
+    AdamW opt2 = saved_opt;
+
+    // Every kernel sums in a fixed order (no atomics) and cuBLAS is deterministic on one
+    // stream, so the same weights and batches give the same bits, step after step.
+    for (int step = 0; step < 3; ++step) {
+        CAPTURE(step);
+        make_batch(x, y, 300 + step, cpu.config().vocab_size);
+        const float loss1 = gpu.forward(x.data(), y.data(), B, T);
+        const float loss2 = gpu2.forward(x.data(), y.data(), B, T);
+        CHECK(loss1 == loss2);
+        for (cuda::CudaGPT* g : {&gpu, &gpu2}) {
+            g->zero_grad();
+            g->backward();
+            g->clip_grad_norm_async(1.0f);
+        }
+        gpu.adamw_step(opt, 1e-3f);
+        gpu2.adamw_step(opt2, 1e-3f);
+    }
+    // And the CPU reads the GPU's checkpoint: its loss agrees to the fp32 tolerance.
+    GPT on_cpu = load_checkpoint(dir);
+    const float cpu_loss = on_cpu.forward(x.data(), y.data(), B, T);
+    cuda::CudaGPT fresh(on_cpu);
+    const float gpu_loss = fresh.forward(x.data(), y.data(), B, T);
+    CHECK(std::fabs(gpu_loss - cpu_loss) <= 1e-4f * cpu_loss);
+    fs::remove_all(dir);
+}
+
+TEST_CASE("the GPU model rejects token ids outside the vocabulary before touching the device") {
+    GPT cpu(small_config(true), 7);
+    cuda::CudaGPT gpu(cpu);
+    std::vector<int> x(static_cast<std::size_t>(B) * T, 0), y = x;
+    x[5] = 65;
+    CHECK_THROWS_AS(gpu.forward(x.data(), y.data(), B, T), std::invalid_argument);
+    CHECK_THROWS_AS(gpu.forward(y.data(), y.data(), B, T + 1), std::invalid_argument);
+}
+
+int main(int argc, char** argv) {
+    std::string why;
+    if (!cuda::device_available(&why)) {
+        std::printf("skipped: no usable CUDA device (%s)\n", why.c_str());
+        return 0;
+    }
+    doctest::Context context(argc, argv);
+    return context.run();
+}
