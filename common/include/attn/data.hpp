@@ -64,6 +64,10 @@ TextDataset make_dataset(std::string_view text, double val_fraction = 0.1,
 
 /// Draws a batch of B sequences of T tokens starting at random offsets, and their targets,
 /// the same sequences shifted by one token.
+/// @param data  the token ids to draw from, e.g. TextDataset::train
+/// @param B     the number of sequences
+/// @param T     the length of each sequence
+/// @param rng   the seeded source of the start offsets
 /// @param x     (B·T) filled with the inputs, row-major (B, T)
 /// @param y     (B·T) filled with the targets: y[b][t] = x[b][t + 1]'s token
 /// @throws std::invalid_argument if `data` holds T tokens or fewer
