@@ -154,6 +154,10 @@ float bits_float(std::uint32_t u) {
     return f;
 }
 
+std::string describe(float x) {
+    return std::isnan(x) ? "NaN" : std::isinf(x) ? "infinite" : std::to_string(x);
+}
+
 // A random source for the evaluation batches of one split at one step: it depends on
 // nothing else, so evaluating never shifts the training batches and a resumed run
 // evaluates on the same batches as an uninterrupted one.
@@ -248,7 +252,7 @@ StepRecord Trainer::train_step() {
     r.loss = model_.forward(x_.data(), y_.data(), B, T);
     if (!std::isfinite(r.loss)) {
         batch_rng_ = rng_before;
-        throw TrainingDiverged("the loss became " + std::to_string(r.loss) + " at step " +
+        throw TrainingDiverged("the loss became " + describe(r.loss) + " at step " +
                                std::to_string(step_) + ": training stopped (a learning rate of " +
                                std::to_string(r.lr) + " may be too large)");
     }
@@ -258,7 +262,7 @@ StepRecord Trainer::train_step() {
                                         : clip_grad_norm(model_, std::numeric_limits<float>::infinity());
     if (!std::isfinite(r.grad_norm)) {
         batch_rng_ = rng_before;
-        throw TrainingDiverged("the gradient norm became " + std::to_string(r.grad_norm) +
+        throw TrainingDiverged("the gradient norm became " + describe(r.grad_norm) +
                                " at step " + std::to_string(step_) + ": training stopped");
     }
     optimizer_.step(model_, static_cast<float>(r.lr));
@@ -578,6 +582,28 @@ void plot_losses(const fs::path& path, const std::vector<StepRecord>& steps,
         val.y.push_back(e.val_loss);
     }
     line_plot_png(path, {per_step, train, val}, title, "step", "cross-entropy (nats)");
+}
+
+void read_metrics(const fs::path& path, std::vector<StepRecord>& steps,
+                  std::vector<EvalRecord>& evals) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error(path.string() + ": cannot read");
+    steps.clear();
+    evals.clear();
+    for (std::string line; std::getline(in, line);) {
+        try {
+            const json j = json::parse(line);
+            if (j.contains("loss")) {
+                steps.push_back({j.at("step").get<std::int64_t>(), j.at("loss").get<float>(),
+                                 j.at("lr").get<double>(), j.at("grad_norm").get<float>()});
+            } else if (j.contains("val_loss")) {
+                evals.push_back({j.at("step").get<std::int64_t>(), j.at("train_loss").get<double>(),
+                                 j.at("val_loss").get<double>()});
+            }
+        } catch (const json::exception&) {
+            // a torn line of a killed run
+        }
+    }
 }
 
 float dump_gradients(Trainer& trainer, const fs::path& dir) {

@@ -233,6 +233,14 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options);
 void plot_losses(const std::filesystem::path& path, const std::vector<StepRecord>& steps,
                  const std::vector<EvalRecord>& evals, const std::string& title);
 
+/// Reads a run's `metrics.jsonl` back (for a loss curve of a run that was resumed).
+/// @param path the metrics file written by run_training()
+/// @param steps receives the step records, in file order
+/// @param evals receives the evaluation records, in file order
+/// @throws std::runtime_error if the file cannot be read; lines that are not JSON are skipped
+void read_metrics(const std::filesystem::path& path, std::vector<StepRecord>& steps,
+                  std::vector<EvalRecord>& evals);
+
 /// Writes one step's gradients for comparison with PyTorch, on the first batch of the run
 /// and in evaluation mode (no dropout): `DIR/weights/` (the model, which PyTorch can load),
 /// `DIR/x.npy`, `DIR/y.npy` (B, T) token ids as float32, `DIR/loss.npy` (1), and
