@@ -238,6 +238,7 @@ void Trainer::first_batch(std::vector<int>& x, std::vector<int>& y) const {
                  static_cast<std::size_t>(config_.block_size), rng, x, y);
 }
 
+//! [train_step]
 StepRecord Trainer::train_step() {
     const int B = config_.batch_size, T = config_.block_size;
     StepRecord r;
@@ -269,6 +270,7 @@ StepRecord Trainer::train_step() {
     ++step_;
     return r;
 }
+//! [train_step]
 
 EvalRecord Trainer::evaluate() {
     const int B = config_.batch_size, T = config_.block_size;
