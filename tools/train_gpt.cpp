@@ -45,6 +45,7 @@ struct Flags {
     int top_k = 0;
     std::string prompt;
     std::string device = "cpu";
+    bool no_causal_mask = false;
     int bench = 0;
 };
 
@@ -121,6 +122,7 @@ int run(const Flags& f) {
     if (f.learning_rate) config.learning_rate = *f.learning_rate;
     if (f.dropout) config.dropout = *f.dropout;
     if (f.seed) config.seed = *f.seed;
+    if (f.no_causal_mask) config.causal = false;
     config.validate();
 
     const fs::path corpus = find_corpus(f);
@@ -171,7 +173,7 @@ int run(const Flags& f) {
               << trainer->data().vocab.size() << ", " << trainer->data().train.size() << " train / "
               << trainer->data().val.size() << " val tokens\n"
               << "model: " << c.n_layer << " layers, " << c.n_head << " heads, " << c.n_embd
-              << " channels, block " << c.block_size << ", "
+              << " channels, block " << c.block_size << (c.causal ? ", " : ", NO causal mask, ")
               << trainer->model().config().num_parameters() << " parameters; batch " << c.batch_size
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
@@ -234,6 +236,9 @@ int main(int argc, char** argv) {
     app.add_option("--learning-rate", f.learning_rate, "the peak learning rate")->check(CLI::NonNegativeNumber);
     app.add_option("--dropout", f.dropout, "dropout probability while training")->check(CLI::Range(0.0, 0.99));
     app.add_option("--seed", f.seed, "seeds the weights, batches, dropout and sampling");
+    app.add_flag("--no-causal-mask", f.no_causal_mask,
+                 "train without the causal mask: every position sees the future (lesson 08)")
+        ->excludes(resume)->excludes(init);
     app.add_option("--dump-grads", f.dump_grads,
                    "write one step's gradients on the first batch (and the weights and batch) and exit")
         ->excludes(resume);

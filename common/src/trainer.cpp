@@ -74,6 +74,7 @@ GPTConfig TrainConfig::model_config(int vocab_size) const {
     g.n_embd = n_embd;
     g.dropout = dropout;
     g.bias = bias;
+    g.causal = causal;
     return g;
 }
 
@@ -87,6 +88,7 @@ json config_to_json(const TrainConfig& c) {
             {"block_size", c.block_size},
             {"dropout", c.dropout},
             {"bias", c.bias},
+            {"causal", c.causal},
             {"batch_size", c.batch_size},
             {"max_iters", c.max_iters},
             {"learning_rate", c.learning_rate},
@@ -122,6 +124,7 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
     c.block_size = field<int>(j, "block_size", file);
     c.dropout = field<float>(j, "dropout", file);
     c.bias = field<bool>(j, "bias", file);
+    c.causal = field<bool>(j, "causal", file);
     c.batch_size = field<int>(j, "batch_size", file);
     c.max_iters = field<std::int64_t>(j, "max_iters", file);
     c.learning_rate = field<double>(j, "learning_rate", file);
@@ -213,6 +216,7 @@ void Trainer::finish_setup(bool from_weights) {
         config_.block_size = g.block_size;
         config_.bias = g.bias;
         config_.dropout = g.dropout;
+        config_.causal = g.causal;
     }
     config_.validate();
     check_data(data_, model_.config());
@@ -342,7 +346,7 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
     const GPTConfig& got = model.config();
     if (got.n_layer != expected.n_layer || got.n_head != expected.n_head ||
         got.n_embd != expected.n_embd || got.block_size != expected.block_size ||
-        got.bias != expected.bias) {
+        got.bias != expected.bias || got.causal != expected.causal) {
         throw CheckpointError(dir.string() + ": config.json and trainer.json describe different models");
     }
     if (info.vocab != data.vocab.chars()) {

@@ -35,6 +35,9 @@ struct TrainConfig {
     int block_size = 64;     ///< T, the context length trained on
     float dropout = 0.0f;    ///< dropout probability while training
     bool bias = false;       ///< biases in Linear layers and LayerNorms (nanoGPT's default: none)
+    /// The causal mask; false lets every position see the whole window, future included
+    /// (the model then "cheats": low training loss, useless generation).
+    bool causal = true;
     // The optimisation.
     int batch_size = 12;                ///< B, sequences per step
     std::int64_t max_iters = 2000;      ///< steps in the whole run
