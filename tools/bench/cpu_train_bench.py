@@ -48,6 +48,9 @@ def sdpa_forward(self, x):
 def bench_torch(args):
     ref = reference_model_code()
     if args.sdpa:
+        if not hasattr(F, "scaled_dot_product_attention"):
+            raise SystemExit(f"--sdpa: torch {torch.__version__} has no "
+                             "F.scaled_dot_product_attention (it came with torch 2.0)")
         ref["CausalSelfAttention"].forward = sdpa_forward
     torch.set_num_threads(args.threads)
     torch.manual_seed(1337)
