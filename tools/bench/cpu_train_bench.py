@@ -10,7 +10,10 @@ vocabulary 65, no biases, no dropout) for the same number of steps after 3 warm-
 forward, backward, gradient clipping at 1.0, AdamW. PyTorch gets torch.set_num_threads(N),
 train_gpt gets OPENBLAS_NUM_THREADS=N. The PyTorch model is the one written out in
 tools/reference/make_gpt_fixtures.py (plain attention, as nanoGPT without flash attention);
---sdpa swaps in torch's fused F.scaled_dot_product_attention instead.
+--sdpa swaps in torch's fused F.scaled_dot_product_attention instead (torch 2.0 or later).
+
+On a machine whose cores are busy with other work, PyTorch's OpenMP threads can wait on each
+other for far longer than the work takes; compare with --threads 1 there.
 """
 import argparse
 import ast
