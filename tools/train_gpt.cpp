@@ -194,8 +194,8 @@ int run(const Flags& f) {
     std::vector<EvalRecord> evals;
     read_metrics(out / "metrics.jsonl", steps, evals);
     plot_losses(out / "loss.png", steps, evals,
-                "GPT " + std::to_string(c.n_layer) + "x" + std::to_string(c.n_embd) + " on " +
-                    corpus.filename().string());
+                "GPT " + std::to_string(c.n_layer) + "x" + std::to_string(c.n_embd) + ", " +
+                    corpus.stem().string());
     const EvalRecord& last = summary.evals.back();
     std::printf("finished %lld steps in %s: train loss %.4f, val loss %.4f (best %.4f)\n",
                 static_cast<long long>(trainer->step()), format_duration(summary.seconds).c_str(),

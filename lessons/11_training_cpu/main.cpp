@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
                     format_duration(run.seconds).c_str(), run.steps.size(), tokens / run.seconds);
         if (!opts.figures.empty()) {
             plot_losses(opts.figures / "lesson11_loss.png", run.steps, run.evals,
-                        "nanoGPT's CPU recipe on " + corpus.filename().string());
+                        "CPU recipe, " + corpus.stem().string());
         }
 
         print_heading("Resuming reproduces the losses exactly");
