@@ -222,7 +222,7 @@ int run(const Flags& f) {
 int main(int argc, char** argv) {
     Flags f;
     CLI::App app{"Trains the course's GPT on a character corpus on the CPU (nanoGPT's recipes)."};
-    app.add_option("--recipe", f.recipe, "cpu (nanoGPT's CPU recipe, the default) or tiny (seconds)")
+    auto* recipe = app.add_option("--recipe", f.recipe, "cpu (nanoGPT's CPU recipe, the default) or tiny (seconds)")
         ->check(CLI::IsMember({"cpu", "tiny"}));
     app.add_option("--data", f.data,
                    "the corpus (default data/tinyshakespeare.txt, else data/fallback.txt)");
@@ -230,12 +230,18 @@ int main(int argc, char** argv) {
     auto* resume = app.add_option("--resume", f.resume, "go on from a run folder or checkpoint");
     auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch)");
     resume->excludes(init);
+    resume->excludes(recipe);  // a resumed run keeps its checkpoint's settings
     app.add_option("--max-iters", f.max_iters, "steps in the run")->check(whole_number_at_least(1));
-    app.add_option("--eval-interval", f.eval_interval, "evaluate every N steps")->check(whole_number_at_least(1));
-    app.add_option("--eval-iters", f.eval_iters, "batches per split in an evaluation")->check(whole_number_at_least(1));
-    app.add_option("--learning-rate", f.learning_rate, "the peak learning rate")->check(CLI::NonNegativeNumber);
-    app.add_option("--dropout", f.dropout, "dropout probability while training")->check(CLI::Range(0.0, 0.99));
-    app.add_option("--seed", f.seed, "seeds the weights, batches, dropout and sampling");
+    app.add_option("--eval-interval", f.eval_interval, "evaluate every N steps")->check(whole_number_at_least(1))
+        ->excludes(resume);
+    app.add_option("--eval-iters", f.eval_iters, "batches per split in an evaluation")->check(whole_number_at_least(1))
+        ->excludes(resume);
+    app.add_option("--learning-rate", f.learning_rate, "the peak learning rate")->check(CLI::NonNegativeNumber)
+        ->excludes(resume);
+    app.add_option("--dropout", f.dropout, "dropout probability while training")->check(CLI::Range(0.0, 0.99))
+        ->excludes(resume);
+    app.add_option("--seed", f.seed, "seeds the weights, batches, dropout and sampling")
+        ->excludes(resume);
     app.add_flag("--no-causal-mask", f.no_causal_mask,
                  "train without the causal mask: every position sees the future (lesson 08)")
         ->excludes(resume)->excludes(init);
