@@ -124,7 +124,7 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
     c.block_size = field<int>(j, "block_size", file);
     c.dropout = field<float>(j, "dropout", file);
     c.bias = field<bool>(j, "bias", file);
-    c.causal = field<bool>(j, "causal", file);
+    c.causal = j.contains("causal") ? field<bool>(j, "causal", file) : true;  // optional: masked
     c.batch_size = field<int>(j, "batch_size", file);
     c.max_iters = field<std::int64_t>(j, "max_iters", file);
     c.learning_rate = field<double>(j, "learning_rate", file);
