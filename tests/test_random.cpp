@@ -60,3 +60,16 @@ TEST_CASE("below(n) covers 0..n-1 and rejects n = 0") {
     for (int k = 0; k < 5; ++k) CHECK(seen[k] > 800);
     CHECK_THROWS_AS(r.below(0), std::invalid_argument);
 }
+
+TEST_CASE("a source restored from its state continues the same stream, spare normal included") {
+    attn::Rng rng(99);
+    rng.next_u64();
+    rng.normal();  // leaves the second Box-Muller draw pending
+    attn::Rng copy = attn::Rng::from_state(rng.state());
+    for (int i = 0; i < 5; ++i) {
+        CAPTURE(i);
+        CHECK(copy.normal() == rng.normal());
+        CHECK(copy.next_u64() == rng.next_u64());
+    }
+    CHECK_THROWS_AS(attn::Rng::from_state(attn::Rng::State{}), std::invalid_argument);
+}

@@ -18,6 +18,24 @@ Rng::Rng(std::uint64_t seed) {
     for (auto& s : s_) s = splitmix64(seed);
 }
 
+Rng::State Rng::state() const {
+    State st;
+    for (int i = 0; i < 4; ++i) st.words[static_cast<std::size_t>(i)] = s_[i];
+    st.has_spare = has_spare_;
+    st.spare = spare_;
+    return st;
+}
+
+Rng Rng::from_state(const State& st) {
+    require(st.words[0] | st.words[1] | st.words[2] | st.words[3],
+            "Rng::from_state: the all-zero state would only ever give zeros");
+    Rng rng;
+    for (int i = 0; i < 4; ++i) rng.s_[i] = st.words[static_cast<std::size_t>(i)];
+    rng.has_spare_ = st.has_spare;
+    rng.spare_ = st.spare;
+    return rng;
+}
+
 std::uint64_t Rng::next_u64() {
     const std::uint64_t result = rotl(s_[1] * 5, 7) * 9;
     const std::uint64_t t = s_[1] << 17;

@@ -27,6 +27,7 @@ struct GPTConfig {
     int n_embd = 384;      ///< C, the width of the residual stream
     float dropout = 0.0f;  ///< dropout probability in training mode, in [0, 1)
     bool bias = true;      ///< whether the Linear layers and LayerNorms have biases
+    bool causal = true;    ///< whether attention is causally masked (false: to see why it must be)
 
     /// Throws std::invalid_argument naming the first size that is not usable.
     void validate() const;

@@ -84,15 +84,17 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 /// projection: per batch item and head, `att = softmax(mask(q·kᵀ/√hs))`, then
 /// `out = dropout(att) · v`, with the heads written side by side into `out`.
 /// @param out (B, T, C) the heads' outputs, head h in channels [h·hs, (h+1)·hs)
-/// @param att (B, NH, T, T) the attention weights; zero above the diagonal
+/// @param att (B, NH, T, T) the attention weights; zero above the diagonal when causal
 /// @param att_dropped (B, NH, T, T) the weights after dropout; used only when
 ///        dropout_p > 0 (otherwise it may be nullptr)
 /// @param qkv (B, T, 3C) q, k and v side by side, as nanoGPT's `c_attn` produces them
 /// @param dropout_p the probability of zeroing a weight; 0 for no dropout
 /// @param rng the source of the dropout mask; unused (may be nullptr) when dropout_p is 0
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
+/// @param causal false attends to every position, future ones included (no mask)
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
-                       float dropout_p, Rng* rng, int B, int T, int C, int NH);
+                       float dropout_p, Rng* rng, int B, int T, int C, int NH,
+                       bool causal = true);
 
 /// Backward of attention_forward.
 /// @param dqkv (B, T, 3C) accumulated
@@ -103,9 +105,10 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 /// @param att_dropped (B, NH, T, T) from the forward pass when dropout_p > 0, else unused
 /// @param dropout_p the dropout probability the forward pass used
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
+/// @param causal as given to attention_forward
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, const float* att_dropped, float dropout_p, int B, int T,
-                        int C, int NH);
+                        const float* att, const float* att_dropped, float dropout_p, int B,
+                        int T, int C, int NH, bool causal = true);
 
 /// Exact GELU, as `torch.nn.GELU()`: `out = ½·x·(1 + erf(x/√2))`.
 /// @param out (N) @param inp (N) @param N number of elements

@@ -4,6 +4,7 @@
 
 #include "attn/tensor.hpp"
 
+#include <array>
 #include <cstdint>
 
 namespace attn {
@@ -17,6 +18,19 @@ class Rng {
 public:
     /// @param seed any 64-bit value; equal seeds give equal streams
     explicit Rng(std::uint64_t seed = 1337);
+
+    /// Everything that determines the numbers still to come, so that a checkpoint can
+    /// store a random source and a resumed run can continue its stream exactly.
+    struct State {
+        std::array<std::uint64_t, 4> words{};  ///< xoshiro256**'s four state words
+        bool has_spare = false;                ///< whether normal() holds a second draw
+        float spare = 0.0f;                    ///< that second draw
+    };
+    /// The current state; Rng::from_state(state()) continues the same stream.
+    State state() const;
+    /// A source that continues from `state`.
+    /// @throws std::invalid_argument if all four words are zero (xoshiro's one bad state)
+    static Rng from_state(const State& state);
 
     std::uint64_t next_u64();          ///< 64 uniformly random bits
     float uniform();                   ///< uniform in [0, 1), 24 random bits

@@ -63,6 +63,7 @@ void save_checkpoint(const fs::path& dir, const GPT& model, const CheckpointInfo
               {"bias", c.bias},
               {"vocab", info.vocab},
               {"step", info.step}};
+    if (!c.causal) j["causal"] = false;  // only then: nanoGPT's config has no such key
     const fs::path config_file = dir / "config.json";
     std::ofstream out(config_file);
     out << j.dump(2) << "\n";
@@ -99,6 +100,7 @@ GPTConfig load_config(const fs::path& dir, CheckpointInfo* info) {
     c.n_embd = config_field<int>(j, "n_embd", file);
     c.dropout = j.contains("dropout") ? config_field<float>(j, "dropout", file) : 0.0f;
     c.bias = j.contains("bias") ? config_field<bool>(j, "bias", file) : true;
+    c.causal = j.contains("causal") ? config_field<bool>(j, "causal", file) : true;
     try {
         c.validate();
     } catch (const std::invalid_argument& e) {

@@ -126,7 +126,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 }
 
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
-                       float dropout_p, Rng* rng, int B, int T, int C, int NH) {
+                       float dropout_p, Rng* rng, int B, int T, int C, int NH, bool causal) {
     const int hs = C / NH;
     const int C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -145,16 +145,17 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
             // causal mask and softmax: row t attends to positions 0..t only
             for (int t = 0; t < T; ++t) {
                 float* row = a + static_cast<size_t>(t) * T;
+                const int last = causal ? t : T - 1;  // without the mask: every position
                 float maxval = row[0];
-                for (int j = 1; j <= t; ++j) maxval = std::max(maxval, row[j]);
+                for (int j = 1; j <= last; ++j) maxval = std::max(maxval, row[j]);
                 float sum = 0.0f;
-                for (int j = 0; j <= t; ++j) {
+                for (int j = 0; j <= last; ++j) {
                     row[j] = std::exp(row[j] - maxval);
                     sum += row[j];
                 }
                 const float inv = 1.0f / sum;
-                for (int j = 0; j <= t; ++j) row[j] *= inv;
-                for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
+                for (int j = 0; j <= last; ++j) row[j] *= inv;
+                for (int j = last + 1; j < T; ++j) row[j] = 0.0f;
             }
             const float* weights = a;
             if (dropout) {
@@ -174,8 +175,8 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 }
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
-                        const float* att, const float* att_dropped, float dropout_p, int B, int T,
-                        int C, int NH) {
+                        const float* att, const float* att_dropped, float dropout_p, int B,
+                        int T, int C, int NH, bool causal) {
     const int hs = C / NH;
     const int C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -216,11 +217,12 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
             for (int t = 0; t < T; ++t) {
                 const float* arow = a + static_cast<size_t>(t) * T;
                 float* drow = datt + static_cast<size_t>(t) * T;
+                const int last = causal ? t : T - 1;
                 float dot = 0.0f;
-                for (int j = 0; j <= t; ++j) dot += arow[j] * drow[j];
-                for (int j = 0; j <= t; ++j) drow[j] = arow[j] * (drow[j] - dot);
+                for (int j = 0; j <= last; ++j) dot += arow[j] * drow[j];
+                for (int j = 0; j <= last; ++j) drow[j] = arow[j] * (drow[j] - dot);
                 // masked positions: their scores never reached the output
-                for (int j = t + 1; j < T; ++j) drow[j] = 0.0f;
+                for (int j = last + 1; j < T; ++j) drow[j] = 0.0f;
             }
             // forward: scores = scale · q · kᵀ
             // dq (T, hs) += scale · dscores (T, T) · k (T, hs)

@@ -255,7 +255,7 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
         matmul_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C,
                        3 * C);
         attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &dropout_rng_, B, T,
-                          C, NH);
+                          C, NH, config_.causal);
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
         if (dropout)
@@ -363,7 +363,7 @@ void GPT::backward() {
         // atty = attention(qkv)
         zero(s.dqkv);
         attention_backward(s.dqkv.data(), s.datt.data(), s.datty.data(), qkv, att, att_dropped,
-                           pdrop, B, T, C, NH);
+                           pdrop, B, T, C, NH, config_.causal);
         // qkv = ln1 · c_attnᵀ + b
         zero(s.dln);
         matmul_backward(s.dln.data(), g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr,

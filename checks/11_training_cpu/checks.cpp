@@ -1,0 +1,135 @@
+// Checks for exercise 11: the AdamW step.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/gpt.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xadapt.hpp>
+
+#include <cmath>
+#include <vector>
+
+using exercise::adamw_step;
+using exercise::AdamWSettings;
+using Vec = std::vector<float>;
+
+namespace {
+AdamWSettings no_decay(float lr) {
+    AdamWSettings s;
+    s.lr = lr;
+    s.weight_decay = 0.0f;
+    return s;
+}
+}  // namespace
+
+TEST_CASE("the first step moves every parameter by the learning rate against its gradient's sign") {
+    // Step 1: m = 0.1·g, v = 0.01·g², and the bias corrections give m̂ = g, v̂ = g², so the
+    // move is η·g/(|g| + ε): η for any non-zero gradient, 0 for a zero one.
+    Vec param{1.0f, -2.0f, 0.5f}, grad{0.5f, -4.0f, 0.0f}, m(3, 0.0f), v(3, 0.0f);
+    adamw_step(param, grad, m, v, 1, no_decay(0.1f), false);
+    // ε = 1e-8 changes η·g/(|g| + ε) by η·ε/|g| ≤ 2e-9; float rounding of O(1) values ~1e-7.
+    CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.9f, -1.9f, 0.5f}), 1e-6);
+    CHECK_CLOSE(xt::adapt(m), xt::adapt(Vec{0.05f, -0.4f, 0.0f}), 1e-7);
+    // 1 − 0.99 in float32 is 0.0099999905: v is off by up to 1e-6 relative.
+    CHECK_CLOSE(xt::adapt(v), xt::adapt(Vec{0.0025f, 0.16f, 0.0f}), 1e-6);
+}
+
+TEST_CASE("two steps agree with values worked by hand") {
+    // θ = 1, g = 1 then −1, η = 0.1, β = (0.9, 0.99):
+    // step 1: m = 0.1, v = 0.01, m̂ = 1, v̂ = 1, θ = 0.9
+    // step 2: m = 0.09 − 0.1 = −0.01, v = 0.0099 + 0.01 = 0.0199,
+    //         m̂ = −0.01/0.19 = −0.0526316, v̂ = 0.0199/0.0199 = 1, θ = 0.9 + 0.00526316
+    Vec param{1.0f}, m{0.0f}, v{0.0f};
+    adamw_step(param, Vec{1.0f}, m, v, 1, no_decay(0.1f), false);
+    adamw_step(param, Vec{-1.0f}, m, v, 2, no_decay(0.1f), false);
+    CHECK_CLOSE(xt::adapt(m), xt::adapt(Vec{-0.01f}), 1e-7);
+    CHECK_CLOSE(xt::adapt(v), xt::adapt(Vec{0.0199f}), 1e-7);
+    // Float rounding of the bias corrections (1 − 0.9801 loses about 2 digits): ~1e-6.
+    CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.90526316f}), 5e-6);
+}
+
+TEST_CASE("weight decay shrinks only the tensors marked for it, and stays out of the moments") {
+    AdamWSettings s;
+    s.lr = 0.1f;
+    s.weight_decay = 0.5f;
+    const Vec zero{0.0f, 0.0f};
+    SUBCASE("decayed: θ·(1 − η·λ) = θ·0.95 when the gradient is zero") {
+        Vec param{2.0f, -4.0f}, m(2, 0.0f), v(2, 0.0f);
+        adamw_step(param, zero, m, v, 1, s, true);
+        CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{1.9f, -3.8f}), 1e-6);
+        CHECK_CLOSE(xt::adapt(m), xt::adapt(zero), 0.0);
+        CHECK_CLOSE(xt::adapt(v), xt::adapt(zero), 0.0);
+    }
+    SUBCASE("not decayed: unchanged") {
+        Vec param{2.0f, -4.0f}, m(2, 0.0f), v(2, 0.0f);
+        adamw_step(param, zero, m, v, 1, s, false);
+        CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{2.0f, -4.0f}), 0.0);
+    }
+    SUBCASE("decayed with a gradient: the decay comes first, then the Adam move of η") {
+        Vec param{2.0f}, m{0.0f}, v{0.0f};
+        adamw_step(param, Vec{3.0f}, m, v, 1, s, true);
+        CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{1.9f - 0.1f}), 1e-6);
+    }
+}
+
+TEST_CASE("five steps on a small GPT's gradients agree with attn::AdamW, tensor by tensor") {
+    attn::GPTConfig config;
+    config.vocab_size = 11;
+    config.block_size = 8;
+    config.n_layer = 2;
+    config.n_head = 2;
+    config.n_embd = 16;
+    attn::GPT model(config, 3);
+    attn::AdamW reference;  // nanoGPT's settings: β = (0.9, 0.99), λ = 0.1, ε = 1e-8
+    const std::size_t P = model.parameters().size();
+    Vec params = model.parameters(), m(P, 0.0f), v(P, 0.0f);
+    attn::Rng rng(5);
+    std::vector<int> x(2 * 8), y(2 * 8);
+    for (long step = 1; step <= 5; ++step) {
+        // Both optimizers get the same gradients (the reference model's): Adam divides by
+        // √v̂, which amplifies tiny differences in tiny gradients, so two models drifting
+        // apart by rounding would be compared, not two optimizers.
+        for (int& t : x) t = static_cast<int>(rng.below(11));
+        for (int& t : y) t = static_cast<int>(rng.below(11));
+        model.forward(x, y, 2, 8);
+        model.zero_grad();
+        model.backward();
+        AdamWSettings s;
+        s.lr = 1e-2f;
+        for (const attn::ParameterInfo& info : model.parameter_table()) {
+            const auto begin = static_cast<long>(info.offset), end = static_cast<long>(info.offset + info.size);
+            auto part = [&](const Vec& all) { return Vec(all.begin() + begin, all.begin() + end); };
+            Vec p = part(params), g = part(model.gradients()), mi = part(m), vi = part(v);
+            adamw_step(p, g, mi, vi, step, s, info.decay);
+            std::copy(p.begin(), p.end(), params.begin() + begin);
+            std::copy(mi.begin(), mi.end(), m.begin() + begin);
+            std::copy(vi.begin(), vi.end(), v.begin() + begin);
+        }
+        reference.step(model, 1e-2f);
+    }
+    // The same formulas, perhaps in another order: a few float32 ulps per step on weights of
+    // size ≤ 1 (ulp 6e-8) and on moves of size ≤ η = 0.01: well under 1e-6 after 5 steps.
+    CHECK_CLOSE(xt::adapt(params), xt::adapt(model.parameters()), 1e-6);
+    CHECK_CLOSE(xt::adapt(m), xt::adapt(reference.m), 1e-7);
+    CHECK_CLOSE(xt::adapt(v), xt::adapt(reference.v), 1e-7);
+}
+
+TEST_CASE("bad input is rejected with std::invalid_argument") {
+    Vec p(3, 1.0f), g(3, 0.5f), m(3, 0.0f), v(3, 0.0f), short_vec(2, 0.0f);
+    AdamWSettings good;
+    CHECK_THROWS_AS(adamw_step(p, short_vec, m, v, 1, good, true), std::invalid_argument);
+    CHECK_THROWS_AS(adamw_step(p, g, short_vec, v, 1, good, true), std::invalid_argument);
+    CHECK_THROWS_AS(adamw_step(p, g, m, short_vec, 1, good, true), std::invalid_argument);
+    CHECK_THROWS_AS(adamw_step(p, g, m, v, 0, good, true), std::invalid_argument);
+    AdamWSettings bad = good;
+    bad.beta1 = 1.0f;
+    CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    bad = good;
+    bad.eps = 0.0f;
+    CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    bad = good;
+    bad.lr = -1e-3f;
+    CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+}

@@ -1,0 +1,256 @@
+/// @file trainer.hpp
+/// @brief Training the GPT of gpt.hpp on a character corpus: recipes, the training loop,
+/// evaluation, checkpoints that resume exactly, and sampling with temperature and top-k.
+///
+/// A checkpoint is a directory written atomically (write_directory_atomically):
+/// the weights directory of checkpoint.hpp (`config.json` + one `.npy` per parameter), plus
+/// `optimizer/m.npy` and `optimizer/v.npy` (AdamW's moments, the flat parameter layout) and
+/// `trainer.json` (the TrainConfig, the step, the best validation loss, AdamW's step count
+/// and the batch sampler's random state). Loading it and training on gives the same losses,
+/// bit for bit, as a run that never stopped.
+#pragma once
+
+#include "attn/data.hpp"
+#include "attn/gpt.hpp"
+#include "attn/random.hpp"
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <iosfwd>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace attn {
+
+/// Everything that defines a training run, with nanoGPT's names where it has them.
+struct TrainConfig {
+    std::string recipe = "cpu";  ///< the recipe these values started from (for the record)
+    // The model.
+    int n_layer = 4;         ///< transformer blocks
+    int n_head = 4;          ///< heads per attention layer
+    int n_embd = 128;        ///< channels of the residual stream
+    int block_size = 64;     ///< T, the context length trained on
+    float dropout = 0.0f;    ///< dropout probability while training
+    bool bias = false;       ///< biases in Linear layers and LayerNorms (nanoGPT's default: none)
+    /// The causal mask; false lets every position see the whole window, future included
+    /// (the model then "cheats": low training loss, useless generation).
+    bool causal = true;
+    // The optimisation.
+    int batch_size = 12;                ///< B, sequences per step
+    std::int64_t max_iters = 2000;      ///< steps in the whole run
+    double learning_rate = 1e-3;        ///< peak learning rate, reached after warm-up
+    double min_lr = 1e-4;               ///< the learning rate the cosine decays to
+    std::int64_t warmup_iters = 100;    ///< linear warm-up steps
+    std::int64_t lr_decay_iters = 2000; ///< the step at which the cosine reaches min_lr
+    float weight_decay = 0.1f;          ///< AdamW's decoupled decay (matrices only)
+    float beta1 = 0.9f;                 ///< AdamW's first-moment decay
+    float beta2 = 0.99f;                ///< AdamW's second-moment decay
+    float grad_clip = 1.0f;             ///< the largest gradient norm; 0 turns clipping off
+    // Evaluation and randomness.
+    std::int64_t eval_interval = 250;  ///< evaluate (and checkpoint) every this many steps
+    std::int64_t eval_iters = 20;      ///< batches per split in one evaluation
+    std::uint64_t seed = 1337;         ///< seeds the initial weights, batches and dropout
+
+    /// A named recipe: "cpu" (nanoGPT's CPU recipe for tiny shakespeare: 4 layers, 4 heads,
+    /// 128 channels, block 64, batch 12, 2000 steps) or "tiny" (2 layers, 32 channels,
+    /// 200 steps: trains in seconds, for tests).
+    /// @throws std::invalid_argument for any other name
+    static TrainConfig named(const std::string& recipe);
+    /// Throws std::invalid_argument naming the first field that is out of range.
+    void validate() const;
+    /// The model's sizes for a vocabulary of `vocab_size` characters.
+    /// @param vocab_size V
+    /// @return the GPTConfig with this recipe's sizes
+    GPTConfig model_config(int vocab_size) const;
+};
+
+/// One training step's numbers.
+struct StepRecord {
+    std::int64_t step = 0;   ///< 0-based
+    float loss = 0.0f;       ///< the training batch's mean cross-entropy
+    double lr = 0.0;         ///< the learning rate used
+    float grad_norm = 0.0f;  ///< the gradient norm before clipping
+};
+
+/// One evaluation: the mean loss over TrainConfig::eval_iters batches of each split.
+struct EvalRecord {
+    std::int64_t step = 0;    ///< steps taken when it ran
+    double train_loss = 0.0;  ///< on batches of the training split
+    double val_loss = 0.0;    ///< on batches of the validation split
+};
+
+/// Thrown when the loss or the gradient stops being finite: the step is not applied, and
+/// the message says at which step and what was found.
+class TrainingDiverged : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+};
+
+/// The model, its optimizer, the data and the position in the run.
+class Trainer {
+public:
+    /// A fresh run: a model initialised from config.seed.
+    /// @param config the recipe; validated
+    /// @param data the encoded corpus; each split must hold more than block_size tokens
+    Trainer(const TrainConfig& config, TextDataset data);
+    /// A run that starts from given weights (e.g. exported from PyTorch); the model's sizes
+    /// replace the recipe's.
+    /// @param config the recipe (its model sizes are overwritten by the model's)
+    /// @param data the encoded corpus; its vocabulary size must be the model's
+    /// @param model the starting weights
+    Trainer(const TrainConfig& config, TextDataset data, GPT model);
+
+    /// Resumes from a checkpoint written by save().
+    /// @param dir the checkpoint directory
+    /// @param data the corpus; its vocabulary must be the one the checkpoint records
+    /// @throws CheckpointError for a missing, incomplete or inconsistent checkpoint
+    static Trainer load(const std::filesystem::path& dir, TextDataset data);
+
+    /// Writes a checkpoint atomically (the old one stays until the new one is complete).
+    /// @param dir the checkpoint directory to create or replace
+    void save(const std::filesystem::path& dir) const;
+
+    /// One step: a batch from the training split, forward, backward, clipping, AdamW.
+    /// @return the step's numbers
+    /// @throws TrainingDiverged (before changing anything) if the loss or gradient norm is
+    /// not finite
+    StepRecord train_step();
+
+    /// The mean loss of each split over eval_iters batches, in evaluation mode (no
+    /// dropout). The batches depend only on the seed and the step, so evaluation never
+    /// changes the training run.
+    EvalRecord evaluate();
+
+    /// The learning rate of a step under this run's schedule.
+    /// @param step 0-based step
+    double learning_rate(std::int64_t step) const;
+
+    /// Draws the first training batch of a run that starts at step 0 (the batch the first
+    /// train_step() uses), without changing the trainer.
+    /// @param x (B·T) inputs @param y (B·T) targets
+    void first_batch(std::vector<int>& x, std::vector<int>& y) const;
+
+    std::int64_t step() const { return step_; }                 ///< steps taken so far
+    bool done() const { return step_ >= config_.max_iters; }    ///< whether max_iters is reached
+    double best_val_loss() const { return best_val_loss_; }     ///< lowest val loss seen (inf before any)
+    const TrainConfig& config() const { return config_; }       ///< the run's settings
+    /// Changes the number of steps of the run (e.g. a resumed run told to go on longer).
+    /// @param max_iters the new total, at least 1
+    void set_max_iters(std::int64_t max_iters);
+    const TextDataset& data() const { return data_; }           ///< the corpus
+    GPT& model() { return model_; }                             ///< the model
+    const GPT& model() const { return model_; }                 ///< the model, read-only
+    const AdamW& optimizer() const { return optimizer_; }       ///< AdamW and its moments
+
+private:
+    void finish_setup(bool from_weights);
+
+    TrainConfig config_;
+    TextDataset data_;
+    GPT model_;
+    AdamW optimizer_;
+    Rng batch_rng_;
+    std::int64_t step_ = 0;
+    double best_val_loss_;
+    std::vector<int> x_, y_;  // (B·T) the current batch
+};
+
+/// How to sample text from a model.
+struct SampleOptions {
+    int max_new_tokens = 500;   ///< characters to generate
+    float temperature = 1.0f;   ///< divides the logits; below 1 sharpens, above 1 flattens
+    int top_k = 0;              ///< keep only the k most likely tokens; 0 keeps all
+    std::uint64_t seed = 1337;  ///< seeds the draws
+};
+
+/// Draws one token id from logits: divide by the temperature, keep the top_k largest
+/// (ties at the k-th value are kept), softmax, draw. top_k = 1 is greedy decoding.
+/// @param logits (V) one position's logits
+/// @param temperature positive
+/// @param top_k 0 (all) or 1…V
+/// @param rng the source of the draw
+/// @return a token id in [0, V)
+/// @throws std::invalid_argument for a temperature that is not positive and finite, or top_k
+/// outside 0…V
+int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng);
+
+/// Generates text after a prompt, as nanoGPT's `generate`: the context is cropped to the
+/// last block_size tokens, the model runs in evaluation mode (and is left in it).
+/// @param model the model
+/// @param vocab its vocabulary
+/// @param prompt the text to continue; empty starts from a newline (or token 0 if the
+///        vocabulary has none)
+/// @param options length, temperature, top-k and seed
+/// @return the prompt followed by the generated characters
+/// @throws std::invalid_argument if the prompt has a character outside the vocabulary, or
+/// for bad options (see sample_token)
+std::string generate_text(GPT& model, const CharVocab& vocab, const std::string& prompt,
+                          const SampleOptions& options);
+
+/// What run_training() does around the loop.
+struct RunOptions {
+    /// The run's folder: `checkpoint/` (written at every evaluation and at the end),
+    /// `metrics.jsonl` (one JSON object per step and per evaluation). Empty: no files.
+    std::filesystem::path out_dir;
+    /// Evaluation lines ("step 250: train loss 2.0123, val loss 2.0876") go here; may be null.
+    std::ostream* log = nullptr;
+    /// Progress lines (step, loss, lr, tokens/s, ETA) go here, rewritten in place when it is
+    /// a terminal; may be null.
+    std::ostream* progress = nullptr;
+    /// Whether `progress` is a terminal (then the line rewrites itself in place).
+    bool progress_is_terminal = false;
+    /// On a non-terminal, print a progress line every this many steps.
+    std::int64_t progress_interval = 100;
+    /// Polled after every step; returning true saves a checkpoint and stops.
+    std::function<bool()> stop_requested;
+};
+
+/// How a call to run_training() ended.
+struct RunSummary {
+    bool stopped = false;            ///< true if stop_requested ended it early
+    std::int64_t first_step = 0;     ///< the step it started from
+    std::vector<StepRecord> steps;   ///< every step taken in this call
+    std::vector<EvalRecord> evals;   ///< every evaluation made in this call
+    double seconds = 0.0;            ///< wall time of the call
+};
+
+/// Trains until max_iters or a stop request, evaluating at step 0, every eval_interval
+/// steps and at the end, and writing checkpoints and metrics when out_dir is given. A
+/// resumed run appends to metrics.jsonl after dropping lines past its checkpoint's step.
+/// @param trainer the run
+/// @param options where the output goes
+/// @return the steps and evaluations of this call
+/// @throws TrainingDiverged when the loss stops being finite; the last checkpoint written
+/// is left as it was
+RunSummary run_training(Trainer& trainer, const RunOptions& options);
+
+/// Writes a loss-curve PNG: the loss of every step, and the train and val losses of every
+/// evaluation.
+/// @param path the PNG file
+/// @param steps the steps' records
+/// @param evals the evaluations
+/// @param title the chart's title
+void plot_losses(const std::filesystem::path& path, const std::vector<StepRecord>& steps,
+                 const std::vector<EvalRecord>& evals, const std::string& title);
+
+/// Reads a run's `metrics.jsonl` back (for a loss curve of a run that was resumed).
+/// @param path the metrics file written by run_training()
+/// @param steps receives the step records, in file order
+/// @param evals receives the evaluation records, in file order
+/// @throws std::runtime_error if the file cannot be read; lines that are not JSON are skipped
+void read_metrics(const std::filesystem::path& path, std::vector<StepRecord>& steps,
+                  std::vector<EvalRecord>& evals);
+
+/// Writes one step's gradients for comparison with PyTorch, on the first batch of the run
+/// and in evaluation mode (no dropout): `DIR/weights/` (the model, which PyTorch can load),
+/// `DIR/x.npy`, `DIR/y.npy` (B, T) token ids as float32, `DIR/loss.npy` (1), and
+/// `DIR/grad/<state_dict key>.npy` for every parameter.
+/// @param trainer a run that has taken no step yet
+/// @param dir the folder to write (replaced atomically)
+/// @return the loss of that batch
+float dump_gradients(Trainer& trainer, const std::filesystem::path& dir);
+
+}  // namespace attn

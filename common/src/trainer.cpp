@@ -1,0 +1,644 @@
+// The training loop around the GPT: recipes, steps, evaluation, checkpoints, sampling.
+#include "attn/trainer.hpp"
+
+#include "attn/checkpoint.hpp"
+#include "attn/npy.hpp"
+#include "attn/plot.hpp"
+#include "attn/run_control.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <ostream>
+#include <sstream>
+
+namespace attn {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+// ---------------------------------------------------------------------------------------
+// Recipes
+
+TrainConfig TrainConfig::named(const std::string& recipe) {
+    TrainConfig c;  // the defaults are nanoGPT's CPU recipe
+    if (recipe == "cpu") return c;
+    if (recipe == "tiny") {
+        c.recipe = "tiny";
+        c.n_layer = 2;
+        c.n_head = 2;
+        c.n_embd = 32;
+        c.block_size = 32;
+        c.batch_size = 8;
+        c.max_iters = 200;
+        c.warmup_iters = 20;
+        c.lr_decay_iters = 200;
+        c.eval_interval = 50;
+        c.eval_iters = 5;
+        return c;
+    }
+    throw std::invalid_argument("unknown recipe '" + recipe + "' (the recipes are: cpu, tiny)");
+}
+
+void TrainConfig::validate() const {
+    auto check = [](bool ok, const std::string& what) {
+        if (!ok) throw std::invalid_argument(what);
+    };
+    check(batch_size >= 1, "batch_size must be at least 1, got " + std::to_string(batch_size));
+    check(max_iters >= 1, "max_iters must be at least 1, got " + std::to_string(max_iters));
+    check(std::isfinite(learning_rate) && learning_rate >= 0,
+          "learning_rate must be finite and not negative");
+    check(std::isfinite(min_lr) && min_lr >= 0, "min_lr must be finite and not negative");
+    check(warmup_iters >= 0, "warmup_iters must not be negative");
+    check(lr_decay_iters >= warmup_iters, "lr_decay_iters must be at least warmup_iters");
+    check(weight_decay >= 0 && std::isfinite(weight_decay), "weight_decay must not be negative");
+    check(beta1 >= 0 && beta1 < 1, "beta1 must be in [0, 1)");
+    check(beta2 >= 0 && beta2 < 1, "beta2 must be in [0, 1)");
+    check(grad_clip >= 0 && std::isfinite(grad_clip), "grad_clip must not be negative (0: off)");
+    check(eval_interval >= 1, "eval_interval must be at least 1");
+    check(eval_iters >= 1, "eval_iters must be at least 1");
+    model_config(1).validate();
+}
+
+GPTConfig TrainConfig::model_config(int vocab_size) const {
+    GPTConfig g;
+    g.vocab_size = vocab_size;
+    g.block_size = block_size;
+    g.n_layer = n_layer;
+    g.n_head = n_head;
+    g.n_embd = n_embd;
+    g.dropout = dropout;
+    g.bias = bias;
+    g.causal = causal;
+    return g;
+}
+
+namespace {
+
+json config_to_json(const TrainConfig& c) {
+    return {{"recipe", c.recipe},
+            {"n_layer", c.n_layer},
+            {"n_head", c.n_head},
+            {"n_embd", c.n_embd},
+            {"block_size", c.block_size},
+            {"dropout", c.dropout},
+            {"bias", c.bias},
+            {"causal", c.causal},
+            {"batch_size", c.batch_size},
+            {"max_iters", c.max_iters},
+            {"learning_rate", c.learning_rate},
+            {"min_lr", c.min_lr},
+            {"warmup_iters", c.warmup_iters},
+            {"lr_decay_iters", c.lr_decay_iters},
+            {"weight_decay", c.weight_decay},
+            {"beta1", c.beta1},
+            {"beta2", c.beta2},
+            {"grad_clip", c.grad_clip},
+            {"eval_interval", c.eval_interval},
+            {"eval_iters", c.eval_iters},
+            {"seed", c.seed}};
+}
+
+template <class T>
+T field(const json& j, const char* key, const fs::path& file) {
+    if (!j.contains(key)) throw CheckpointError(file.string() + ": missing \"" + key + "\"");
+    try {
+        return j.at(key).get<T>();
+    } catch (const json::exception&) {
+        throw CheckpointError(file.string() + ": \"" + key + "\" has the wrong type (" +
+                              j.at(key).type_name() + ")");
+    }
+}
+
+TrainConfig config_from_json(const json& j, const fs::path& file) {
+    TrainConfig c;
+    c.recipe = field<std::string>(j, "recipe", file);
+    c.n_layer = field<int>(j, "n_layer", file);
+    c.n_head = field<int>(j, "n_head", file);
+    c.n_embd = field<int>(j, "n_embd", file);
+    c.block_size = field<int>(j, "block_size", file);
+    c.dropout = field<float>(j, "dropout", file);
+    c.bias = field<bool>(j, "bias", file);
+    c.causal = j.contains("causal") ? field<bool>(j, "causal", file) : true;  // optional: masked
+    c.batch_size = field<int>(j, "batch_size", file);
+    c.max_iters = field<std::int64_t>(j, "max_iters", file);
+    c.learning_rate = field<double>(j, "learning_rate", file);
+    c.min_lr = field<double>(j, "min_lr", file);
+    c.warmup_iters = field<std::int64_t>(j, "warmup_iters", file);
+    c.lr_decay_iters = field<std::int64_t>(j, "lr_decay_iters", file);
+    c.weight_decay = field<float>(j, "weight_decay", file);
+    c.beta1 = field<float>(j, "beta1", file);
+    c.beta2 = field<float>(j, "beta2", file);
+    c.grad_clip = field<float>(j, "grad_clip", file);
+    c.eval_interval = field<std::int64_t>(j, "eval_interval", file);
+    c.eval_iters = field<std::int64_t>(j, "eval_iters", file);
+    c.seed = field<std::uint64_t>(j, "seed", file);
+    try {
+        c.validate();
+    } catch (const std::invalid_argument& e) {
+        throw CheckpointError(file.string() + ": " + e.what());
+    }
+    return c;
+}
+
+std::uint32_t float_bits(float f) {
+    std::uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+}
+float bits_float(std::uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+std::string describe(float x) {
+    return std::isnan(x) ? "NaN" : std::isinf(x) ? "infinite" : std::to_string(x);
+}
+
+// A random source for the evaluation batches of one split at one step: it depends on
+// nothing else, so evaluating never shifts the training batches and a resumed run
+// evaluates on the same batches as an uninterrupted one.
+Rng eval_rng(std::uint64_t seed, std::int64_t step, int split) {
+    return Rng(seed ^ (0x5DEECE66Dull << 20) ^ (static_cast<std::uint64_t>(step) * 2u + split));
+}
+
+void check_data(const TextDataset& data, const GPTConfig& g) {
+    const auto need = static_cast<std::size_t>(g.block_size) + 1;
+    if (data.train.size() < need || data.val.size() < need) {
+        throw std::invalid_argument(
+            "the corpus is too short for block size " + std::to_string(g.block_size) + ": its splits hold " +
+            std::to_string(data.train.size()) + " and " + std::to_string(data.val.size()) +
+            " characters, each needs at least " + std::to_string(need));
+    }
+    if (static_cast<int>(data.vocab.size()) != g.vocab_size) {
+        throw std::invalid_argument("the corpus has " + std::to_string(data.vocab.size()) +
+                                    " distinct characters, the model's vocabulary " +
+                                    std::to_string(g.vocab_size));
+    }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Trainer
+
+namespace {
+GPT initial_model(const TrainConfig& config, const TextDataset& data) {
+    config.validate();
+    return GPT(config.model_config(static_cast<int>(data.vocab.size())), config.seed);
+}
+}  // namespace
+
+Trainer::Trainer(const TrainConfig& config, TextDataset data)
+    : config_(config), data_(std::move(data)), model_(initial_model(config_, data_)),
+      batch_rng_(config.seed), best_val_loss_(std::numeric_limits<double>::infinity()) {
+    finish_setup(false);
+}
+
+Trainer::Trainer(const TrainConfig& config, TextDataset data, GPT model)
+    : config_(config), data_(std::move(data)), model_(std::move(model)),
+      batch_rng_(config.seed), best_val_loss_(std::numeric_limits<double>::infinity()) {
+    finish_setup(true);
+}
+
+void Trainer::finish_setup(bool from_weights) {
+    if (from_weights) {
+        const GPTConfig& g = model_.config();
+        config_.n_layer = g.n_layer;
+        config_.n_head = g.n_head;
+        config_.n_embd = g.n_embd;
+        config_.block_size = g.block_size;
+        config_.bias = g.bias;
+        config_.dropout = g.dropout;
+        config_.causal = g.causal;
+    }
+    config_.validate();
+    check_data(data_, model_.config());
+    optimizer_.beta1 = config_.beta1;
+    optimizer_.beta2 = config_.beta2;
+    optimizer_.weight_decay = config_.weight_decay;
+    model_.train(true);
+}
+
+void Trainer::set_max_iters(std::int64_t max_iters) {
+    if (max_iters < 1) throw std::invalid_argument("max_iters must be at least 1");
+    config_.max_iters = max_iters;
+}
+
+double Trainer::learning_rate(std::int64_t step) const {
+    return cosine_lr(step, config_.warmup_iters, config_.lr_decay_iters, config_.learning_rate,
+                     config_.min_lr);
+}
+
+void Trainer::first_batch(std::vector<int>& x, std::vector<int>& y) const {
+    Rng rng(config_.seed);
+    sample_batch(data_.train, static_cast<std::size_t>(config_.batch_size),
+                 static_cast<std::size_t>(config_.block_size), rng, x, y);
+}
+
+//! [train_step]
+StepRecord Trainer::train_step() {
+    const int B = config_.batch_size, T = config_.block_size;
+    StepRecord r;
+    r.step = step_;
+    r.lr = learning_rate(step_);
+    Rng rng_before = batch_rng_;
+    sample_batch(data_.train, static_cast<std::size_t>(B), static_cast<std::size_t>(T),
+                 batch_rng_, x_, y_);
+    // Dropout masks depend on the seed and the step only, so a resumed run draws the same ones.
+    model_.seed_dropout(config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step_));
+    model_.train(true);
+    r.loss = model_.forward(x_.data(), y_.data(), B, T);
+    if (!std::isfinite(r.loss)) {
+        batch_rng_ = rng_before;
+        throw TrainingDiverged("the loss became " + describe(r.loss) + " at step " +
+                               std::to_string(step_) + ": training stopped (a learning rate of " +
+                               std::to_string(r.lr) + " may be too large)");
+    }
+    model_.zero_grad();
+    model_.backward();
+    r.grad_norm = config_.grad_clip > 0 ? clip_grad_norm(model_, config_.grad_clip)
+                                        : clip_grad_norm(model_, std::numeric_limits<float>::infinity());
+    if (!std::isfinite(r.grad_norm)) {
+        batch_rng_ = rng_before;
+        throw TrainingDiverged("the gradient norm became " + describe(r.grad_norm) +
+                               " at step " + std::to_string(step_) + ": training stopped");
+    }
+    optimizer_.step(model_, static_cast<float>(r.lr));
+    ++step_;
+    return r;
+}
+//! [train_step]
+
+EvalRecord Trainer::evaluate() {
+    const int B = config_.batch_size, T = config_.block_size;
+    EvalRecord e;
+    e.step = step_;
+    model_.train(false);
+    std::vector<int> x, y;
+    for (int split = 0; split < 2; ++split) {
+        const std::vector<int>& data = split == 0 ? data_.train : data_.val;
+        Rng rng = eval_rng(config_.seed, step_, split);
+        double sum = 0.0;
+        for (std::int64_t i = 0; i < config_.eval_iters; ++i) {
+            sample_batch(data, static_cast<std::size_t>(B), static_cast<std::size_t>(T), rng, x, y);
+            sum += model_.forward(x.data(), y.data(), B, T);
+        }
+        (split == 0 ? e.train_loss : e.val_loss) = sum / static_cast<double>(config_.eval_iters);
+    }
+    model_.train(true);
+    if (e.val_loss < best_val_loss_) best_val_loss_ = e.val_loss;
+    return e;
+}
+
+void Trainer::save(const fs::path& dir) const {
+    write_directory_atomically(dir, [&](const fs::path& tmp) {
+        save_checkpoint(tmp, model_, {data_.vocab.chars(), step_});
+        fs::create_directory(tmp / "optimizer");
+        const std::size_t P = model_.parameters().size();
+        std::vector<float> m = optimizer_.m, v = optimizer_.v;
+        m.resize(P, 0.0f);
+        v.resize(P, 0.0f);
+        write_npy(tmp / "optimizer" / "m.npy", {P}, m.data());
+        write_npy(tmp / "optimizer" / "v.npy", {P}, v.data());
+        const Rng::State rs = batch_rng_.state();
+        json j = {{"config", config_to_json(config_)},
+                  {"step", step_},
+                  {"best_val_loss", std::isfinite(best_val_loss_) ? json(best_val_loss_) : json(nullptr)},
+                  {"adamw_step_count", optimizer_.step_count},
+                  {"batch_rng", {{"words", rs.words}, {"has_spare", rs.has_spare},
+                                 {"spare_bits", float_bits(rs.spare)}}}};
+        std::ofstream out(tmp / "trainer.json");
+        out << j.dump(2) << "\n";
+        if (!out) throw CheckpointError((dir / "trainer.json").string() + ": cannot write");
+    });
+}
+
+Trainer Trainer::load(const fs::path& dir, TextDataset data) {
+    if (!fs::is_directory(dir)) {
+        throw CheckpointError(dir.string() + ": no such checkpoint directory");
+    }
+    const fs::path file = dir / "trainer.json";
+    std::ifstream in(file);
+    if (!in) {
+        throw CheckpointError(file.string() +
+                              ": cannot open (a weights directory without training state? "
+                              "start from it with --init instead)");
+    }
+    json j;
+    try {
+        in >> j;
+    } catch (const json::exception& e) {
+        throw CheckpointError(file.string() + ": not valid JSON: " + e.what());
+    }
+    if (!j.is_object()) throw CheckpointError(file.string() + ": expected a JSON object");
+    const TrainConfig config = config_from_json(field<json>(j, "config", file), file);
+
+    CheckpointInfo info;
+    GPT model = load_checkpoint(dir, &info);
+    const GPTConfig expected = config.model_config(model.config().vocab_size);
+    const GPTConfig& got = model.config();
+    if (got.n_layer != expected.n_layer || got.n_head != expected.n_head ||
+        got.n_embd != expected.n_embd || got.block_size != expected.block_size ||
+        got.bias != expected.bias || got.causal != expected.causal) {
+        throw CheckpointError(dir.string() + ": config.json and trainer.json describe different models");
+    }
+    if (info.vocab != data.vocab.chars()) {
+        throw CheckpointError(dir.string() + ": the checkpoint's vocabulary (" +
+                              std::to_string(got.vocab_size) +
+                              " characters) is not this corpus's (" +
+                              std::to_string(data.vocab.size()) +
+                              "): resume with the corpus it was trained on");
+    }
+    Trainer t(config, std::move(data), std::move(model));
+    t.step_ = field<std::int64_t>(j, "step", file);
+    if (t.step_ != info.step || t.step_ < 0) {
+        throw CheckpointError(file.string() + ": step " + std::to_string(t.step_) +
+                              " disagrees with config.json's " + std::to_string(info.step));
+    }
+    const json& best = field<json>(j, "best_val_loss", file);
+    t.best_val_loss_ = best.is_null() ? std::numeric_limits<double>::infinity()
+                                      : field<double>(j, "best_val_loss", file);
+    t.optimizer_.step_count = field<long>(j, "adamw_step_count", file);
+    const json& rj = field<json>(j, "batch_rng", file);
+    Rng::State rs;
+    rs.words = field<std::array<std::uint64_t, 4>>(rj, "words", file);
+    rs.has_spare = field<bool>(rj, "has_spare", file);
+    rs.spare = bits_float(field<std::uint32_t>(rj, "spare_bits", file));
+    try {
+        t.batch_rng_ = Rng::from_state(rs);
+    } catch (const std::invalid_argument& e) {
+        throw CheckpointError(file.string() + ": " + e.what());
+    }
+    const std::size_t P = t.model_.parameters().size();
+    for (auto [name, target] : {std::pair{"m.npy", &t.optimizer_.m}, {"v.npy", &t.optimizer_.v}}) {
+        const fs::path f = dir / "optimizer" / name;
+        NpyArray a;
+        try {
+            a = read_npy(f);
+        } catch (const NpyError& e) {
+            throw CheckpointError(e.what());
+        }
+        if (a.dtype != "<f4" || a.shape != std::vector<std::size_t>{P}) {
+            throw CheckpointError(f.string() + ": expected float32 of shape (" + std::to_string(P) +
+                                  "), the file holds " + a.dtype + " " + format_shape(a.shape));
+        }
+        *target = std::move(a.data);
+    }
+    return t;
+}
+
+// ---------------------------------------------------------------------------------------
+// Sampling
+
+int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng) {
+    const int V = static_cast<int>(logits.size());
+    if (V == 0) throw std::invalid_argument("sample_token: no logits");
+    if (!(temperature > 0.0f) || !std::isfinite(temperature)) {
+        throw std::invalid_argument("the temperature must be positive, got " +
+                                    std::to_string(temperature) +
+                                    " (for the most likely character every time use top-k 1)");
+    }
+    if (top_k < 0 || top_k > V) {
+        throw std::invalid_argument("top-k must be 0 (all) or between 1 and the vocabulary size " +
+                                    std::to_string(V) + ", got " + std::to_string(top_k));
+    }
+    // logits / temperature; then everything below the k-th largest is dropped (-inf).
+    std::vector<double> z(logits.begin(), logits.end());
+    for (double& x : z) x /= temperature;
+    double kth = -std::numeric_limits<double>::infinity();
+    if (top_k > 0) {
+        std::vector<double> sorted = z;
+        std::nth_element(sorted.begin(), sorted.begin() + (top_k - 1), sorted.end(),
+                         std::greater<double>());
+        kth = sorted[static_cast<std::size_t>(top_k - 1)];
+    }
+    const double maxval = *std::max_element(z.begin(), z.end());
+    double total = 0.0;
+    for (double& x : z) {
+        x = (top_k > 0 && x < kth) ? 0.0 : std::exp(x - maxval);
+        total += x;
+    }
+    // One uniform draw in [0, total), 53 bits, then the first token whose running sum passes it.
+    const double u = static_cast<double>(rng.next_u64() >> 11) * 0x1.0p-53 * total;
+    double running = 0.0;
+    int last_possible = 0;
+    for (int i = 0; i < V; ++i) {
+        if (z[static_cast<std::size_t>(i)] <= 0.0) continue;
+        last_possible = i;
+        running += z[static_cast<std::size_t>(i)];
+        if (u < running) return i;
+    }
+    return last_possible;  // u rounded up to total
+}
+
+std::string generate_text(GPT& model, const CharVocab& vocab, const std::string& prompt,
+                          const SampleOptions& options) {
+    const int V = model.config().vocab_size, block = model.config().block_size;
+    if (static_cast<int>(vocab.size()) != V) {
+        throw std::invalid_argument("the vocabulary has " + std::to_string(vocab.size()) +
+                                    " characters, the model " + std::to_string(V));
+    }
+    if (options.max_new_tokens < 0) throw std::invalid_argument("the sample length must not be negative");
+    // Checked before the first forward pass, so bad options fail at once.
+    Rng rng(options.seed);
+    {
+        Rng probe(0);
+        (void)sample_token(std::vector<float>(static_cast<std::size_t>(V), 0.0f),
+                           options.temperature, options.top_k, probe);
+    }
+    std::vector<int> ids;
+    std::string text = prompt;
+    if (prompt.empty()) {
+        int start = 0;
+        for (int i = 0; i < V; ++i) {
+            if (vocab.at(i) == "\n") start = i;
+        }
+        ids.push_back(start);
+    } else {
+        try {
+            ids = vocab.encode(prompt);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(std::string("the prompt: ") + e.what());
+        }
+    }
+    model.train(false);
+    std::vector<float> last(static_cast<std::size_t>(V));
+    for (int n = 0; n < options.max_new_tokens; ++n) {
+        const int T = std::min(static_cast<int>(ids.size()), block);
+        const int* context = ids.data() + (ids.size() - static_cast<std::size_t>(T));
+        model.forward(context, nullptr, 1, T);
+        const float* row = model.logits().data() + static_cast<std::size_t>(T - 1) * V;
+        std::copy(row, row + V, last.begin());
+        const int next = sample_token(last, options.temperature, options.top_k, rng);
+        ids.push_back(next);
+        text += vocab.at(next);
+    }
+    return text;
+}
+
+// ---------------------------------------------------------------------------------------
+// The loop around the steps
+
+namespace {
+
+void rewrite_metrics_before(const fs::path& file, std::int64_t first_step) {
+    std::ifstream in(file);
+    if (!in) return;
+    std::ostringstream kept;
+    std::string line;
+    while (std::getline(in, line)) {
+        try {
+            const json j = json::parse(line);
+            if (j.contains("step") && j.at("step").get<std::int64_t>() < first_step) kept << line << "\n";
+        } catch (const json::exception&) {
+            // a torn last line of a killed run: dropped
+        }
+    }
+    in.close();
+    std::ofstream(file) << kept.str();
+}
+
+}  // namespace
+
+RunSummary run_training(Trainer& trainer, const RunOptions& options) {
+    using clock = std::chrono::steady_clock;
+    const auto start = clock::now();
+    const TrainConfig& c = trainer.config();
+    RunSummary summary;
+    summary.first_step = trainer.step();
+
+    std::ofstream metrics;
+    const fs::path checkpoint = options.out_dir / "checkpoint";
+    if (!options.out_dir.empty()) {
+        fs::create_directories(options.out_dir);
+        const fs::path file = options.out_dir / "metrics.jsonl";
+        rewrite_metrics_before(file, summary.first_step);
+        metrics.open(file, std::ios::app);
+        if (!metrics) throw std::runtime_error(file.string() + ": cannot write");
+    }
+    auto evaluate = [&] {
+        const EvalRecord e = trainer.evaluate();
+        summary.evals.push_back(e);
+        if (options.progress && options.progress_is_terminal) *options.progress << "\r\x1b[K" << std::flush;
+        if (options.log) {
+            char buf[128];
+            std::snprintf(buf, sizeof buf, "step %5lld: train loss %.4f, val loss %.4f\n",
+                          static_cast<long long>(e.step), e.train_loss, e.val_loss);
+            *options.log << buf << std::flush;
+        }
+        if (metrics.is_open()) {
+            metrics << json{{"step", e.step}, {"train_loss", e.train_loss}, {"val_loss", e.val_loss}}.dump()
+                    << "\n" << std::flush;
+        }
+        if (!options.out_dir.empty()) trainer.save(checkpoint);
+    };
+
+    ProgressLine progress(c.max_iters, static_cast<std::int64_t>(c.batch_size) * c.block_size);
+    while (!trainer.done()) {
+        if (trainer.step() % c.eval_interval == 0) evaluate();
+        const auto t0 = clock::now();
+        const StepRecord r = trainer.train_step();
+        const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+        summary.steps.push_back(r);
+        if (metrics.is_open()) {
+            metrics << json{{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
+                            {"ms", dt * 1e3}}.dump() << "\n";
+        }
+        if (options.progress) {
+            const bool show = options.progress_is_terminal || (r.step + 1) % options.progress_interval == 0;
+            const std::string line = progress.format(r.step, r.loss, r.lr);
+            if (show && options.progress_is_terminal) {
+                *options.progress << "\r\x1b[K" << line << std::flush;
+            } else if (show) {
+                *options.progress << line << "\n" << std::flush;
+            }
+        }
+        if (options.stop_requested && options.stop_requested() && !trainer.done()) {
+            if (options.progress && options.progress_is_terminal) *options.progress << "\n";
+            if (!options.out_dir.empty()) trainer.save(checkpoint);
+            summary.stopped = true;
+            break;
+        }
+    }
+    if (!summary.stopped) evaluate();
+    if (options.progress && options.progress_is_terminal) *options.progress << "\r\x1b[K" << std::flush;
+    summary.seconds = std::chrono::duration<double>(clock::now() - start).count();
+    return summary;
+}
+
+void plot_losses(const fs::path& path, const std::vector<StepRecord>& steps,
+                 const std::vector<EvalRecord>& evals, const std::string& title) {
+    PlotSeries per_step{"train loss (each step)", {}, {}}, train{"train loss (eval)", {}, {}},
+        val{"val loss (eval)", {}, {}};
+    for (const StepRecord& r : steps) {
+        per_step.x.push_back(static_cast<double>(r.step));
+        per_step.y.push_back(r.loss);
+    }
+    for (const EvalRecord& e : evals) {
+        train.x.push_back(static_cast<double>(e.step));
+        train.y.push_back(e.train_loss);
+        val.x.push_back(static_cast<double>(e.step));
+        val.y.push_back(e.val_loss);
+    }
+    line_plot_png(path, {per_step, train, val}, title, "step", "cross-entropy (nats)");
+}
+
+void read_metrics(const fs::path& path, std::vector<StepRecord>& steps,
+                  std::vector<EvalRecord>& evals) {
+    std::ifstream in(path);
+    if (!in) throw std::runtime_error(path.string() + ": cannot read");
+    steps.clear();
+    evals.clear();
+    for (std::string line; std::getline(in, line);) {
+        try {
+            const json j = json::parse(line);
+            if (j.contains("loss")) {
+                steps.push_back({j.at("step").get<std::int64_t>(), j.at("loss").get<float>(),
+                                 j.at("lr").get<double>(), j.at("grad_norm").get<float>()});
+            } else if (j.contains("val_loss")) {
+                evals.push_back({j.at("step").get<std::int64_t>(), j.at("train_loss").get<double>(),
+                                 j.at("val_loss").get<double>()});
+            }
+        } catch (const json::exception&) {
+            // a torn line of a killed run
+        }
+    }
+}
+
+float dump_gradients(Trainer& trainer, const fs::path& dir) {
+    if (trainer.step() != 0) {
+        throw std::invalid_argument("gradients are dumped for the first batch of a run, before any step");
+    }
+    const int B = trainer.config().batch_size, T = trainer.config().block_size;
+    std::vector<int> x, y;
+    trainer.first_batch(x, y);
+    GPT& model = trainer.model();
+    model.train(false);  // no dropout: PyTorch's model.eval() computes the same gradients
+    const float loss = model.forward(x.data(), y.data(), B, T);
+    model.zero_grad();
+    model.backward();
+    model.train(true);
+    write_directory_atomically(dir, [&](const fs::path& tmp) {
+        save_checkpoint(tmp / "weights", model, {trainer.data().vocab.chars(), 0});
+        const std::vector<std::size_t> bt{static_cast<std::size_t>(B), static_cast<std::size_t>(T)};
+        const std::vector<float> xf(x.begin(), x.end()), yf(y.begin(), y.end());
+        write_npy(tmp / "x.npy", bt, xf.data());
+        write_npy(tmp / "y.npy", bt, yf.data());
+        write_npy(tmp / "loss.npy", {1}, &loss);
+        fs::create_directory(tmp / "grad");
+        for (const ParameterInfo& p : model.parameter_table()) {
+            write_npy(tmp / "grad" / (p.name + ".npy"), p.shape, model.gradients().data() + p.offset);
+        }
+    });
+    model.zero_grad();
+    return loss;
+}
+
+}  // namespace attn

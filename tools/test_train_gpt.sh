@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Usage: test_train_gpt.sh TRAIN_GPT
+#
+# Feeds train_gpt bad flags and bad files and checks each answer: a non-zero exit status and
+# exactly one line on stderr (no usage dump, no stack of templates, no crash).
+set -u
+program=$1
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+printf 'the cat sat on the mat. %.0s' $(seq 200) > "$tmp/corpus.txt"
+: > "$tmp/empty.txt"
+printf 'abc\0def' > "$tmp/binary.txt"
+mkdir -p "$tmp/not_a_checkpoint"
+status=0
+expect_one_line() {  # DESCRIPTION ARGS...
+  local what=$1; shift
+  "$program" "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$? lines
+  lines=$(wc -l <"$tmp/err")
+  if [ $rc -eq 0 ] || [ $rc -ge 128 ] || [ "$lines" -ne 1 ]; then
+    echo "FAIL: $what: exit $rc, $lines lines on stderr:"; cat "$tmp/err"; status=1
+  else
+    echo "ok: $what: $(cat "$tmp/err")"
+  fi
+}
+tiny=(--recipe tiny --data "$tmp/corpus.txt" --out "$tmp/run")
+expect_one_line "an unknown flag" --frobnicate
+expect_one_line "an unknown recipe" --recipe huge
+expect_one_line "a negative step count" --max-iters -5
+expect_one_line "a step count that is not a number" --max-iters many
+expect_one_line "the CUDA device" --device cuda
+expect_one_line "a missing corpus" --data "$tmp/nowhere.txt"
+expect_one_line "an empty corpus" --data "$tmp/empty.txt"
+expect_one_line "a binary corpus" --data "$tmp/binary.txt"
+expect_one_line "resuming from nothing" "${tiny[@]}" --resume "$tmp/nowhere"
+expect_one_line "starting from a folder that holds no weights" "${tiny[@]}" --init "$tmp/not_a_checkpoint"
+expect_one_line "a temperature of zero" "${tiny[@]}" --max-iters 2 --sample 10 --temperature 0
+expect_one_line "a prompt outside the vocabulary" "${tiny[@]}" --max-iters 2 --sample 10 --prompt "QX"
+expect_one_line "top-k above the vocabulary size" "${tiny[@]}" --max-iters 2 --sample 10 --top-k 1000
+expect_one_line "a learning rate that makes the loss infinite" "${tiny[@]}" --learning-rate 1e30 --sample 0
+# A good run, then a checkpoint with a truncated tensor.
+if "$program" "${tiny[@]}" --max-iters 3 --sample 0 >/dev/null 2>&1; then
+  f=$(ls "$tmp/run/checkpoint"/transformer.wte.weight.npy)
+  head -c 100 "$f" > "$f.cut" && mv "$f.cut" "$f"
+  expect_one_line "a truncated weight file" "${tiny[@]}" --resume "$tmp/run"
+else
+  echo "FAIL: a 3-step tiny run failed"; status=1
+fi
+exit $status

@@ -1,0 +1,278 @@
+// train_gpt: trains the course's GPT on a character corpus on the CPU.
+//
+//   train_gpt                                  nanoGPT's CPU recipe on data/tinyshakespeare.txt
+//   train_gpt --recipe tiny --max-iters 50     a run of seconds
+//   train_gpt --resume out                     go on from out/checkpoint
+//   train_gpt --init DIR --dump-grads grads    one step's gradients, to compare with PyTorch
+//
+// Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
+// stderr and a non-zero exit status.
+#include "attn/checkpoint.hpp"
+#include "attn/data.hpp"
+#include "attn/run_control.hpp"
+#include "attn/trainer.hpp"
+
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <unistd.h>
+
+extern "C" int openblas_get_num_threads(void);
+
+using namespace attn;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int exit_error = 1, exit_usage = 2, exit_diverged = 3;
+
+struct Flags {
+    std::string recipe = "cpu";
+    std::string data;
+    fs::path out = "out";
+    fs::path resume, init, dump_grads;
+    std::optional<std::int64_t> max_iters, eval_interval, eval_iters;
+    std::optional<double> learning_rate;
+    std::optional<float> dropout;
+    std::optional<std::uint64_t> seed;
+    int sample = 500;
+    float temperature = 0.8f;
+    int top_k = 0;
+    std::string prompt;
+    std::string device = "cpu";
+    bool no_causal_mask = false;
+    int bench = 0;
+};
+
+// The corpus: --data, or tiny shakespeare where `./workbook data` puts it, or the fallback.
+fs::path find_corpus(const Flags& f) {
+    if (!f.data.empty()) return f.data;
+    for (const char* candidate : {"data/tinyshakespeare.txt", "data/fallback.txt",
+                                  "/usr/share/games/fortunes/fortunes"}) {
+        if (fs::exists(candidate)) {
+            if (std::string(candidate) != "data/tinyshakespeare.txt") {
+                std::cerr << "train_gpt: data/tinyshakespeare.txt not found (./workbook data gets it): "
+                             "training on "
+                          << candidate << " instead\n";
+            }
+            return candidate;
+        }
+    }
+    throw std::runtime_error("no corpus: data/tinyshakespeare.txt is missing (run ./workbook data) "
+                             "and no fallback corpus is installed; or pass --data FILE");
+}
+
+// A run folder (holding checkpoint/) or a checkpoint folder itself.
+fs::path checkpoint_of(const fs::path& dir) {
+    return fs::exists(dir / "checkpoint" / "trainer.json") ? dir / "checkpoint" : dir;
+}
+
+// A validator for counts: a whole number of at least `least`, with a message that says so.
+CLI::Validator whole_number_at_least(long long least) {
+    return CLI::Validator(
+        [least](std::string& value) -> std::string {
+            std::size_t used = 0;
+            long long n = 0;
+            try {
+                n = std::stoll(value, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != value.size() || used == 0 || n < least) {
+                return "expected a whole number of at least " + std::to_string(least) + ", got '" +
+                       value + "'";
+            }
+            return "";
+        },
+        "N");
+}
+
+int bench(Trainer& trainer, int steps) {
+    const TrainConfig& c = trainer.config();
+    for (int i = 0; i < 3; ++i) trainer.train_step();  // warm-up: first-touch allocations
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < steps; ++i) trainer.train_step();
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double ms = 1e3 * s / steps;
+    const double tokens = static_cast<double>(c.batch_size) * c.block_size * steps / s;
+    std::printf("bench: recipe %s (%d layers, %d heads, %d channels, B=%d, T=%d), %d steps, "
+                "%d BLAS threads: %.1f ms/step, %.0f tokens/s\n",
+                c.recipe.c_str(), c.n_layer, c.n_head, c.n_embd, c.batch_size, c.block_size, steps,
+                openblas_get_num_threads(), ms, tokens);
+    return 0;
+}
+
+int run(const Flags& f) {
+    if (f.device == "cuda") {
+        throw std::runtime_error("this build has no CUDA training backend yet: use --device cpu");
+    }
+    TrainConfig config = TrainConfig::named(f.recipe);
+    if (f.max_iters) {
+        config.max_iters = *f.max_iters;
+        config.lr_decay_iters = std::min(config.lr_decay_iters, *f.max_iters);
+        config.warmup_iters = std::min(config.warmup_iters, config.lr_decay_iters);
+    }
+    if (f.eval_interval) config.eval_interval = *f.eval_interval;
+    if (f.eval_iters) config.eval_iters = *f.eval_iters;
+    if (f.learning_rate) config.learning_rate = *f.learning_rate;
+    if (f.dropout) config.dropout = *f.dropout;
+    if (f.seed) config.seed = *f.seed;
+    if (f.no_causal_mask) config.causal = false;
+    config.validate();
+
+    const fs::path corpus = find_corpus(f);
+    const std::string text = read_corpus(corpus);
+    TextDataset data = make_dataset(text);
+
+    std::optional<Trainer> trainer;
+    fs::path out = f.out;
+    if (!f.resume.empty()) {
+        trainer.emplace(Trainer::load(checkpoint_of(f.resume), std::move(data)));
+        if (f.max_iters) trainer->set_max_iters(*f.max_iters);
+        if (checkpoint_of(f.resume) != f.resume) out = f.resume;
+        std::cerr << "train_gpt: resuming " << f.resume.string() << " at step " << trainer->step()
+                  << " of " << trainer->config().max_iters << "\n";
+    } else if (!f.init.empty()) {
+        CheckpointInfo info;
+        GPT model = load_checkpoint(f.init, &info);
+        if (!info.vocab.empty() && info.vocab != data.vocab.chars()) {
+            throw std::runtime_error(f.init.string() + ": its vocabulary (" +
+                                     std::to_string(model.config().vocab_size) +
+                                     " characters) is not the corpus's (" +
+                                     std::to_string(data.vocab.size()) + ")");
+        }
+        trainer.emplace(config, std::move(data), std::move(model));
+    } else {
+        trainer.emplace(config, std::move(data));
+    }
+    const TrainConfig& c = trainer->config();
+    if (f.sample > 0) {  // bad sampling flags fail now, not after the training they follow
+        Rng probe(0);
+        sample_token(std::vector<float>(trainer->data().vocab.size(), 0.0f), f.temperature, f.top_k, probe);
+        try {
+            trainer->data().vocab.encode(f.prompt);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(std::string("--prompt: ") + e.what());
+        }
+    }
+
+    if (!f.dump_grads.empty()) {
+        const float loss = dump_gradients(*trainer, f.dump_grads);
+        std::cout << "wrote the gradients of one step (loss " << loss << ", batch " << c.batch_size
+                  << " x " << c.block_size << ") to " << f.dump_grads.string() << "\n";
+        return 0;
+    }
+    if (f.bench > 0) return bench(*trainer, f.bench);
+
+    std::cout << "corpus " << corpus.string() << ": " << text.size() << " bytes, vocabulary "
+              << trainer->data().vocab.size() << ", " << trainer->data().train.size() << " train / "
+              << trainer->data().val.size() << " val tokens\n"
+              << "model: " << c.n_layer << " layers, " << c.n_head << " heads, " << c.n_embd
+              << " channels, block " << c.block_size << (c.causal ? ", " : ", NO causal mask, ")
+              << trainer->model().config().num_parameters() << " parameters; batch " << c.batch_size
+              << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
+
+    StopRequest stop;
+    RunOptions options;
+    options.out_dir = out;
+    options.log = &std::cout;
+    options.progress = &std::cerr;
+    options.progress_is_terminal = ::isatty(2);
+    options.stop_requested = [&stop] { return stop.requested(); };
+    const RunSummary summary = run_training(*trainer, options);
+    if (summary.stopped) {
+        std::cout << "stopped at step " << trainer->step() << ": checkpoint saved in "
+                  << (out / "checkpoint").string() << "; go on with --resume " << out.string() << "\n";
+        return 0;
+    }
+    std::vector<StepRecord> steps;
+    std::vector<EvalRecord> evals;
+    read_metrics(out / "metrics.jsonl", steps, evals);
+    plot_losses(out / "loss.png", steps, evals,
+                "GPT " + std::to_string(c.n_layer) + "x" + std::to_string(c.n_embd) + ", " +
+                    corpus.stem().string());
+    const EvalRecord& last = summary.evals.back();
+    std::printf("finished %lld steps in %s: train loss %.4f, val loss %.4f (best %.4f)\n",
+                static_cast<long long>(trainer->step()), format_duration(summary.seconds).c_str(),
+                last.train_loss, last.val_loss, trainer->best_val_loss());
+    std::cout << "checkpoint " << (out / "checkpoint").string() << ", metrics "
+              << (out / "metrics.jsonl").string() << ", loss curve " << (out / "loss.png").string()
+              << "\n";
+    if (f.sample > 0) {
+        SampleOptions s;
+        s.max_new_tokens = f.sample;
+        s.temperature = f.temperature;
+        s.top_k = f.top_k;
+        s.seed = c.seed;
+        const std::string sample = generate_text(trainer->model(), trainer->data().vocab, f.prompt, s);
+        std::ofstream(out / "sample.txt") << sample << "\n";
+        std::cout << "\n--- sample (temperature " << f.temperature << ", top-k " << f.top_k
+                  << ") ---\n" << sample << "\n";
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Flags f;
+    CLI::App app{"Trains the course's GPT on a character corpus on the CPU (nanoGPT's recipes)."};
+    auto* recipe = app.add_option("--recipe", f.recipe, "cpu (nanoGPT's CPU recipe, the default) or tiny (seconds)")
+        ->check(CLI::IsMember({"cpu", "tiny"}));
+    app.add_option("--data", f.data,
+                   "the corpus (default data/tinyshakespeare.txt, else data/fallback.txt)");
+    app.add_option("--out", f.out, "the run folder: checkpoint/, metrics.jsonl, loss.png, sample.txt");
+    auto* resume = app.add_option("--resume", f.resume, "go on from a run folder or checkpoint");
+    auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch)");
+    resume->excludes(init);
+    resume->excludes(recipe);  // a resumed run keeps its checkpoint's settings
+    app.add_option("--max-iters", f.max_iters, "steps in the run")->check(whole_number_at_least(1));
+    app.add_option("--eval-interval", f.eval_interval, "evaluate every N steps")->check(whole_number_at_least(1))
+        ->excludes(resume);
+    app.add_option("--eval-iters", f.eval_iters, "batches per split in an evaluation")->check(whole_number_at_least(1))
+        ->excludes(resume);
+    app.add_option("--learning-rate", f.learning_rate, "the peak learning rate")->check(CLI::NonNegativeNumber)
+        ->excludes(resume);
+    app.add_option("--dropout", f.dropout, "dropout probability while training")->check(CLI::Range(0.0, 0.99))
+        ->excludes(resume);
+    app.add_option("--seed", f.seed, "seeds the weights, batches, dropout and sampling")
+        ->excludes(resume);
+    app.add_flag("--no-causal-mask", f.no_causal_mask,
+                 "train without the causal mask: every position sees the future (lesson 08)")
+        ->excludes(resume)->excludes(init);
+    app.add_option("--dump-grads", f.dump_grads,
+                   "write one step's gradients on the first batch (and the weights and batch) and exit")
+        ->excludes(resume);
+    app.add_option("--sample", f.sample, "characters to generate at the end (0: none)")->check(whole_number_at_least(0));
+    app.add_option("--temperature", f.temperature, "sampling temperature (positive)");
+    app.add_option("--top-k", f.top_k, "sample from the k most likely characters (0: all)");
+    app.add_option("--prompt", f.prompt, "text the sample continues");
+    app.add_option("--device", f.device, "cpu, auto (= cpu) or cuda")->check(CLI::IsMember({"cpu", "auto", "cuda"}));
+    app.add_option("--bench", f.bench, "time N training steps (no evaluation, no files) and exit")
+        ->check(whole_number_at_least(1));
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::CallForHelp& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        std::cerr << "train_gpt: " << e.what() << " (see --help)\n";
+        return exit_usage;
+    }
+    try {
+        return run(f);
+    } catch (const TrainingDiverged& e) {
+        std::cout.flush();
+        std::cerr << "train_gpt: " << e.what() << "; the last checkpoint in "
+                  << (f.resume.empty() ? f.out : f.resume).string() << " is left as it was\n";
+        return exit_diverged;
+    } catch (const std::exception& e) {
+        std::cout.flush();
+        std::cerr << "train_gpt: error: " << e.what() << "\n";
+        return exit_error;
+    }
+}
