@@ -4,7 +4,7 @@
 #include "attn/gpt.hpp"
 #include "attn/gpt_layers.hpp"
 
-#include "gradcheck.hpp"
+#include "attn/gradcheck.hpp"
 
 #include <doctest/doctest.h>
 
@@ -13,9 +13,6 @@
 #include <unistd.h>
 
 using namespace attn;
-using attn::test::finite_difference;
-using attn::test::normal_vector;
-using attn::test::weighted_sum;
 
 TEST_CASE("unmasked attention's rows cover every position and its backward agrees with finite differences") {
     const int B = 2, T = 5, C = 8, NH = 2;
