@@ -1,9 +1,10 @@
-// train_gpt: trains the course's GPT on a character corpus on the CPU.
+// train_gpt: trains the course's GPT on a character corpus, on the CPU or a CUDA GPU.
 //
 //   train_gpt                                  nanoGPT's CPU recipe on data/tinyshakespeare.txt
 //   train_gpt --recipe tiny --max-iters 50     a run of seconds
 //   train_gpt --resume out                     go on from out/checkpoint
 //   train_gpt --init DIR --dump-grads grads    one step's gradients, to compare with PyTorch
+//   train_gpt --recipe shakespeare --device cuda   nanoGPT's GPU recipe
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
 // stderr and a non-zero exit status.
@@ -11,6 +12,10 @@
 #include "attn/data.hpp"
 #include "attn/run_control.hpp"
 #include "attn/trainer.hpp"
+#if ATTN_HAVE_CUDA
+#include "attn/cuda/device.hpp"
+#include "attn/cuda/training_device.hpp"
+#endif
 
 #include <CLI/CLI.hpp>
 
@@ -45,6 +50,7 @@ struct Flags {
     int top_k = 0;
     std::string prompt;
     std::string device = "cpu";
+    bool tf32 = false;
     bool no_causal_mask = false;
     int bench = 0;
 };
@@ -107,9 +113,37 @@ int bench(Trainer& trainer, int steps) {
     return 0;
 }
 
+// --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one).
+void choose_device(Trainer& trainer, const Flags& f) {
+    if (f.device == "cpu") return;
+#if ATTN_HAVE_CUDA
+    std::string why;
+    if (cuda::device_available(&why)) {
+        trainer.use_device(cuda::make_training_device(trainer.model(), f.tf32));
+        std::cout << "device: " << trainer.device()->name() << (f.tf32 ? ", TF32 matmuls" : "") << "\n";
+        return;
+    }
+    if (f.device == "cuda") throw std::runtime_error("--device cuda: no usable CUDA device (" + why + ")");
+    std::cerr << "train_gpt: --device auto: no usable CUDA device (" << why << "); training on the CPU\n";
+#else
+    if (f.device == "cuda")
+        throw std::runtime_error("--device cuda: this build has no CUDA (nvcc was not found when it "
+                                 "was configured)");
+    std::cerr << "train_gpt: --device auto: this build has no CUDA; training on the CPU\n";
+#endif
+}
+
 int run(const Flags& f) {
-    if (f.device == "cuda") {
-        throw std::runtime_error("this build has no CUDA training backend yet: use --device cpu");
+    if (f.tf32 && f.device == "cpu") throw std::invalid_argument("--tf32 needs --device cuda or auto");
+    if (f.device == "cuda") {  // fail before any work when the GPU cannot be had
+#if ATTN_HAVE_CUDA
+        std::string why;
+        if (!cuda::device_available(&why))
+            throw std::runtime_error("--device cuda: no usable CUDA device (" + why + ")");
+#else
+        throw std::runtime_error("--device cuda: this build has no CUDA (nvcc was not found when "
+                                 "it was configured)");
+#endif
     }
     TrainConfig config = TrainConfig::named(f.recipe);
     if (f.max_iters) {
@@ -167,6 +201,7 @@ int run(const Flags& f) {
                   << " x " << c.block_size << ") to " << f.dump_grads.string() << "\n";
         return 0;
     }
+    choose_device(*trainer, f);
     if (f.bench > 0) return bench(*trainer, f.bench);
 
     std::cout << "corpus " << corpus.string() << ": " << text.size() << " bytes, vocabulary "
@@ -221,9 +256,11 @@ int run(const Flags& f) {
 
 int main(int argc, char** argv) {
     Flags f;
-    CLI::App app{"Trains the course's GPT on a character corpus on the CPU (nanoGPT's recipes)."};
-    auto* recipe = app.add_option("--recipe", f.recipe, "cpu (nanoGPT's CPU recipe, the default) or tiny (seconds)")
-        ->check(CLI::IsMember({"cpu", "tiny"}));
+    CLI::App app{"Trains the course's GPT on a character corpus, on the CPU or a CUDA GPU (nanoGPT's recipes)."};
+    auto* recipe = app.add_option("--recipe", f.recipe,
+                                  "cpu (nanoGPT's CPU recipe, the default), tiny (seconds) or "
+                                  "shakespeare (nanoGPT's train_shakespeare_char, for a GPU)")
+        ->check(CLI::IsMember({"cpu", "tiny", "shakespeare"}));
     app.add_option("--data", f.data,
                    "the corpus (default data/tinyshakespeare.txt, else data/fallback.txt)");
     app.add_option("--out", f.out, "the run folder: checkpoint/, metrics.jsonl, loss.png, sample.txt");
@@ -252,7 +289,9 @@ int main(int argc, char** argv) {
     app.add_option("--temperature", f.temperature, "sampling temperature (positive)");
     app.add_option("--top-k", f.top_k, "sample from the k most likely characters (0: all)");
     app.add_option("--prompt", f.prompt, "text the sample continues");
-    app.add_option("--device", f.device, "cpu, auto (= cpu) or cuda")->check(CLI::IsMember({"cpu", "auto", "cuda"}));
+    app.add_option("--device", f.device, "cpu (the default), cuda, or auto (the GPU when there is one)")
+        ->check(CLI::IsMember({"cpu", "auto", "cuda"}));
+    app.add_flag("--tf32", f.tf32, "on the GPU, let the matrix products use TF32 (faster, less exact)");
     app.add_option("--bench", f.bench, "time N training steps (no evaluation, no files) and exit")
         ->check(whole_number_at_least(1));
     try {

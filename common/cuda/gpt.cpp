@@ -374,6 +374,11 @@ float CudaGPT::loss() {
     return value;
 }
 
+void CudaGPT::seed_dropout(std::uint64_t seed) {
+    impl_->seed = seed;
+    impl_->forward_calls = 0;
+}
+
 void CudaGPT::zero_grad() { zero_async(impl_->grads, num_parameters_, impl_->stream); }
 
 void CudaGPT::backward() {

@@ -42,7 +42,24 @@ TrainConfig TrainConfig::named(const std::string& recipe) {
         c.eval_iters = 5;
         return c;
     }
-    throw std::invalid_argument("unknown recipe '" + recipe + "' (the recipes are: cpu, tiny)");
+    if (recipe == "shakespeare") {
+        // nanoGPT's config/train_shakespeare_char.py, the GPU recipe (best val loss 1.4697).
+        c.recipe = "shakespeare";
+        c.n_layer = 6;
+        c.n_head = 6;
+        c.n_embd = 384;
+        c.block_size = 256;
+        c.batch_size = 64;
+        c.dropout = 0.2f;
+        c.max_iters = 5000;
+        c.lr_decay_iters = 5000;
+        c.warmup_iters = 100;
+        c.eval_interval = 250;
+        c.eval_iters = 200;
+        return c;
+    }
+    throw std::invalid_argument("unknown recipe '" + recipe +
+                                "' (the recipes are: cpu, tiny, shakespeare)");
 }
 
 void TrainConfig::validate() const {
@@ -252,29 +269,55 @@ StepRecord Trainer::train_step() {
     sample_batch(data_.train, static_cast<std::size_t>(B), static_cast<std::size_t>(T),
                  batch_rng_, x_, y_);
     // Dropout masks depend on the seed and the step only, so a resumed run draws the same ones.
-    model_.seed_dropout(config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step_));
-    model_.train(true);
-    r.loss = model_.forward(x_.data(), y_.data(), B, T);
+    const std::uint64_t dropout_seed =
+        config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step_);
+    if (device_) {
+        r.loss = device_->loss(x_.data(), y_.data(), B, T, true, dropout_seed);
+    } else {
+        model_.seed_dropout(dropout_seed);
+        model_.train(true);
+        r.loss = model_.forward(x_.data(), y_.data(), B, T);
+    }
     if (!std::isfinite(r.loss)) {
         batch_rng_ = rng_before;
         throw TrainingDiverged("the loss became " + describe(r.loss) + " at step " +
                                std::to_string(step_) + ": training stopped (a learning rate of " +
                                std::to_string(r.lr) + " may be too large)");
     }
-    model_.zero_grad();
-    model_.backward();
-    r.grad_norm = config_.grad_clip > 0 ? clip_grad_norm(model_, config_.grad_clip)
-                                        : clip_grad_norm(model_, std::numeric_limits<float>::infinity());
+    const float max_norm = config_.grad_clip > 0 ? config_.grad_clip
+                                                 : std::numeric_limits<float>::infinity();
+    if (device_) {
+        r.grad_norm = device_->backward_and_clip(max_norm);
+    } else {
+        model_.zero_grad();
+        model_.backward();
+        r.grad_norm = clip_grad_norm(model_, max_norm);
+    }
     if (!std::isfinite(r.grad_norm)) {
         batch_rng_ = rng_before;
         throw TrainingDiverged("the gradient norm became " + describe(r.grad_norm) +
                                " at step " + std::to_string(step_) + ": training stopped");
     }
-    optimizer_.step(model_, static_cast<float>(r.lr));
+    if (device_) {
+        device_->adamw_step(optimizer_, static_cast<float>(r.lr));
+        host_stale_ = true;
+    } else {
+        optimizer_.step(model_, static_cast<float>(r.lr));
+    }
     ++step_;
     return r;
 }
-//! [train_step]
+
+void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
+    sync_from_device();
+    device_ = std::move(device);
+    if (device_) device_->push(model_, optimizer_);
+}
+
+void Trainer::sync_from_device() {
+    if (device_ && host_stale_) device_->pull(model_, optimizer_);
+    host_stale_ = false;
+}
 
 EvalRecord Trainer::evaluate() {
     const int B = config_.batch_size, T = config_.block_size;
@@ -288,7 +331,8 @@ EvalRecord Trainer::evaluate() {
         double sum = 0.0;
         for (std::int64_t i = 0; i < config_.eval_iters; ++i) {
             sample_batch(data, static_cast<std::size_t>(B), static_cast<std::size_t>(T), rng, x, y);
-            sum += model_.forward(x.data(), y.data(), B, T);
+            sum += device_ ? device_->loss(x.data(), y.data(), B, T, false, 0)
+                           : model_.forward(x.data(), y.data(), B, T);
         }
         (split == 0 ? e.train_loss : e.val_loss) = sum / static_cast<double>(config_.eval_iters);
     }
@@ -297,7 +341,8 @@ EvalRecord Trainer::evaluate() {
     return e;
 }
 
-void Trainer::save(const fs::path& dir) const {
+void Trainer::save(const fs::path& dir) {
+    sync_from_device();
     write_directory_atomically(dir, [&](const fs::path& tmp) {
         save_checkpoint(tmp, model_, {data_.vocab.chars(), step_});
         fs::create_directory(tmp / "optimizer");

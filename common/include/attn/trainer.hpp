@@ -20,6 +20,7 @@
 #include <iosfwd>
 #include <optional>
 #include <stdexcept>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,35 @@ public:
 };
 
 /// The model, its optimizer, the data and the position in the run.
+/// A device that runs the training step in place of the CPU, such as a CUDA GPU.
+///
+/// The Trainer keeps the model and optimizer on the host as the reference copy: it pushes
+/// them to the device when the device is attached and pulls them back before a checkpoint
+/// or sampling, so checkpoints are the same files whichever device trained.
+class TrainingDevice {
+public:
+    virtual ~TrainingDevice() = default;
+    /// A one-line description, e.g. the GPU's name.
+    virtual std::string name() const = 0;
+    /// Copies the host model's parameters and the optimizer's moments to the device.
+    /// @param model the host model @param optimizer its optimizer (empty moments = zero)
+    virtual void push(const GPT& model, const AdamW& optimizer) = 0;
+    /// Copies the device's parameters and moments back into the host model and optimizer.
+    /// @param model the host model @param optimizer its optimizer
+    virtual void pull(GPT& model, AdamW& optimizer) = 0;
+    /// The forward pass with targets. @param x (B·T) inputs @param y (B·T) targets
+    /// @param B batch @param T time @param training dropout on or off
+    /// @param dropout_seed seeds this pass's dropout masks @return the mean loss
+    virtual float loss(const int* x, const int* y, int B, int T, bool training,
+                       std::uint64_t dropout_seed) = 0;
+    /// The backward pass of the last loss() call and the gradient clipping.
+    /// @param max_norm the clipping norm @return the gradient norm before clipping
+    virtual float backward_and_clip(float max_norm) = 0;
+    /// One AdamW update with the gradients of the last backward_and_clip() call.
+    /// @param optimizer the hyper-parameters (its step count advances) @param lr the rate
+    virtual void adamw_step(AdamW& optimizer, float lr) = 0;
+};
+
 class Trainer {
 public:
     /// A fresh run: a model initialised from config.seed.
@@ -109,9 +139,10 @@ public:
     /// @throws CheckpointError for a missing, incomplete or inconsistent checkpoint
     static Trainer load(const std::filesystem::path& dir, TextDataset data);
 
-    /// Writes a checkpoint atomically (the old one stays until the new one is complete).
+    /// Writes a checkpoint atomically (the old one stays until the new one is complete),
+    /// first bringing the host copy up to date when a device is training.
     /// @param dir the checkpoint directory to create or replace
-    void save(const std::filesystem::path& dir) const;
+    void save(const std::filesystem::path& dir);
 
     /// One step: a batch from the training split, forward, backward, clipping, AdamW.
     /// @return the step's numbers
@@ -141,9 +172,22 @@ public:
     /// @param max_iters the new total, at least 1
     void set_max_iters(std::int64_t max_iters);
     const TextDataset& data() const { return data_; }           ///< the corpus
-    GPT& model() { return model_; }                             ///< the model
+    /// The host model, first brought up to date when a device is training.
+    GPT& model() {
+        sync_from_device();
+        return model_;
+    }
     const GPT& model() const { return model_; }                 ///< the model, read-only
     const AdamW& optimizer() const { return optimizer_; }       ///< AdamW and its moments
+
+    /// Runs the steps and evaluations on `device` from now on (nullptr: back to the CPU).
+    /// @param device the device; the host model and optimizer are pushed to it
+    void use_device(std::unique_ptr<TrainingDevice> device);
+    /// The device in use, or nullptr on the CPU.
+    const TrainingDevice* device() const { return device_.get(); }
+    /// Brings the host model and optimizer up to date with the device (no-op on the CPU).
+    /// save() does this itself; call it before reading model() after device steps.
+    void sync_from_device();
 
 private:
     void finish_setup(bool from_weights);
@@ -156,6 +200,8 @@ private:
     std::int64_t step_ = 0;
     double best_val_loss_;
     std::vector<int> x_, y_;  // (B·T) the current batch
+    std::unique_ptr<TrainingDevice> device_;
+    bool host_stale_ = false;  // the device has taken steps the host model has not seen
 };
 
 /// How to sample text from a model.

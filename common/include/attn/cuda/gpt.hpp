@@ -96,6 +96,10 @@ public:
 
     /// Switches dropout on (training) or off (evaluation). @param on true for training
     void train(bool on = true) { training_ = on; }
+    /// Reseeds the dropout masks: the masks of the following passes depend only on `seed`
+    /// and their order since this call, so a resumed run draws the same ones.
+    /// @param seed the new seed
+    void seed_dropout(std::uint64_t seed);
     /// Whether dropout is applied. @return the mode
     bool training() const { return training_; }
 
