@@ -271,13 +271,9 @@ StepRecord Trainer::train_step() {
     // Dropout masks depend on the seed and the step only, so a resumed run draws the same ones.
     const std::uint64_t dropout_seed =
         config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step_);
-    if (device_) {
-        r.loss = device_->loss(x_.data(), y_.data(), B, T, true, dropout_seed);
-    } else {
-        model_.seed_dropout(dropout_seed);
-        model_.train(true);
-        r.loss = model_.forward(x_.data(), y_.data(), B, T);
-    }
+    // Each stage runs on the GPU when one is attached (lesson 12), else here on the CPU.
+    r.loss = device_ ? device_->loss(x_.data(), y_.data(), B, T, true, dropout_seed)
+                     : cpu_loss(dropout_seed);
     if (!std::isfinite(r.loss)) {
         batch_rng_ = rng_before;
         throw TrainingDiverged("the loss became " + describe(r.loss) + " at step " +
@@ -286,13 +282,7 @@ StepRecord Trainer::train_step() {
     }
     const float max_norm = config_.grad_clip > 0 ? config_.grad_clip
                                                  : std::numeric_limits<float>::infinity();
-    if (device_) {
-        r.grad_norm = device_->backward_and_clip(max_norm);
-    } else {
-        model_.zero_grad();
-        model_.backward();
-        r.grad_norm = clip_grad_norm(model_, max_norm);
-    }
+    r.grad_norm = device_ ? device_->backward_and_clip(max_norm) : cpu_backward_and_clip(max_norm);
     if (!std::isfinite(r.grad_norm)) {
         batch_rng_ = rng_before;
         throw TrainingDiverged("the gradient norm became " + describe(r.grad_norm) +
@@ -302,11 +292,26 @@ StepRecord Trainer::train_step() {
         device_->adamw_step(optimizer_, static_cast<float>(r.lr));
         host_stale_ = true;
     } else {
-        optimizer_.step(model_, static_cast<float>(r.lr));
+        cpu_adamw_step(static_cast<float>(r.lr));
     }
     ++step_;
     return r;
 }
+//! [train_step]
+
+float Trainer::cpu_loss(std::uint64_t dropout_seed) {
+    model_.seed_dropout(dropout_seed);
+    model_.train(true);
+    return model_.forward(x_.data(), y_.data(), config_.batch_size, config_.block_size);
+}
+
+float Trainer::cpu_backward_and_clip(float max_norm) {
+    model_.zero_grad();
+    model_.backward();
+    return clip_grad_norm(model_, max_norm);
+}
+
+void Trainer::cpu_adamw_step(float lr) { optimizer_.step(model_, lr); }
 
 void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
     sync_from_device();

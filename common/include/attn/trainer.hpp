@@ -90,7 +90,6 @@ public:
     using std::runtime_error::runtime_error;
 };
 
-/// The model, its optimizer, the data and the position in the run.
 /// A device that runs the training step in place of the CPU, such as a CUDA GPU.
 ///
 /// The Trainer keeps the model and optimizer on the host as the reference copy: it pushes
@@ -120,6 +119,7 @@ public:
     virtual void adamw_step(AdamW& optimizer, float lr) = 0;
 };
 
+/// The model, its optimizer, the data and the position in the run.
 class Trainer {
 public:
     /// A fresh run: a model initialised from config.seed.
@@ -191,6 +191,9 @@ public:
 
 private:
     void finish_setup(bool from_weights);
+    float cpu_loss(std::uint64_t dropout_seed);  // forward on the host model
+    float cpu_backward_and_clip(float max_norm);
+    void cpu_adamw_step(float lr);
 
     TrainConfig config_;
     TextDataset data_;
