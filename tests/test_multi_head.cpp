@@ -95,3 +95,9 @@ TEST_CASE("entropy is 0 for one-hot rows and ln n for uniform rows and 0 ln 0 co
     Tensor4 bad = {{{{0.5f, 0.6f}}}};
     CHECK_THROWS_AS(attention_entropy(bad), std::invalid_argument);
 }
+
+TEST_CASE("an entropy bar is filled in proportion to the maximum") {
+    CHECK(entropy_bar(1.0, 2.0, 4) == "██··");
+    CHECK(entropy_bar(3.0, 2.0, 2) == "██");  // clamped
+    CHECK(entropy_bar(0.0, 2.0, 2) == "··");
+}

@@ -2,6 +2,7 @@
 
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -45,6 +46,15 @@ double uniform_causal_entropy(std::size_t T) {
     double total = 0.0;
     for (std::size_t i = 0; i < T; ++i) total += std::log(static_cast<double>(i + 1));
     return T == 0 ? 0.0 : total / static_cast<double>(T);
+}
+
+std::string entropy_bar(double value, double maximum, std::size_t width) {
+    require(maximum > 0.0, "entropy_bar: the maximum must be positive");
+    const double share = std::clamp(value / maximum, 0.0, 1.0);
+    const auto filled = static_cast<std::size_t>(std::lround(share * static_cast<double>(width)));
+    std::string s;
+    for (std::size_t i = 0; i < width; ++i) s += i < filled ? "█" : "·";
+    return s;
 }
 
 }  // namespace attn

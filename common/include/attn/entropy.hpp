@@ -4,6 +4,9 @@
 
 #include "attn/tensor.hpp"
 
+#include <cstddef>
+#include <string>
+
 namespace attn {
 
 /// The entropy \f$H(p) = -\sum_j p_j \ln p_j\f$ (in nats) of every row of attention weights,
@@ -28,5 +31,13 @@ Tensor1 mean_entropy_per_head(const Tensor4& weights);
 /// evenly over all the keys it may see: the mean of ln(i + 1) over positions i = 0..T−1.
 /// No causal head can have a larger mean entropy.
 double uniform_causal_entropy(std::size_t T);
+
+/// A text bar for an entropy next to its largest possible value: `width` cells, the first
+/// round(width · value / maximum) of them filled (`█`), the rest dotted (`·`).
+///
+/// @param value    the entropy to draw, clamped to [0, maximum]
+/// @param maximum  the entropy of a full bar, e.g. uniform_causal_entropy(T); positive
+/// @param width    the number of cells
+std::string entropy_bar(double value, double maximum, std::size_t width = 30);
 
 }  // namespace attn
