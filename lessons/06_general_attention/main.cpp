@@ -79,13 +79,15 @@ int main(int argc, char** argv) {
         std::printf("largest |row sum - 1| = %.2g\n", worst_row_sum_error(w4));
         if (!options.figures.empty()) {
             heatmap_png(options.figures / "lesson06_causal.png", head0, tokens, tokens,
-                        "causal attention, batch item 0, head 0");
+                        "causal, batch 0, head 0");
         }
 
         print_heading("Broadcasting a mask: hide the last two keys of sequence 1 only");
         //! [padding]
-        Mask<4> padding = xt::ones<bool>({B, std::size_t{1}, std::size_t{1}, T});  // (B, 1, 1, T_k)
-        xt::view(padding, 1, 0, 0, xt::range(T - 2, T)) = false;  // sequence 1 is 4 tokens long
+        const std::size_t one = 1;
+        Mask<4> padding = xt::ones<bool>({B, one, one, T});  // (B, 1, 1, T_k)
+        // Sequence 1 is only 4 tokens long: hide keys 4 and 5 from all its heads and queries.
+        xt::view(padding, 1, 0, 0, xt::range(T - 2, T)) = false;
         Tensor4 w_padded;
         scaled_dot_product_attention(q4, k4, v4, padding, &w_padded);
         //! [padding]
@@ -101,10 +103,11 @@ int main(int argc, char** argv) {
         float largest = 0.0f;
         for (std::size_t b = 0; b < B; ++b) {
             for (std::size_t h = 0; h < NH; ++h) {
-                Tensor2 one = scaled_dot_product_attention(
+                Tensor2 single = scaled_dot_product_attention(
                     Tensor2(xt::view(q4, b, h)), Tensor2(xt::view(k4, b, h)),
-                    Tensor2(xt::view(v4, b, h)), causal);  // (T, hs), no batch axis at all
-                largest = std::max(largest, xt::amax(xt::abs(one - xt::view(out4, b, h)))());
+                    Tensor2(xt::view(v4, b, h)), causal);  // (T, hs): no batch axis
+                Tensor2 diff = xt::abs(single - xt::view(out4, b, h));
+                largest = std::max(largest, xt::amax(diff)());
             }
         }
         //! [loop]

@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
         print_heading("(a) Remove the scaling: 4 heads of size 64");
         //! [unscaled]
         constexpr std::size_t NH = 4, hs = 64;
-        Tensor4 q = rng.normal_tensor<4>({1, NH, T, hs});  // unit-variance queries and keys
+        Tensor4 q = rng.normal_tensor<4>({1, NH, T, hs});  // unit-variance entries
         Tensor4 k = rng.normal_tensor<4>({1, NH, T, hs});
         Tensor4 v = rng.normal_tensor<4>({1, NH, T, hs});
         Tensor4 w_scaled, w_unscaled;  // (1, NH, T, T)
@@ -106,14 +106,16 @@ int main(int argc, char** argv) {
                     "   hs   raw score std   entropy scaled   entropy unscaled\n");
         //! [sizes]
         for (std::size_t size : {4, 16, 64, 256}) {
-            Tensor4 qs = rng.normal_tensor<4>({1, NH, T, size}), ks = rng.normal_tensor<4>({1, NH, T, size});
+            Tensor4 qs = rng.normal_tensor<4>({1, NH, T, size});
+            Tensor4 ks = rng.normal_tensor<4>({1, NH, T, size});
             Tensor4 vs = rng.normal_tensor<4>({1, NH, T, size});
             Tensor4 ws, wu;
             scaled_dot_product_attention(qs, ks, vs, causal_mask(T), &ws);
             scaled_dot_product_attention(qs, ks, vs, causal_mask(T), &wu, 1.0f);
-            std::printf("  %3zu   %13.2f   %14.3f   %16.3f\n", size, spread(raw_scores(qs, ks)).first,
-                        static_cast<double>(xt::mean(mean_entropy_per_head(ws))()),
-                        static_cast<double>(xt::mean(mean_entropy_per_head(wu))()));
+            const double h_s = xt::mean(mean_entropy_per_head(ws))();
+            const double h_u = xt::mean(mean_entropy_per_head(wu))();
+            std::printf("  %3zu   %13.2f   %14.3f   %16.3f\n", size,
+                        spread(raw_scores(qs, ks)).first, h_s, h_u);
         }
         //! [sizes]
 
@@ -122,8 +124,9 @@ int main(int argc, char** argv) {
         constexpr std::size_t C = 32;
         Tensor3 x = rng.normal_tensor<3>({1, T, C});  // (B, T, C)
         const float std_w = 1.0f / std::sqrt(static_cast<float>(C));
-        MultiHeadAttention masked(Linear(rng.normal_tensor<2>({3 * C, C}, 0.0f, std_w)),
-                                  Linear(rng.normal_tensor<2>({C, C}, 0.0f, std_w)), 4);
+        Linear c_attn(rng.normal_tensor<2>({3 * C, C}, 0.0f, std_w));  // (3C, C)
+        Linear c_proj(rng.normal_tensor<2>({C, C}, 0.0f, std_w));      // (C, C)
+        MultiHeadAttention masked(c_attn, c_proj, 4);
         MultiHeadAttention unmasked = masked;  // the same weights
         unmasked.causal = false;               // the only difference
         //! [setup_mask]
@@ -156,7 +159,9 @@ int main(int argc, char** argv) {
         xt::view(x_changed, 0, 5) = rng.normal_tensor<1>({C});  // a different token 5
         const Tensor3 y_masked_changed = masked.forward(x_changed);
         const Tensor3 y_unmasked_changed = unmasked.forward(x_changed);
-        const auto earlier = [](const Tensor3& y) { return Tensor2(xt::view(y, 0, xt::range(0, 5))); };
+        const auto earlier = [](const Tensor3& y) {  // positions 0..4: (5, C)
+            return Tensor2(xt::view(y, 0, xt::range(0, 5)));
+        };
         //! [leak]
         std::printf("with the mask:    largest change at positions 0..4 = %g, bit-identical: %s\n",
                     static_cast<double>(xt::amax(xt::abs(earlier(y_masked_changed) - earlier(y_masked)))()),
