@@ -1,0 +1,129 @@
+// Checks for exercise 06: scaled dot-product attention over any batch axes, with a mask.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/npy.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <string>
+
+using attn::Tensor2;
+using attn::Tensor3;
+using attn::Tensor4;
+using exercise::attention;
+
+namespace {
+const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "sdpa";
+
+// One fixture written by tools/reference/make_attention_fixtures.py from PyTorch.
+template <std::size_t N>
+void check_fixture(const std::string& name, bool has_mask) {
+    CAPTURE(name);
+    const attn::Tensor<N> q = attn::load_npy<N>(fixtures / (name + "_q.npy"));
+    const attn::Tensor<N> k = attn::load_npy<N>(fixtures / (name + "_k.npy"));
+    const attn::Tensor<N> v = attn::load_npy<N>(fixtures / (name + "_v.npy"));
+    attn::Mask<2> mask;
+    if (has_mask) mask = xt::not_equal(attn::load_npy<2>(fixtures / (name + "_mask.npy")), 0.0f);
+    const auto got = attention<N>(q, k, v, has_mask ? &mask : nullptr);
+    // The reference is float64 rounded to float32: float32 sums over d_k ≤ 8 and T_k ≤ 6
+    // terms of O(1) numbers stay a few ulps away, well inside 1e-6.
+    CHECK_CLOSE(got.out, attn::load_npy<N>(fixtures / (name + "_out.npy")), 1e-6);
+    CHECK_CLOSE(got.weights, attn::load_npy<N>(fixtures / (name + "_weights.npy")), 1e-6);
+}
+}  // namespace
+
+TEST_CASE("a small example matches values worked by hand") {
+    // Scores q·k/√4 are 1 and 0: weights e/(e+1) and 1/(e+1) blend the two values.
+    Tensor2 q = {{2, 0, 0, 0}};
+    Tensor2 k = {{1, 0, 0, 0}, {0, 1, 0, 0}};
+    Tensor2 v = {{10, 0}, {0, 10}};
+    const auto got = attention<2>(q, k, v);
+    const double e = std::exp(1.0);
+    const float w0 = static_cast<float>(e / (e + 1)), w1 = static_cast<float>(1 / (e + 1));
+    CHECK_CLOSE(got.weights, Tensor2({{w0, w1}}), 1e-6);
+    CHECK_CLOSE(got.out, Tensor2({{10 * w0, 10 * w1}}), 1e-5);  // a few ulps of 10
+}
+
+TEST_CASE("matches PyTorch with one batch axis and T_q != T_k") {
+    check_fixture<3>("d3_tq_ne_tk", false);
+    check_fixture<3>("d3_causal", true);
+}
+
+TEST_CASE("matches PyTorch with no batch axis") { check_fixture<2>("d2_plain", false); }
+
+TEST_CASE("matches PyTorch with two batch axes and a mask") {
+    check_fixture<4>("d4_plain", false);
+    check_fixture<4>("d4_mask", true);
+}
+
+TEST_CASE("matches PyTorch with three batch axes") {
+    check_fixture<5>("d5_plain", false);
+    check_fixture<5>("d5_causal", true);
+}
+
+TEST_CASE("hidden keys get exactly 0 and the allowed weights of each row sum to 1") {
+    attn::Rng rng(61);
+    Tensor4 q = rng.normal_tensor<4>({2, 3, 5, 8}), k = rng.normal_tensor<4>({2, 3, 7, 8}),
+            v = rng.normal_tensor<4>({2, 3, 7, 4});
+    attn::Mask<2> mask = rng.uniform_tensor<2>({5, 7}, 0.0f, 1.0f) < 0.5f;
+    for (std::size_t i = 0; i < 5; ++i) mask(i, i) = true;  // every query may see some key
+    const auto got = attention<4>(q, k, v, &mask);
+    REQUIRE(attn::shape_of(got.weights) == "(2, 3, 5, 7)");
+    for (std::size_t b = 0; b < 2; ++b)
+        for (std::size_t h = 0; h < 3; ++h)
+            for (std::size_t i = 0; i < 5; ++i) {
+                CAPTURE(b);
+                CAPTURE(h);
+                CAPTURE(i);
+                double sum = 0.0;
+                for (std::size_t j = 0; j < 7; ++j) {
+                    if (!mask(i, j)) CHECK(got.weights(b, h, i, j) == 0.0f);
+                    sum += got.weights(b, h, i, j);
+                }
+                CHECK(std::fabs(sum - 1.0) < 1e-6);  // 7 float32 weights: a few ulps of 1
+            }
+}
+
+TEST_CASE("every batch index is attended on its own") {
+    attn::Rng rng(62);
+    Tensor4 q = rng.normal_tensor<4>({2, 2, 4, 6}), k = rng.normal_tensor<4>({2, 2, 5, 6}),
+            v = rng.normal_tensor<4>({2, 2, 5, 3});
+    const auto all = attention<4>(q, k, v);
+    REQUIRE(attn::shape_of(all.out) == "(2, 2, 4, 3)");
+    for (std::size_t b = 0; b < 2; ++b)
+        for (std::size_t h = 0; h < 2; ++h) {
+            CAPTURE(b);
+            CAPTURE(h);
+            const auto one = attention<2>(Tensor2(xt::view(q, b, h)), Tensor2(xt::view(k, b, h)),
+                                          Tensor2(xt::view(v, b, h)));
+            CHECK_CLOSE(xt::view(all.out, b, h), one.out, 1e-6);  // same sums, same order
+        }
+}
+
+TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
+    attn::Rng rng(63);
+    Tensor3 q = rng.normal_tensor<3>({2, 4, 8}), k = rng.normal_tensor<3>({2, 5, 8}),
+            v = rng.normal_tensor<3>({2, 5, 3});
+    SUBCASE("d_k of queries and keys differs") {
+        CHECK_THROWS_AS(attention<3>(q, rng.normal_tensor<3>({2, 5, 6}), v), std::invalid_argument);
+    }
+    SUBCASE("T_k of keys and values differs") {
+        CHECK_THROWS_AS(attention<3>(q, k, rng.normal_tensor<3>({2, 4, 3})), std::invalid_argument);
+    }
+    SUBCASE("the batch axes differ") {
+        CHECK_THROWS_AS(attention<3>(rng.normal_tensor<3>({3, 4, 8}), k, v), std::invalid_argument);
+    }
+    SUBCASE("a mask of the wrong shape") {
+        attn::Mask<2> mask = xt::ones<bool>({4, 4});
+        CHECK_THROWS_AS(attention<3>(q, k, v, &mask), std::invalid_argument);
+    }
+    SUBCASE("a mask that leaves a query nothing to attend to") {
+        attn::Mask<2> mask = xt::ones<bool>({4, 5});
+        xt::row(mask, 2) = false;
+        CHECK_THROWS_AS(attention<3>(q, k, v, &mask), std::invalid_argument);
+    }
+}

@@ -1,0 +1,105 @@
+// Checks for exercise 07: splitting into heads, merging them, and the multi-head forward pass.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/linalg.hpp"
+#include "attn/npy.hpp"
+#include "attn/random.hpp"
+#include "attn/sdpa.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+using attn::Tensor2;
+using attn::Tensor3;
+using attn::Tensor4;
+using exercise::merge_heads;
+using exercise::multi_head_attention;
+using exercise::split_heads;
+
+TEST_CASE("split_heads gives head h the channels h*hs to (h+1)*hs") {
+    // One sequence of two tokens, C = 4, two heads of hs = 2.
+    Tensor3 x = {{{1, 2, 3, 4}, {5, 6, 7, 8}}};
+    CHECK_CLOSE(split_heads(x, 2), Tensor4({{{{1, 2}, {5, 6}}, {{3, 4}, {7, 8}}}}), 0.0);
+    CHECK_CLOSE(split_heads(x, 1), Tensor4({{{{1, 2, 3, 4}, {5, 6, 7, 8}}}}), 0.0);
+}
+
+TEST_CASE("merge_heads undoes split_heads") {
+    attn::Rng rng(71);
+    Tensor3 x = rng.normal_tensor<3>({2, 5, 12});
+    const Tensor4 heads = split_heads(x, 3);
+    REQUIRE(attn::shape_of(heads) == "(2, 3, 5, 4)");
+    CHECK_CLOSE(merge_heads(heads), x, 0.0);  // only copies: exactly equal
+    CHECK_CLOSE(merge_heads(Tensor4({{{{1, 2}, {5, 6}}, {{3, 4}, {7, 8}}}})),
+                Tensor3({{{1, 2, 3, 4}, {5, 6, 7, 8}}}), 0.0);
+}
+
+TEST_CASE("multi-head attention equals NH single heads on slices of the weights") {
+    constexpr std::size_t B = 2, T = 6, C = 12, NH = 3, hs = C / NH;
+    attn::Rng rng(72);
+    Tensor3 x = rng.normal_tensor<3>({B, T, C});
+    Tensor2 c_attn = rng.normal_tensor<2>({3 * C, C}, 0.0f, 0.3f);
+    Tensor2 c_proj = rng.normal_tensor<2>({C, C}, 0.0f, 0.3f);
+    const Tensor3 got = multi_head_attention(x, c_attn, c_proj, NH);
+    // The reference: each head on its own, with its own rows of c_attn, heads concatenated.
+    Tensor3 concatenated({B, T, C});
+    for (std::size_t b = 0; b < B; ++b) {
+        Tensor2 xb = xt::view(x, b);
+        for (std::size_t h = 0; h < NH; ++h) {
+            auto rows = [&](std::size_t part) {
+                return Tensor2(xt::view(c_attn, xt::range(part * C + h * hs, part * C + (h + 1) * hs),
+                                        xt::all()));
+            };
+            xt::view(concatenated, b, xt::all(), xt::range(h * hs, (h + 1) * hs)) =
+                attn::scaled_dot_product_attention(attn::matmul_transposed(xb, rows(0)),
+                                                   attn::matmul_transposed(xb, rows(1)),
+                                                   attn::matmul_transposed(xb, rows(2)),
+                                                   attn::causal_mask(T));
+        }
+        // The same products in the same order up to BLAS blocking: a few ulps of O(1) values.
+        CHECK_CLOSE(xt::view(got, b), attn::matmul_transposed(xt::view(concatenated, b), c_proj), 1e-5);
+    }
+}
+
+TEST_CASE("multi-head attention matches PyTorch on nanoGPT's layout") {
+    const auto dir = std::filesystem::path(ATTN_FIXTURES_DIR) / "multi_head";
+    const Tensor3 got = multi_head_attention(attn::load_npy<3>(dir / "nobias_x.npy"),
+                                             attn::load_npy<2>(dir / "nobias_c_attn_weight.npy"),
+                                             attn::load_npy<2>(dir / "nobias_c_proj_weight.npy"),
+                                             4);  // n_head in tests/fixtures/multi_head/versions.json
+    // float32 against a float64 reference through two projections over C = 16 channels and
+    // a softmax: a few ulps of O(1) values at each step, inside 1e-5.
+    CHECK_CLOSE(got, attn::load_npy<3>(dir / "nobias_y.npy"), 1e-5);
+}
+
+TEST_CASE("a later token cannot change an earlier output") {
+    attn::Rng rng(73);
+    Tensor3 x = rng.normal_tensor<3>({1, 6, 8});
+    Tensor2 c_attn = rng.normal_tensor<2>({24, 8}, 0.0f, 0.3f), c_proj = rng.normal_tensor<2>({8, 8});
+    const Tensor3 before = multi_head_attention(x, c_attn, c_proj, 2);
+    xt::view(x, 0, 4) += 3.0f;  // change token 4
+    const Tensor3 after = multi_head_attention(x, c_attn, c_proj, 2);
+    CHECK_CLOSE(xt::view(after, 0, xt::range(0, 4)), xt::view(before, 0, xt::range(0, 4)), 0.0);
+    CHECK(xt::amax(xt::abs(xt::view(after, 0, 4) - xt::view(before, 0, 4)))() > 0.0f);
+}
+
+TEST_CASE("a number of heads that does not divide C is a clear error") {
+    attn::Rng rng(74);
+    Tensor3 x = rng.normal_tensor<3>({1, 3, 10});
+    CHECK_THROWS_AS(split_heads(x, 4), std::invalid_argument);
+    CHECK_THROWS_AS(split_heads(x, 0), std::invalid_argument);
+    CHECK_THROWS_AS(multi_head_attention(x, rng.normal_tensor<2>({30, 10}),
+                                         rng.normal_tensor<2>({10, 10}), 4),
+                    std::invalid_argument);
+}
+
+TEST_CASE("weights of the wrong shape are rejected with std::invalid_argument") {
+    attn::Rng rng(75);
+    Tensor3 x = rng.normal_tensor<3>({1, 3, 8});
+    CHECK_THROWS_AS(multi_head_attention(x, rng.normal_tensor<2>({16, 8}),
+                                         rng.normal_tensor<2>({8, 8}), 2),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(multi_head_attention(x, rng.normal_tensor<2>({24, 8}),
+                                         rng.normal_tensor<2>({8, 6}), 2),
+                    std::invalid_argument);
+}

@@ -1,0 +1,103 @@
+#include "attn/check.hpp"
+#include "attn/entropy.hpp"
+#include "attn/multi_head.hpp"
+#include "attn/npy.hpp"
+#include "attn/sdpa.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+
+using namespace attn;
+
+namespace {
+const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "multi_head";
+constexpr std::size_t fixture_heads = 4;  // n_head in tests/fixtures/multi_head/versions.json
+}  // namespace
+
+TEST_CASE("split_heads then merge_heads gives back the input") {
+    Rng rng(21);
+    Tensor3 x = rng.normal_tensor<3>({2, 5, 12});
+    const Tensor4 heads = split_heads(x, 3);
+    CHECK(shape_of(heads) == "(2, 3, 5, 4)");
+    CHECK_CLOSE(merge_heads(heads), x, 0.0);
+    // Head 1 holds channels 4..7.
+    CHECK_CLOSE(xt::view(heads, 1, 1, 2), xt::view(x, 1, 2, xt::range(4, 8)), 0.0);
+    CHECK_THROWS_AS(split_heads(x, 5), std::invalid_argument);
+}
+
+TEST_CASE("multi-head attention matches PyTorch on nanoGPT's layout") {
+    for (const char* tag : {"nobias", "bias"}) {
+        CAPTURE(tag);
+        const std::string p = std::string(tag) + "_";
+        const bool bias = std::string(tag) == "bias";
+        Linear c_attn = bias ? Linear(load_npy<2>(fixtures / (p + "c_attn_weight.npy")),
+                                      load_npy<1>(fixtures / (p + "c_attn_bias.npy")))
+                             : Linear(load_npy<2>(fixtures / (p + "c_attn_weight.npy")));
+        Linear c_proj = bias ? Linear(load_npy<2>(fixtures / (p + "c_proj_weight.npy")),
+                                      load_npy<1>(fixtures / (p + "c_proj_bias.npy")))
+                             : Linear(load_npy<2>(fixtures / (p + "c_proj_weight.npy")));
+        const MultiHeadAttention mha(c_attn, c_proj, fixture_heads);
+        Tensor4 att;
+        const Tensor3 y = mha.forward(load_npy<3>(fixtures / (p + "x.npy")), &att);
+        // float32 products over C = 16 channels, twice, against a float64 reference: the
+        // outputs are O(1), so a few ulps each step stay within 1e-5.
+        CHECK_CLOSE(y, load_npy<3>(fixtures / (p + "y.npy")), 1e-5);
+        CHECK_CLOSE(att, load_npy<4>(fixtures / (p + "att.npy")), 1e-6);
+    }
+}
+
+TEST_CASE("a number of heads that does not divide C is rejected") {
+    Rng rng(22);
+    CHECK_THROWS_WITH_AS(MultiHeadAttention(10, 4, false, rng),
+                         doctest::Contains("4 heads do not divide C = 10"), std::invalid_argument);
+}
+
+TEST_CASE("with the causal mask changing a later token leaves earlier outputs bit-identical") {
+    Rng rng(23);
+    MultiHeadAttention mha(16, 4, true, rng);
+    Tensor3 x = rng.normal_tensor<3>({1, 8, 16});
+    const Tensor3 before = mha.forward(x);
+    xt::view(x, 0, 5) = rng.normal_tensor<1>({16});  // a different token at position 5
+    const Tensor3 after = mha.forward(x);
+    // Exactly equal, not "close": a hidden key's weight is exactly 0.
+    CHECK_CLOSE(xt::view(after, 0, xt::range(0, 5)), xt::view(before, 0, xt::range(0, 5)), 0.0);
+    CHECK(xt::amax(xt::abs(xt::view(after, 0, 5) - xt::view(before, 0, 5)))() > 0.0f);
+}
+
+TEST_CASE("without the causal mask changing a later token changes earlier outputs") {
+    Rng rng(23);
+    MultiHeadAttention mha(16, 4, true, rng);
+    mha.causal = false;
+    Tensor3 x = rng.normal_tensor<3>({1, 8, 16});
+    const Tensor3 before = mha.forward(x);
+    xt::view(x, 0, 5) = rng.normal_tensor<1>({16});
+    const Tensor3 after = mha.forward(x);
+    for (std::size_t t = 0; t < 5; ++t) {
+        CAPTURE(t);
+        CHECK(xt::amax(xt::abs(xt::view(after, 0, t) - xt::view(before, 0, t)))() > 0.0f);
+    }
+}
+
+TEST_CASE("entropy is 0 for one-hot rows and ln n for uniform rows and 0 ln 0 counts as 0") {
+    Tensor4 w = {{{{1, 0, 0, 0}, {0.25f, 0.25f, 0.25f, 0.25f}, {0.5f, 0.5f, 0, 0},
+                   {0.5f, 0.25f, 0.25f, 0}}}};
+    // Hand values: 0, ln 4, ln 2, 1.5 ln 2.
+    CHECK_CLOSE(attention_entropy(w),
+                Tensor3({{{0.0f, static_cast<float>(std::log(4.0)),
+                           static_cast<float>(std::log(2.0)),
+                           static_cast<float>(1.5 * std::log(2.0))}}}),
+                1e-6);
+    CHECK(mean_entropy_per_head(w)(0) ==
+          doctest::Approx((std::log(4.0) + std::log(2.0) + 1.5 * std::log(2.0)) / 4).epsilon(1e-6));
+    CHECK(uniform_causal_entropy(3) == doctest::Approx((std::log(2.0) + std::log(3.0)) / 3));
+    Tensor4 bad = {{{{0.5f, 0.6f}}}};
+    CHECK_THROWS_AS(attention_entropy(bad), std::invalid_argument);
+}
+
+TEST_CASE("an entropy bar is filled in proportion to the maximum") {
+    CHECK(entropy_bar(1.0, 2.0, 4) == "██··");
+    CHECK(entropy_bar(3.0, 2.0, 2) == "██");  // clamped
+    CHECK(entropy_bar(0.0, 2.0, 2) == "··");
+}
