@@ -124,8 +124,18 @@ TEST_CASE("shapes that do not fit are rejected naming both shapes") {
         CHECK_THROWS_WITH_AS(scaled_dot_product_attention(q, k, v, causal_mask(4)),
                              doctest::Contains("(4, 4)"), std::invalid_argument);
     }
-    SUBCASE("a query that may attend to nothing") {
-        Mask<2> none = xt::zeros<bool>({4, 5});
-        CHECK_THROWS_AS(scaled_dot_product_attention(q, k, v, none), std::invalid_argument);
-    }
+}
+
+TEST_CASE("a query that may attend to no key gets zero weights and a zero output, as attn::softmax does") {
+    Rng rng(21);
+    Tensor3 q = rng.normal_tensor<3>({2, 4, 8}), k = rng.normal_tensor<3>({2, 5, 8}),
+            v = rng.normal_tensor<3>({2, 5, 3});
+    Mask<2> mask = xt::ones<bool>({4, 5});
+    xt::row(mask, 2) = false;  // query 2 may see nothing
+    Tensor3 weights;
+    const Tensor3 out = scaled_dot_product_attention(q, k, v, mask, &weights);
+    CHECK(xt::all(xt::equal(xt::view(weights, xt::all(), 2, xt::all()), 0.0f)));
+    CHECK(xt::all(xt::equal(xt::view(out, xt::all(), 2, xt::all()), 0.0f)));
+    // The other queries are untouched: their rows still sum to one.
+    CHECK(xt::sum(xt::view(weights, 0, 1, xt::all()))() == doctest::Approx(1.0f));
 }

@@ -121,9 +121,15 @@ TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
         attn::Mask<2> mask = xt::ones<bool>({4, 4});
         CHECK_THROWS_AS(attention<3>(q, k, v, &mask), std::invalid_argument);
     }
-    SUBCASE("a mask that leaves a query nothing to attend to") {
-        attn::Mask<2> mask = xt::ones<bool>({4, 5});
-        xt::row(mask, 2) = false;
-        CHECK_THROWS_AS(attention<3>(q, k, v, &mask), std::invalid_argument);
-    }
+}
+
+TEST_CASE("a query the mask leaves nothing to attend to gets zero weights and a zero output") {
+    attn::Rng rng(31);
+    Tensor3 q = rng.normal_tensor<3>({2, 4, 8}), k = rng.normal_tensor<3>({2, 5, 8}),
+            v = rng.normal_tensor<3>({2, 5, 3});
+    attn::Mask<2> mask = xt::ones<bool>({4, 5});
+    xt::row(mask, 2) = false;
+    const auto r = attention<3>(q, k, v, &mask);
+    CHECK_CLOSE(xt::view(r.weights, xt::all(), 2, xt::all()), xt::zeros<float>({2, 5}), 0.0);
+    CHECK_CLOSE(xt::view(r.out, xt::all(), 2, xt::all()), xt::zeros<float>({2, 3}), 0.0);
 }

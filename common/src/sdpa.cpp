@@ -1,5 +1,6 @@
 #include "attn/sdpa.hpp"
 
+#include "attn/attention.hpp"
 #include "attn/linalg.hpp"
 
 #include <cmath>
@@ -8,32 +9,7 @@
 
 namespace attn {
 
-Mask<2> causal_mask(std::size_t T) {
-    Mask<2> m({T, T});
-    for (std::size_t i = 0; i < T; ++i)
-        for (std::size_t j = 0; j < T; ++j) m(i, j) = j <= i;
-    return m;
-}
-
 namespace {
-
-constexpr float minus_infinity = -std::numeric_limits<float>::infinity();
-
-// Softmax of one row of n scores, in place. Subtracting the row's maximum first keeps every
-// exp() argument ≤ 0, so nothing overflows; a score of −∞ (a hidden key) becomes exactly 0.
-// Returns false when every score is −∞: that row has no distribution (0/0).
-bool stable_softmax_row(float* row, std::size_t n) {
-    float max = minus_infinity;
-    for (std::size_t j = 0; j < n; ++j) max = std::max(max, row[j]);
-    if (max == minus_infinity) return false;
-    double sum = 0.0;
-    for (std::size_t j = 0; j < n; ++j) {
-        row[j] = std::exp(row[j] - max);
-        sum += row[j];
-    }
-    for (std::size_t j = 0; j < n; ++j) row[j] = static_cast<float>(row[j] / sum);
-    return true;
-}
 
 std::string shapes_of(const std::vector<std::size_t>& q, const std::vector<std::size_t>& k,
                       const std::vector<std::size_t>& v) {
@@ -116,22 +92,20 @@ Tensor<N> scaled_dot_product_attention(const Tensor<N>& q, const Tensor<N>& k, c
     const float factor = scale.value_or(1.0f / std::sqrt(static_cast<float>(dk)));
     Tensor3 w = batched_matmul_transposed(q3, k3);  // (B, T_q, T_k) raw scores q·k
     w *= factor;
-    MaskLayout layout;
-    if (!mask.empty()) layout = layout_of(mask, ws);
-    for (std::size_t b = 0; b < B; ++b) {
-        for (std::size_t i = 0; i < Tq; ++i) {
-            float* row = &w(b, i, 0);
-            if (!mask.empty()) {
+    if (!mask.empty()) {  // a hidden key's score becomes −∞, so its weight becomes exactly 0
+        const MaskLayout layout = layout_of(mask, ws);
+        for (std::size_t b = 0; b < B; ++b) {
+            for (std::size_t i = 0; i < Tq; ++i) {
+                float* row = &w(b, i, 0);
                 const bool* allowed = mask.data() + layout.batch_offset[b] + i * layout.row_stride;
                 for (std::size_t j = 0; j < Tk; ++j)
                     if (!allowed[j * layout.col_stride]) row[j] = minus_infinity;
             }
-            require(stable_softmax_row(row, Tk),
-                    "scaled_dot_product_attention: the mask lets query " + std::to_string(i) +
-                        " of batch item " + std::to_string(b) +
-                        " attend to no key at all, so its weights would be 0/0");
         }
     }
+    // Lesson 04's softmax, with lesson 03's rule for a query that may attend to no key: its
+    // weights are all zero, so its output is the zero vector (never NaN).
+    w = softmax(w);
     Tensor3 out3 = batched_matmul(w, v3);  // (B, T_q, d_v)
 
     std::vector<std::size_t> os = qs;  // (…, T_q, d_v)

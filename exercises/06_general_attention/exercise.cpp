@@ -26,9 +26,9 @@ Attention<N> attention(const attn::Tensor<N>& q, const attn::Tensor<N>& k,
     //       attn::Tensor3 of that shape (std::copy over begin()/end()).
 
     // TODO: for every batch item b: scores = q_b · k_bᵀ / √d_k (attn::matmul_transposed);
-    //       set the scores of hidden keys to −infinity; softmax each row, subtracting the
-    //       row's maximum first; out_b = weights_b · v_b (attn::matmul). A mask row with no
-    //       true entry leaves its query nothing to attend to: throw std::invalid_argument.
+    //       set the scores of hidden keys to −infinity; softmax each row (lesson 04's
+    //       attn::softmax does it stably, and gives a row with no allowed key all-zero
+    //       weights); out_b = weights_b · v_b (attn::matmul).
     //       Do not call attn::scaled_dot_product_attention: it is what the lesson built.
 
     // TODO: copy the results back into tensors of shape (…, T_q, d_v) and (…, T_q, T_k).

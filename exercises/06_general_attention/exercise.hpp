@@ -25,8 +25,9 @@ struct Attention {
 /// @param mask null for no mask, or (T_q, T_k), the same for every batch index: true means
 ///             "may attend". A hidden key gets a weight of exactly 0; the allowed keys'
 ///             weights sum to 1.
-/// @throws std::invalid_argument naming the shapes when they do not fit together, or when
-///         the mask lets some query attend to no key at all
+///             A query whose mask row has no true entry gets all-zero weights and a zero
+///             output, as attn::softmax (lesson 03) gives a fully masked row.
+/// @throws std::invalid_argument naming the shapes when they do not fit together
 template <std::size_t N>
 Attention<N> attention(const attn::Tensor<N>& q, const attn::Tensor<N>& k,
                        const attn::Tensor<N>& v, const attn::Mask<2>* mask = nullptr);

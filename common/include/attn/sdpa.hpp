@@ -9,11 +9,9 @@
 #include <optional>
 #include <vector>
 
-namespace attn {
+#include "attn/attention.hpp"  // causal_mask, softmax
 
-/// The causal mask for T tokens: (T, T), true where key j ≤ query i, so a token may
-/// attend to itself and to earlier tokens only.
-Mask<2> causal_mask(std::size_t T);
+namespace attn {
 
 /// A read-only view of a boolean mask of any rank, as scaled_dot_product_attention() takes
 /// it. True means "may attend".
@@ -67,9 +65,10 @@ private:
 /// @param scale     the factor on the scores; default 1/√d_k (lesson 08 passes 1 to
 ///                  remove the scaling)
 /// @return (…, T_q, d_v)
-/// @throws std::invalid_argument naming the shapes when they do not fit together, when
-///         the mask does not broadcast, or when a query row may attend to no key at all
-///         (its softmax would be 0/0)
+/// A query that the mask lets attend to no key at all gets all-zero weights and a zero
+/// output, as attn::softmax gives a fully masked row (lesson 03), never NaN.
+/// @throws std::invalid_argument naming the shapes when they do not fit together or when
+///         the mask does not broadcast
 template <std::size_t N>
 Tensor<N> scaled_dot_product_attention(const Tensor<N>& q, const Tensor<N>& k, const Tensor<N>& v,
                                        const AttentionMask& mask = {},
