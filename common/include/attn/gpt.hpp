@@ -105,7 +105,7 @@ struct GradientScratch {
     std::vector<float> dfch;       ///< (B, T, 4C) gradient of the `c_fc` output
     std::vector<float> dfch_gelu;  ///< (B, T, 4C)
     std::vector<float> dlogits;    ///< (B, T, V)
-    std::vector<float> datt;       ///< (T, T) attention backward scratch
+    std::vector<float> datt;       ///< (B, NH, T, T) attention backward scratch
     std::vector<float> dinner;     ///< (B, T, C) gradient of a block's branch output
 };
 
@@ -179,11 +179,17 @@ public:
 
 private:
     void allocate_activations(int B, int T);
+    // The passes over the sequences [b0, b0 + B) of the batch, run by one thread each.
+    void forward_slice(int b0, int B);
+    void backward_slice(int b0, int B, const ParameterTensors& grads);
 
     GPTConfig config_;
     std::vector<ParameterInfo> table_;
     std::vector<float> params_memory_;
     std::vector<float> grads_memory_;
+    // Gradients of the second, third, ... batch slice of a backward pass, before they are
+    // added into grads_memory_: same layout.
+    std::vector<std::vector<float>> slice_grads_;
     ParameterTensors params_;
     ParameterTensors grads_;
     Activations acts_;

@@ -199,7 +199,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
             const float* a = att + bh;                                              // (T, T)
             const float* weights = dropout ? att_dropped + bh : a;                  // (T, T)
             const float* dout_bh = dout + static_cast<size_t>(b) * T * C + h * hs;  // (T, hs)
-            float* datt = scratch;                                                  // (T, T)
+            float* datt = scratch + bh;  // (T, T), this pair's own part of the scratch
 
             // forward: out = weights · v
             // dweights (T, T) = dout (T, hs) · vᵀ (hs, T)
@@ -312,9 +312,10 @@ float crossentropy_forward(float* probs, float* losses, const float* logits, con
 }
 
 void crossentropy_backward(float* dlogits, const float* probs, const int* targets, int B, int T,
-                           int V) {
+                           int V, int positions) {
     const size_t BT = static_cast<size_t>(B) * T;
-    const float dloss = 1.0f / static_cast<float>(BT);  // d(mean)/d(loss of one position)
+    // d(mean)/d(loss of one position)
+    const float dloss = 1.0f / static_cast<float>(positions > 0 ? static_cast<size_t>(positions) : BT);
     for (size_t row = 0; row < BT; ++row) {
         const float* p = probs + row * V;
         float* dz = dlogits + row * V;
