@@ -315,7 +315,8 @@ void crossentropy_backward(float* dlogits, const float* probs, const int* target
                            int V, int positions) {
     const size_t BT = static_cast<size_t>(B) * T;
     // d(mean)/d(loss of one position)
-    const float dloss = 1.0f / static_cast<float>(positions > 0 ? static_cast<size_t>(positions) : BT);
+    const size_t mean_over = positions > 0 ? static_cast<size_t>(positions) : BT;
+    const float dloss = 1.0f / static_cast<float>(mean_over);
     for (size_t row = 0; row < BT; ++row) {
         const float* p = probs + row * V;
         float* dz = dlogits + row * V;

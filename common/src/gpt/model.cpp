@@ -356,11 +356,10 @@ void GPT::backward() {
     const int B = B_;
     const int slices = std::min(B, omp_get_max_threads());
     if (slice_grads_.size() < static_cast<size_t>(slices - 1)) slice_grads_.resize(slices - 1);
-    int team = 1;
 #pragma omp parallel num_threads(slices)
     {
         const int id = omp_get_thread_num();
-        if (id == 0) team = omp_get_num_threads();
+        const int team = omp_get_num_threads();
         const int b0 = batch_slice_begin(B);
         const int b1 = batch_slice_end(B);
         if (id == 0) {
@@ -368,13 +367,16 @@ void GPT::backward() {
         } else {
             std::vector<float>& own = slice_grads_[id - 1];
             resize_zero(own, grads_memory_.size());
-            if (b1 > b0) backward_slice(b0, b1 - b0, shifted(grads_, grads_memory_.data(), own.data()));
+            if (b1 > b0) {
+                backward_slice(b0, b1 - b0, shifted(grads_, grads_memory_.data(), own.data()));
+            }
         }
-    }
-    if (team > 1) {
+        // In the same parallel region, after every slice is done: a new region would have
+        // to wake the threads again, which on a busy machine can cost a scheduler time slice.
+#pragma omp barrier
         float* g = grads_memory_.data();
         const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(grads_memory_.size());
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
         for (std::ptrdiff_t i = 0; i < n; ++i) {
             for (int s = 0; s < team - 1; ++s) g[i] += slice_grads_[s][i];
         }
@@ -420,8 +422,9 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
     matmul_backward(dln, g.wte, nullptr, dlogits, a.lnf.data() + row0 * C, p.wte, N, C, V);
     // lnf = ln_f(residual3[L-1])
     clear(dresidual, NC);
-    layernorm_backward(dresidual, g.lnfw, g.lnfb, dln, a.residual3.data() + (L - 1) * BTC + row0 * C,
-                       p.lnfw, a.lnf_mean.data() + row0, a.lnf_rstd.data() + row0, B, T, C);
+    const float* last = a.residual3.data() + (L - 1) * BTC + row0 * C;
+    layernorm_backward(dresidual, g.lnfw, g.lnfb, dln, last, p.lnfw, a.lnf_mean.data() + row0,
+                       a.lnf_rstd.data() + row0, B, T, C);
 
     // dresidual holds d(residual3[l]) on entry to each block and d(block input) on exit:
     // the identity path of both residual connections adds dout to the input unchanged, so
