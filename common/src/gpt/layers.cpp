@@ -102,15 +102,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
-    // out (N, OC) = inp (N, C) · weightᵀ (C, OC)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
-                out, OC);
+    // The bias is written first and the product added to it (beta = 1): sgemm with beta = 0
+    // would spend a pass zeroing out, and a second loop would add the bias.
     if (bias) {
         for (size_t n = 0; n < static_cast<size_t>(N); ++n) {
-            float* row = out + n * OC;
-            for (int o = 0; o < OC; ++o) row[o] += bias[o];
+            std::memcpy(out + n * OC, bias, static_cast<size_t>(OC) * sizeof(float));
         }
     }
+    // out (N, OC) = inp (N, C) · weightᵀ (C, OC) (+ bias)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C,
+                bias ? 1.0f : 0.0f, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -130,6 +131,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
 }
 
+ATTN_SIMD_CLONES
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, Rng* rng, int B, int T, int C, int NH) {
     const int hs = C / NH;
@@ -152,11 +154,10 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
                 float* row = a + static_cast<size_t>(t) * T;
                 float maxval = row[0];
                 for (int j = 1; j <= t; ++j) maxval = std::max(maxval, row[j]);
+                // exp_approx in a loop of its own vectorises; the sum stays in order
+                for (int j = 0; j <= t; ++j) row[j] = exp_approx(row[j] - maxval);
                 float sum = 0.0f;
-                for (int j = 0; j <= t; ++j) {
-                    row[j] = std::exp(row[j] - maxval);
-                    sum += row[j];
-                }
+                for (int j = 0; j <= t; ++j) sum += row[j];
                 const float inv = 1.0f / sum;
                 for (int j = 0; j <= t; ++j) row[j] *= inv;
                 for (int j = t + 1; j < T; ++j) row[j] = 0.0f;
