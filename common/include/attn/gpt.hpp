@@ -116,6 +116,11 @@ struct GradientScratch {
 /// the first forward call and again only when (B, T) changes, so a training loop with fixed
 /// sizes allocates nothing per step. Not copyable (the pointers point into its own
 /// buffers); movable.
+///
+/// Both passes run on the threads of threads.hpp, each thread on its own slice of the
+/// batch's sequences (data parallelism inside one process); the forward pass runs as one
+/// slice when dropout is on, so that the masks come from one random stream in order. The
+/// results agree with a single thread's to float rounding (tests/test_threads.cpp).
 class GPT {
 public:
     /// A model with nanoGPT's initialisation: weights N(0, 0.02), the residual projections
