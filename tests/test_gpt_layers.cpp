@@ -110,7 +110,7 @@ TEST_CASE("causal attention's backward agrees with finite differences") {
     const int B = 2, T = 5, C = 8, NH = 2;
     Rng rng(4);
     std::vector<float> qkv = normal_vector(rng, B * T * 3 * C);
-    std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(T * T);
+    std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(att.size());
     std::vector<float> w = normal_vector(rng, out.size());
     attention_forward(out.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, B, T, C, NH);
     std::vector<float> dqkv(qkv.size(), 0.0f);
@@ -130,7 +130,7 @@ TEST_CASE("attention's backward with dropout agrees with finite differences for 
     Rng rng(5);
     std::vector<float> qkv = normal_vector(rng, B * T * 3 * C);
     std::vector<float> out(B * T * C), att(B * NH * T * T), att_dropped(att.size());
-    std::vector<float> scratch(T * T), w = normal_vector(rng, out.size());
+    std::vector<float> scratch(att.size()), w = normal_vector(rng, out.size());
     auto forward = [&] {
         Rng mask_rng(99);  // the same mask on every evaluation
         attention_forward(out.data(), att.data(), att_dropped.data(), qkv.data(), p, &mask_rng, B,

@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
         {
             //! [check_attention]
             std::vector<float> qkv = normal_vector(rng, B * T * 3 * C);  // (B, T, 3C)
-            std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(T * T);
+            std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(att.size());
             const std::vector<float> w = normal_vector(rng, out.size());  // loss = Σ w·out
             auto loss = [&] {
                 attention_forward(out.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, B, T,

@@ -106,7 +106,7 @@ struct GradientScratch {
     std::vector<float> dfch;       ///< (B, T, 4C) gradient of the `c_fc` output
     std::vector<float> dfch_gelu;  ///< (B, T, 4C)
     std::vector<float> dlogits;    ///< (B, T, V)
-    std::vector<float> datt;       ///< (T, T) attention backward scratch
+    std::vector<float> datt;       ///< (B, NH, T, T) attention backward scratch
     std::vector<float> dinner;     ///< (B, T, C) gradient of a block's branch output
 };
 
@@ -117,6 +117,11 @@ struct GradientScratch {
 /// the first forward call and again only when (B, T) changes, so a training loop with fixed
 /// sizes allocates nothing per step. Not copyable (the pointers point into its own
 /// buffers); movable.
+///
+/// Both passes run on the threads of threads.hpp, each thread on its own slice of the
+/// batch's sequences (data parallelism inside one process); the forward pass runs as one
+/// slice when dropout is on, so that the masks come from one random stream in order. The
+/// results agree with a single thread's to float rounding (tests/test_threads.cpp).
 class GPT {
 public:
     /// A model with nanoGPT's initialisation: weights N(0, 0.02), the residual projections
@@ -180,11 +185,17 @@ public:
 
 private:
     void allocate_activations(int B, int T);
+    // The passes over the sequences [b0, b0 + B) of the batch, run by one thread each.
+    void forward_slice(int b0, int B);
+    void backward_slice(int b0, int B, const ParameterTensors& grads);
 
     GPTConfig config_;
     std::vector<ParameterInfo> table_;
     std::vector<float> params_memory_;
     std::vector<float> grads_memory_;
+    // Gradients of the second, third, ... batch slice of a backward pass, before they are
+    // added into grads_memory_: same layout.
+    std::vector<std::vector<float>> slice_grads_;
     ParameterTensors params_;
     ParameterTensors grads_;
     Activations acts_;

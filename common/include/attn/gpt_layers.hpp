@@ -98,7 +98,8 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 
 /// Backward of attention_forward.
 /// @param dqkv (B, T, 3C) accumulated
-/// @param scratch (T, T) working space
+/// @param scratch (B, NH, T, T) working space, one (T, T) block per (batch, head) pair so
+///        that the pairs can run on different threads
 /// @param dout (B, T, C)
 /// @param qkv (B, T, 3C)
 /// @param att (B, NH, T, T) from the forward pass
@@ -153,12 +154,14 @@ float crossentropy_forward(float* probs, float* losses, const float* logits, con
                            int B, int T, int V);
 
 /// Backward of the mean cross-entropy through the softmax:
-/// `dlogits += (probs − onehot(targets)) / (B·T)`.
+/// `dlogits += (probs − onehot(targets)) / positions`, positions = B·T unless given.
 /// @param dlogits (B, T, V) accumulated
 /// @param probs (B, T, V) from crossentropy_forward
 /// @param targets (B, T)
 /// @param B batch size  @param T sequence length  @param V vocabulary size
+/// @param positions the number of positions the mean is taken over: 0 (the default) for
+///        B·T; a slice of a batch passes the whole batch's B·T
 void crossentropy_backward(float* dlogits, const float* probs, const int* targets, int B, int T,
-                           int V);
+                           int V, int positions = 0);
 
 }  // namespace attn

@@ -2,6 +2,9 @@
 // letters of tensor.hpp; each backward quotes the forward line it differentiates.
 #include "attn/gpt_layers.hpp"
 
+#include "attn/fast_math.hpp"
+#include "../simd_clones.hpp"
+
 #include <cblas.h>
 
 #include <algorithm>
@@ -44,6 +47,7 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
     }
 }
 
+ATTN_SIMD_CLONES
 void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, const float* weight,
                        const float* bias, int B, int T, int C) {
     for (size_t row = 0; row < static_cast<size_t>(B) * T; ++row) {
@@ -65,6 +69,7 @@ void layernorm_forward(float* out, float* mean, float* rstd, const float* inp, c
     }
 }
 
+ATTN_SIMD_CLONES
 void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* dout,
                         const float* inp, const float* weight, const float* mean, const float* rstd,
                         int B, int T, int C) {
@@ -97,15 +102,16 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
-    // out (N, OC) = inp (N, C) · weightᵀ (C, OC)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f,
-                out, OC);
+    // The bias is written first and the product added to it (beta = 1): sgemm with beta = 0
+    // would spend a pass zeroing out, and a second loop would add the bias.
     if (bias) {
         for (size_t n = 0; n < static_cast<size_t>(N); ++n) {
-            float* row = out + n * OC;
-            for (int o = 0; o < OC; ++o) row[o] += bias[o];
+            std::memcpy(out + n * OC, bias, static_cast<size_t>(OC) * sizeof(float));
         }
     }
+    // out (N, OC) = inp (N, C) · weightᵀ (C, OC) (+ bias)
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C,
+                bias ? 1.0f : 0.0f, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
@@ -125,6 +131,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
 }
 
+ATTN_SIMD_CLONES
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, Rng* rng, int B, int T, int C, int NH, bool causal) {
     const int hs = C / NH;
@@ -148,11 +155,10 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
                 const int last = causal ? t : T - 1;  // without the mask: every position
                 float maxval = row[0];
                 for (int j = 1; j <= last; ++j) maxval = std::max(maxval, row[j]);
+                // exp_approx in a loop of its own vectorises; the sum stays in order
+                for (int j = 0; j <= last; ++j) row[j] = exp_approx(row[j] - maxval);
                 float sum = 0.0f;
-                for (int j = 0; j <= last; ++j) {
-                    row[j] = std::exp(row[j] - maxval);
-                    sum += row[j];
-                }
+                for (int j = 0; j <= last; ++j) sum += row[j];
                 const float inv = 1.0f / sum;
                 for (int j = 0; j <= last; ++j) row[j] *= inv;
                 for (int j = last + 1; j < T; ++j) row[j] = 0.0f;
@@ -195,7 +201,7 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
             const float* a = att + bh;                                              // (T, T)
             const float* weights = dropout ? att_dropped + bh : a;                  // (T, T)
             const float* dout_bh = dout + static_cast<size_t>(b) * T * C + h * hs;  // (T, hs)
-            float* datt = scratch;                                                  // (T, T)
+            float* datt = scratch + bh;  // (T, T), this pair's own part of the scratch
 
             // forward: out = weights · v
             // dweights (T, T) = dout (T, hs) · vᵀ (hs, T)
@@ -235,22 +241,27 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
     }
 }
 
+// GELU's erf and exp are the branch-free ones of fast_math.hpp, so these loops vectorise:
+// with std::erf and std::exp (one library call per element) GELU took a quarter of the
+// training step.
+ATTN_SIMD_CLONES
 void gelu_forward(float* out, const float* inp, int N) {
     const float inv_sqrt2 = 0.70710678118654752f;
     for (int i = 0; i < N; ++i) {
         const float x = inp[i];
-        out[i] = 0.5f * x * (1.0f + std::erf(x * inv_sqrt2));
+        out[i] = 0.5f * x * (1.0f + erf_approx(x * inv_sqrt2));
     }
 }
 
+ATTN_SIMD_CLONES
 void gelu_backward(float* dinp, const float* inp, const float* dout, int N) {
     const float inv_sqrt2 = 0.70710678118654752f;
     const float inv_sqrt_2pi = 0.39894228040143268f;
     for (int i = 0; i < N; ++i) {
         const float x = inp[i];
         // forward: out = ½ x (1 + erf(x/√2)) = x Φ(x); d/dx = Φ(x) + x φ(x)
-        const float cdf = 0.5f * (1.0f + std::erf(x * inv_sqrt2));
-        const float pdf = inv_sqrt_2pi * std::exp(-0.5f * x * x);
+        const float cdf = 0.5f * (1.0f + erf_approx(x * inv_sqrt2));
+        const float pdf = inv_sqrt_2pi * exp_approx(-0.5f * x * x);
         dinp[i] += dout[i] * (cdf + x * pdf);
     }
 }
@@ -304,9 +315,11 @@ float crossentropy_forward(float* probs, float* losses, const float* logits, con
 }
 
 void crossentropy_backward(float* dlogits, const float* probs, const int* targets, int B, int T,
-                           int V) {
+                           int V, int positions) {
     const size_t BT = static_cast<size_t>(B) * T;
-    const float dloss = 1.0f / static_cast<float>(BT);  // d(mean)/d(loss of one position)
+    // d(mean)/d(loss of one position)
+    const size_t mean_over = positions > 0 ? static_cast<size_t>(positions) : BT;
+    const float dloss = 1.0f / static_cast<float>(mean_over);
     for (size_t row = 0; row < BT; ++row) {
         const float* p = probs + row * V;
         float* dz = dlogits + row * V;

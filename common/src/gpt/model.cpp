@@ -4,8 +4,11 @@
 #include "attn/gpt_layers.hpp"
 #include "attn/tensor.hpp"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 
 namespace attn {
@@ -17,6 +20,26 @@ using std::size_t;
 void resize_zero(std::vector<float>& v, size_t n) { v.assign(n, 0.0f); }
 
 void zero(std::vector<float>& v) { std::fill(v.begin(), v.end(), 0.0f); }
+
+// The calling OpenMP thread's slice [begin, end) of the B sequences of a batch: B split
+// into as many nearly equal consecutive parts as there are threads in the team.
+int batch_slice_begin(int B) { return B * omp_get_thread_num() / omp_get_num_threads(); }
+int batch_slice_end(int B) { return B * (omp_get_thread_num() + 1) / omp_get_num_threads(); }
+
+// The same tensors as `p`, which points into the buffer at `from`, in the buffer at `to`.
+ParameterTensors shifted(const ParameterTensors& p, const float* from, float* to) {
+    ParameterTensors q = p;
+    for (float* ParameterTensors::*m :
+         {&ParameterTensors::wte, &ParameterTensors::wpe, &ParameterTensors::ln1w,
+          &ParameterTensors::ln1b, &ParameterTensors::qkvw, &ParameterTensors::qkvb,
+          &ParameterTensors::attprojw, &ParameterTensors::attprojb, &ParameterTensors::ln2w,
+          &ParameterTensors::ln2b, &ParameterTensors::fcw, &ParameterTensors::fcb,
+          &ParameterTensors::fcprojw, &ParameterTensors::fcprojb, &ParameterTensors::lnfw,
+          &ParameterTensors::lnfb}) {
+        if (p.*m) q.*m = to + (p.*m - from);
+    }
+    return q;
+}
 }  // namespace
 
 void GPTConfig::validate() const {
@@ -182,7 +205,7 @@ void GPT::allocate_activations(int B, int T) {
     resize_zero(s.dfch, BT * 4 * C);
     resize_zero(s.dfch_gelu, BT * 4 * C);
     resize_zero(s.dlogits, BT * V);
-    resize_zero(s.datt, TT);
+    resize_zero(s.datt, B * NH * TT);
     resize_zero(s.dinner, BT * C);
     inputs_.assign(BT, 0);
     targets_.assign(BT, 0);
@@ -202,7 +225,7 @@ float GPT::forward(const std::vector<int>& inputs, const std::vector<int>& targe
 }
 
 float GPT::forward(const int* inputs, const int* targets, int B, int T) {
-    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
+    const int V = config_.vocab_size;
     require(B > 0, "GPT::forward: B must be positive, got " + std::to_string(B));
     require(T > 0 && T <= config_.block_size,
             "GPT::forward: T must be in [1, block_size = " + std::to_string(config_.block_size) +
@@ -218,39 +241,73 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
                     ")");
     }
     if (B != B_ || T != T_) allocate_activations(B, T);
+    dropout_applied_ = training_ && config_.dropout > 0.0f;
+    std::copy(inputs, inputs + BT, inputs_.begin());
+    has_targets_ = targets != nullptr;
+    if (targets) std::copy(targets, targets + BT, targets_.begin());
 
+    // The sequences of a batch never meet in the forward pass, so each thread runs the
+    // whole pass on its own slice of the batch, with no waiting between layers. Dropout
+    // draws its masks from one random stream in a fixed order, so it runs as one slice.
+    const int slices = dropout_applied_ ? 1 : std::min(B, omp_get_max_threads());
+#pragma omp parallel num_threads(slices)
+    {
+        const int b0 = batch_slice_begin(B);
+        const int b1 = batch_slice_end(B);
+        if (b1 > b0) forward_slice(b0, b1 - b0);
+    }
+
+    if (!targets) return std::numeric_limits<float>::quiet_NaN();
+    // the mean over every position, summed in order whatever the slices were
+    double total = 0.0;
+    for (size_t i = 0; i < BT; ++i) total += acts_.losses[i];
+    return static_cast<float>(total / static_cast<double>(BT));
+}
+
+void GPT::forward_slice(int b0, int B) {
+    // B is this slice's batch size; the stacked per-layer buffers are laid out for the
+    // whole batch B_, so a layer's tensor starts at l * BTC and the slice at row b0 * T.
+    const int T = T_;
+    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
     const ParameterTensors& p = params_;
     Activations& a = acts_;
     const float pdrop = config_.dropout;
-    const bool dropout = training_ && pdrop > 0.0f;
-    dropout_applied_ = dropout;
-    const int N = static_cast<int>(BT);
+    const bool dropout = dropout_applied_;
+    const size_t BT = static_cast<size_t>(B_) * T;  // rows of the whole batch
     const size_t BTC = BT * C;
     const size_t TT = static_cast<size_t>(T) * T;
+    const size_t row0 = static_cast<size_t>(b0) * T;       // the slice's first row
+    const size_t att0 = static_cast<size_t>(b0) * NH * TT;  // its first attention matrix
+    const size_t att_layer = static_cast<size_t>(B_) * NH * TT;
+    const int N = B * T;  // rows of the slice
+    const int* inputs = inputs_.data() + row0;
 
     // x = drop(wte[idx] + wpe[pos])                                     (B, T, C)
-    encoder_forward(a.encoded.data(), inputs, p.wte, p.wpe, B, T, C);
+    float* encoded = a.encoded.data() + row0 * C;
+    encoder_forward(encoded, inputs, p.wte, p.wpe, B, T, C);
     if (dropout)
-        dropout_forward(a.encoded.data(), a.encoded_mask.data(), pdrop, dropout_rng_, N * C);
+        dropout_forward(encoded, a.encoded_mask.data() + row0 * C, pdrop, dropout_rng_, N * C);
 
     for (int l = 0; l < L; ++l) {
         const size_t lc = static_cast<size_t>(l) * C;
-        const float* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * BTC;
-        float* ln1 = a.ln1.data() + l * BTC;
-        float* qkv = a.qkv.data() + l * BTC * 3;
-        float* atty = a.atty.data() + l * BTC;
-        float* att = a.att.data() + l * B * NH * TT;
-        float* att_dropped = dropout ? a.att_dropped.data() + l * B * NH * TT : nullptr;
-        float* attproj = a.attproj.data() + l * BTC;
-        float* residual2 = a.residual2.data() + l * BTC;
-        float* ln2 = a.ln2.data() + l * BTC;
-        float* fch = a.fch.data() + l * BTC * 4;
-        float* fch_gelu = a.fch_gelu.data() + l * BTC * 4;
-        float* fcproj = a.fcproj.data() + l * BTC;
-        float* residual3 = a.residual3.data() + l * BTC;
+        const size_t at = l * BTC + row0 * C;  // this layer's (B, T, C) tensors, at the slice
+        const float* residual = l == 0 ? encoded : a.residual3.data() + at - BTC;
+        float* ln1 = a.ln1.data() + at;
+        float* qkv = a.qkv.data() + 3 * at;
+        float* atty = a.atty.data() + at;
+        float* att = a.att.data() + l * att_layer + att0;
+        float* att_dropped = dropout ? a.att_dropped.data() + l * att_layer + att0 : nullptr;
+        float* attproj = a.attproj.data() + at;
+        float* residual2 = a.residual2.data() + at;
+        float* ln2 = a.ln2.data() + at;
+        float* fch = a.fch.data() + 4 * at;
+        float* fch_gelu = a.fch_gelu.data() + 4 * at;
+        float* fcproj = a.fcproj.data() + at;
+        float* residual3 = a.residual3.data() + at;
+        const size_t stats = l * BT + row0;  // this layer's (B, T) statistics, at the slice
 
         // x = x + drop(c_proj(attention(c_attn(ln_1(x)))))
-        layernorm_forward(ln1, a.ln1_mean.data() + l * BT, a.ln1_rstd.data() + l * BT, residual,
+        layernorm_forward(ln1, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, residual,
                           p.ln1w + lc, p.ln1b ? p.ln1b + lc : nullptr, B, T, C);
         matmul_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C,
                        3 * C);
@@ -259,125 +316,180 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
         if (dropout)
-            dropout_forward(attproj, a.attproj_mask.data() + l * BTC, pdrop, dropout_rng_, N * C);
+            dropout_forward(attproj, a.attproj_mask.data() + at, pdrop, dropout_rng_, N * C);
         residual_forward(residual2, residual, attproj, N * C);
 
         // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
-        layernorm_forward(ln2, a.ln2_mean.data() + l * BT, a.ln2_rstd.data() + l * BT, residual2,
+        layernorm_forward(ln2, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, residual2,
                           p.ln2w + lc, p.ln2b ? p.ln2b + lc : nullptr, B, T, C);
         matmul_forward(fch, ln2, p.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C, 4 * C);
         gelu_forward(fch_gelu, fch, N * 4 * C);
         matmul_forward(fcproj, fch_gelu, p.fcprojw + lc * 4 * C,
                        p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C);
         if (dropout)
-            dropout_forward(fcproj, a.fcproj_mask.data() + l * BTC, pdrop, dropout_rng_, N * C);
+            dropout_forward(fcproj, a.fcproj_mask.data() + at, pdrop, dropout_rng_, N * C);
         residual_forward(residual3, residual2, fcproj, N * C);
     }
 
     // logits = ln_f(x) · wteᵀ                                           (B, T, V)
-    const float* last = a.residual3.data() + (L - 1) * BTC;
-    layernorm_forward(a.lnf.data(), a.lnf_mean.data(), a.lnf_rstd.data(), last, p.lnfw, p.lnfb, B,
-                      T, C);
-    matmul_forward(a.logits.data(), a.lnf.data(), p.wte, nullptr, N, C, V);
-
-    std::copy(inputs, inputs + BT, inputs_.begin());
-    has_targets_ = targets != nullptr;
-    if (!targets) return std::numeric_limits<float>::quiet_NaN();
-    std::copy(targets, targets + BT, targets_.begin());
-    return crossentropy_forward(a.probs.data(), a.losses.data(), a.logits.data(), targets, B, T, V);
+    const float* last = a.residual3.data() + (L - 1) * BTC + row0 * C;
+    float* lnf = a.lnf.data() + row0 * C;
+    layernorm_forward(lnf, a.lnf_mean.data() + row0, a.lnf_rstd.data() + row0, last, p.lnfw,
+                      p.lnfb, B, T, C);
+    float* logits = a.logits.data() + row0 * V;
+    matmul_forward(logits, lnf, p.wte, nullptr, N, C, V);
+    if (has_targets_) {
+        crossentropy_forward(a.probs.data() + row0 * V, a.losses.data() + row0, logits,
+                             targets_.data() + row0, B, T, V);
+    }
 }
 
 void GPT::zero_grad() { zero(grads_memory_); }
 
 void GPT::backward() {
     require(has_targets_, "GPT::backward: the last forward call had no targets, so no loss");
-    const int B = B_, T = T_;
+    // As in the forward pass, each thread takes a slice of the batch. The slices share the
+    // parameters, whose gradients are sums over the whole batch: the first slice adds into
+    // the model's gradients, every other slice into a zeroed buffer of its own, and those
+    // are added to the model's afterwards, in slice order, so that the result depends on the
+    // number of threads only through that order.
+    const int B = B_;
+    const int slices = std::min(B, omp_get_max_threads());
+    if (slice_grads_.size() < static_cast<size_t>(slices - 1)) slice_grads_.resize(slices - 1);
+#pragma omp parallel num_threads(slices)
+    {
+        const int id = omp_get_thread_num();
+        const int team = omp_get_num_threads();
+        const int b0 = batch_slice_begin(B);
+        const int b1 = batch_slice_end(B);
+        if (id == 0) {
+            backward_slice(b0, b1 - b0, grads_);
+        } else {
+            std::vector<float>& own = slice_grads_[id - 1];
+            resize_zero(own, grads_memory_.size());
+            if (b1 > b0) {
+                backward_slice(b0, b1 - b0, shifted(grads_, grads_memory_.data(), own.data()));
+            }
+        }
+        // In the same parallel region, after every slice is done: a new region would have
+        // to wake the threads again, which on a busy machine can cost a scheduler time slice.
+#pragma omp barrier
+        float* g = grads_memory_.data();
+        const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(grads_memory_.size());
+#pragma omp for schedule(static)
+        for (std::ptrdiff_t i = 0; i < n; ++i) {
+            for (int s = 0; s < team - 1; ++s) g[i] += slice_grads_[s][i];
+        }
+    }
+}
+
+void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
+    // B is this slice's batch size; offsets as in forward_slice. The scratch buffers are
+    // (B_, T, ...) for the whole batch: each slice works in its own rows of them.
+    const int T = T_;
     const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
-    const size_t BT = static_cast<size_t>(B) * T;
-    const int N = static_cast<int>(BT);
+    const size_t BT = static_cast<size_t>(B_) * T;
     const size_t BTC = BT * C;
     const size_t TT = static_cast<size_t>(T) * T;
+    const size_t row0 = static_cast<size_t>(b0) * T;
+    const size_t att0 = static_cast<size_t>(b0) * NH * TT;
+    const size_t att_layer = static_cast<size_t>(B_) * NH * TT;
+    const int N = B * T;
+    const size_t NC = static_cast<size_t>(N) * C;
     const ParameterTensors& p = params_;
-    const ParameterTensors& g = grads_;
     const Activations& a = acts_;
     GradientScratch& s = scratch_;
     const bool dropout = dropout_applied_;
     const float pdrop = dropout ? config_.dropout : 0.0f;
+    // this slice's rows of the scratch buffers, zeroed where a backward adds into them
+    float* dresidual = s.dresidual.data() + row0 * C;  // (B, T, C)
+    float* dln = s.dln.data() + row0 * C;              // (B, T, C)
+    float* dqkv = s.dqkv.data() + 3 * row0 * C;        // (B, T, 3C)
+    float* datty = s.datty.data() + row0 * C;          // (B, T, C)
+    float* dfch = s.dfch.data() + 4 * row0 * C;        // (B, T, 4C)
+    float* dfch_gelu = s.dfch_gelu.data() + 4 * row0 * C;
+    float* dlogits = s.dlogits.data() + row0 * V;      // (B, T, V)
+    float* datt = s.datt.data() + att0;                // (B, NH, T, T)
+    float* dinner = s.dinner.data() + row0 * C;        // (B, T, C)
+    auto clear = [](float* x, size_t n) { std::fill(x, x + n, 0.0f); };
 
-    // loss = mean cross-entropy(softmax(logits), targets)
-    zero(s.dlogits);
-    crossentropy_backward(s.dlogits.data(), a.probs.data(), targets_.data(), B, T, V);
+    // loss = mean cross-entropy(softmax(logits), targets), the mean over the whole batch
+    clear(dlogits, static_cast<size_t>(N) * V);
+    crossentropy_backward(dlogits, a.probs.data() + row0 * V, targets_.data() + row0, B, T, V,
+                          static_cast<int>(BT));
     // logits = lnf · wteᵀ (the tied LM head: its gradient adds to the embedding's)
-    zero(s.dln);
-    matmul_backward(s.dln.data(), g.wte, nullptr, s.dlogits.data(), a.lnf.data(), p.wte, N, C, V);
+    clear(dln, NC);
+    matmul_backward(dln, g.wte, nullptr, dlogits, a.lnf.data() + row0 * C, p.wte, N, C, V);
     // lnf = ln_f(residual3[L-1])
-    zero(s.dresidual);
-    layernorm_backward(s.dresidual.data(), g.lnfw, g.lnfb, s.dln.data(),
-                       a.residual3.data() + (L - 1) * BTC, p.lnfw, a.lnf_mean.data(),
-                       a.lnf_rstd.data(), B, T, C);
+    clear(dresidual, NC);
+    const float* last = a.residual3.data() + (L - 1) * BTC + row0 * C;
+    layernorm_backward(dresidual, g.lnfw, g.lnfb, dln, last, p.lnfw, a.lnf_mean.data() + row0,
+                       a.lnf_rstd.data() + row0, B, T, C);
 
-    // s.dresidual holds d(residual3[l]) on entry to each block and d(block input) on exit:
+    // dresidual holds d(residual3[l]) on entry to each block and d(block input) on exit:
     // the identity path of both residual connections adds dout to the input unchanged, so
     // only the branches are added into it.
     for (int l = L - 1; l >= 0; --l) {
         const size_t lc = static_cast<size_t>(l) * C;
-        const float* residual = l == 0 ? a.encoded.data() : a.residual3.data() + (l - 1) * BTC;
-        const float* ln1 = a.ln1.data() + l * BTC;
-        const float* qkv = a.qkv.data() + l * BTC * 3;
-        const float* atty = a.atty.data() + l * BTC;
-        const float* att = a.att.data() + l * B * NH * TT;
-        const float* att_dropped = dropout ? a.att_dropped.data() + l * B * NH * TT : nullptr;
-        const float* residual2 = a.residual2.data() + l * BTC;
-        const float* ln2 = a.ln2.data() + l * BTC;
-        const float* fch = a.fch.data() + l * BTC * 4;
-        const float* fch_gelu = a.fch_gelu.data() + l * BTC * 4;
+        const size_t at = l * BTC + row0 * C;
+        const size_t stats = l * BT + row0;
+        const float* residual =
+            l == 0 ? a.encoded.data() + row0 * C : a.residual3.data() + at - BTC;
+        const float* ln1 = a.ln1.data() + at;
+        const float* qkv = a.qkv.data() + 3 * at;
+        const float* atty = a.atty.data() + at;
+        const float* att = a.att.data() + l * att_layer + att0;
+        const float* att_dropped = dropout ? a.att_dropped.data() + l * att_layer + att0 : nullptr;
+        const float* residual2 = a.residual2.data() + at;
+        const float* ln2 = a.ln2.data() + at;
+        const float* fch = a.fch.data() + 4 * at;
+        const float* fch_gelu = a.fch_gelu.data() + 4 * at;
 
         // residual3 = residual2 + fcproj: d(residual2) = dresidual (kept in place),
         // d(fcproj) = dresidual
-        std::copy(s.dresidual.begin(), s.dresidual.end(), s.dinner.begin());
+        std::copy(dresidual, dresidual + NC, dinner);
         // fcproj = drop(fch_gelu · c_projᵀ + b)
-        if (dropout) dropout_backward(s.dinner.data(), a.fcproj_mask.data() + l * BTC, N * C);
-        zero(s.dfch_gelu);
-        matmul_backward(s.dfch_gelu.data(), g.fcprojw + lc * 4 * C,
-                        g.fcprojb ? g.fcprojb + lc : nullptr, s.dinner.data(), fch_gelu,
-                        p.fcprojw + lc * 4 * C, N, 4 * C, C);
+        if (dropout) dropout_backward(dinner, a.fcproj_mask.data() + at, N * C);
+        clear(dfch_gelu, 4 * NC);
+        matmul_backward(dfch_gelu, g.fcprojw + lc * 4 * C, g.fcprojb ? g.fcprojb + lc : nullptr,
+                        dinner, fch_gelu, p.fcprojw + lc * 4 * C, N, 4 * C, C);
         // fch_gelu = gelu(fch)
-        zero(s.dfch);
-        gelu_backward(s.dfch.data(), fch, s.dfch_gelu.data(), N * 4 * C);
+        clear(dfch, 4 * NC);
+        gelu_backward(dfch, fch, dfch_gelu, N * 4 * C);
         // fch = ln2 · c_fcᵀ + b
-        zero(s.dln);
-        matmul_backward(s.dln.data(), g.fcw + lc * 4 * C, g.fcb ? g.fcb + 4 * lc : nullptr,
-                        s.dfch.data(), ln2, p.fcw + lc * 4 * C, N, C, 4 * C);
+        clear(dln, NC);
+        matmul_backward(dln, g.fcw + lc * 4 * C, g.fcb ? g.fcb + 4 * lc : nullptr, dfch, ln2,
+                        p.fcw + lc * 4 * C, N, C, 4 * C);
         // ln2 = ln_2(residual2)
-        layernorm_backward(s.dresidual.data(), g.ln2w + lc, g.ln2b ? g.ln2b + lc : nullptr,
-                           s.dln.data(), residual2, p.ln2w + lc, a.ln2_mean.data() + l * BT,
-                           a.ln2_rstd.data() + l * BT, B, T, C);
+        layernorm_backward(dresidual, g.ln2w + lc, g.ln2b ? g.ln2b + lc : nullptr, dln, residual2,
+                           p.ln2w + lc, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, B,
+                           T, C);
 
         // residual2 = residual + attproj
-        std::copy(s.dresidual.begin(), s.dresidual.end(), s.dinner.begin());
+        std::copy(dresidual, dresidual + NC, dinner);
         // attproj = drop(atty · c_projᵀ + b)
-        if (dropout) dropout_backward(s.dinner.data(), a.attproj_mask.data() + l * BTC, N * C);
-        zero(s.datty);
-        matmul_backward(s.datty.data(), g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr,
-                        s.dinner.data(), atty, p.attprojw + lc * C, N, C, C);
+        if (dropout) dropout_backward(dinner, a.attproj_mask.data() + at, N * C);
+        clear(datty, NC);
+        matmul_backward(datty, g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr, dinner,
+                        atty, p.attprojw + lc * C, N, C, C);
         // atty = attention(qkv)
-        zero(s.dqkv);
-        attention_backward(s.dqkv.data(), s.datt.data(), s.datty.data(), qkv, att, att_dropped,
-                           pdrop, B, T, C, NH, config_.causal);
+        clear(dqkv, 3 * NC);
+        attention_backward(dqkv, datt, datty, qkv, att, att_dropped, pdrop, B, T, C, NH,
+                           config_.causal);
         // qkv = ln1 · c_attnᵀ + b
-        zero(s.dln);
-        matmul_backward(s.dln.data(), g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr,
-                        s.dqkv.data(), ln1, p.qkvw + lc * 3 * C, N, C, 3 * C);
+        clear(dln, NC);
+        matmul_backward(dln, g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr, dqkv, ln1,
+                        p.qkvw + lc * 3 * C, N, C, 3 * C);
         // ln1 = ln_1(residual)
-        layernorm_backward(s.dresidual.data(), g.ln1w + lc, g.ln1b ? g.ln1b + lc : nullptr,
-                           s.dln.data(), residual, p.ln1w + lc, a.ln1_mean.data() + l * BT,
-                           a.ln1_rstd.data() + l * BT, B, T, C);
+        layernorm_backward(dresidual, g.ln1w + lc, g.ln1b ? g.ln1b + lc : nullptr, dln, residual,
+                           p.ln1w + lc, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, B,
+                           T, C);
     }
 
     // encoded = drop(wte[idx] + wpe[pos])
-    if (dropout) dropout_backward(s.dresidual.data(), a.encoded_mask.data(), N * C);
+    if (dropout) dropout_backward(dresidual, a.encoded_mask.data() + row0 * C, N * C);
     // The inputs were not kept: the token ids are needed to scatter into wte.
-    encoder_backward(g.wte, g.wpe, s.dresidual.data(), inputs_.data(), B, T, C);
+    encoder_backward(g.wte, g.wpe, dresidual, inputs_.data() + row0, B, T, C);
 }
 
 }  // namespace attn

@@ -1,10 +1,13 @@
 // AdamW and gradient-norm clipping, as torch.optim.AdamW and torch.nn.utils.clip_grad_norm_.
 #include "attn/gpt.hpp"
 
+#include "../simd_clones.hpp"
+
 #include <cmath>
 
 namespace attn {
 
+ATTN_SIMD_CLONES
 void AdamW::step(GPT& model, float lr) {
     std::vector<float>& params = model.parameters();
     const std::vector<float>& grads = model.gradients();
