@@ -18,7 +18,7 @@ TEST_CASE("unmasked attention's rows cover every position and its backward agree
     const int B = 2, T = 5, C = 8, NH = 2;
     Rng rng(4);
     std::vector<float> qkv = normal_vector(rng, B * T * 3 * C);
-    std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(T * T);
+    std::vector<float> out(B * T * C), att(B * NH * T * T), scratch(att.size());  // (B, NH, T, T)
     std::vector<float> w = normal_vector(rng, out.size());
     attention_forward(out.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, B, T, C, NH, false);
     // Row 0 of head 0 now spreads over all T positions (a softmax of random scores is never 0).

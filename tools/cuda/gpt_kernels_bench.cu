@@ -218,7 +218,7 @@ int main(int argc, char** argv) {
             const std::size_t TT = static_cast<std::size_t>(T) * T;
             const std::vector<float> qkv = random_vector(3 * BTC, rng), dout = random_vector(BTC, rng);
             std::vector<float> out(BTC), att(static_cast<std::size_t>(B) * NH * TT),
-                dqkv(3 * BTC, 0.0f), scratch(TT);
+                dqkv(3 * BTC, 0.0f), scratch(att.size());  // (B, NH, T, T)
             attention_forward(out.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, B, T, C, NH);
             attention_backward(dqkv.data(), scratch.data(), dout.data(), qkv.data(), att.data(),
                                nullptr, 0.0f, B, T, C, NH);
