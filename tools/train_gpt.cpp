@@ -25,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <optional>
+#include <sstream>
 #include <unistd.h>
 
 extern "C" int openblas_get_num_threads(void);
@@ -55,22 +56,13 @@ struct Flags {
     int bench = 0;
 };
 
-// The corpus: --data, or tiny shakespeare where `./workbook data` puts it, or the fallback.
-fs::path find_corpus(const Flags& f) {
+// The corpus: --data, or the course's default (tiny shakespeare, else a fallback).
+fs::path corpus_of(const Flags& f) {
     if (!f.data.empty()) return f.data;
-    for (const char* candidate : {"data/tinyshakespeare.txt", "data/fallback.txt",
-                                  "/usr/share/games/fortunes/fortunes"}) {
-        if (fs::exists(candidate)) {
-            if (std::string(candidate) != "data/tinyshakespeare.txt") {
-                std::cerr << "train_gpt: data/tinyshakespeare.txt not found (./workbook data gets it): "
-                             "training on "
-                          << candidate << " instead\n";
-            }
-            return candidate;
-        }
-    }
-    throw std::runtime_error("no corpus: data/tinyshakespeare.txt is missing (run ./workbook data) "
-                             "and no fallback corpus is installed; or pass --data FILE");
+    std::ostringstream note;
+    const fs::path p = find_corpus(&note);
+    if (!note.str().empty()) std::cerr << "train_gpt: " << note.str();
+    return p;
 }
 
 // A run folder (holding checkpoint/) or a checkpoint folder itself.
@@ -159,7 +151,7 @@ int run(const Flags& f) {
     if (f.no_causal_mask) config.causal = false;
     config.validate();
 
-    const fs::path corpus = find_corpus(f);
+    const fs::path corpus = corpus_of(f);
     const std::string text = read_corpus(corpus);
     TextDataset data = make_dataset(text);
 

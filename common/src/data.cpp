@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <ostream>
 #include <iterator>
 #include <set>
 #include <stdexcept>
@@ -102,6 +103,24 @@ std::string read_corpus(const std::filesystem::path& path) {
         throw std::runtime_error(path.string() + ": looks binary, not UTF-8 text (" + e.what() + ")");
     }
     return text;
+}
+
+std::filesystem::path find_corpus(std::ostream* note) {
+    namespace fs = std::filesystem;
+    const fs::path root = ATTN_SOURCE_DIR;  // the course's folder, set by CMake
+    for (const fs::path& p : {root / "data" / "tinyshakespeare.txt", fs::path("data/tinyshakespeare.txt")})
+        if (fs::exists(p)) return p;
+    for (const fs::path& p : {root / "data" / "fallback.txt",
+                              fs::path("/usr/share/games/fortunes/fortunes")}) {
+        if (fs::exists(p)) {
+            if (note)
+                *note << "data/tinyshakespeare.txt is missing (./workbook data gets it): using "
+                      << p.string() << " instead, so the numbers are not tiny shakespeare's\n";
+            return p;
+        }
+    }
+    throw std::runtime_error("no corpus: run ./workbook data (tiny shakespeare), or install "
+                             "fortunes-min (./workbook setup)");
 }
 
 TextDataset make_dataset(std::string_view text, double val_fraction, std::size_t min_length) {

@@ -1,4 +1,5 @@
 // Lesson 08: break it. The page that narrates this program is lesson.md beside it.
+#include "attn/data.hpp"
 #include "attn/entropy.hpp"
 #include "attn/heatmap.hpp"
 #include "attn/lesson.hpp"
@@ -6,6 +7,7 @@
 #include "attn/print.hpp"
 #include "attn/random.hpp"
 #include "attn/sdpa.hpp"
+#include "attn/trainer.hpp"
 
 #include <xtensor/xview.hpp>
 
@@ -175,7 +177,29 @@ int main(int argc, char** argv) {
                                                              xt::view(y_unmasked, 0, t)))()));
         }
 
-        // (c) What a model trained without the mask learns ("cheating": a low training loss
-        // and useless generation) needs training; lesson 11 adds that comparison here.
+        print_heading("(c) Train a model without the mask: it learns to cheat");
+        // Lesson 11's CPU recipe for 300 steps, once with the causal mask and once without:
+        // same seed, same batches, same everything else.
+        const TextDataset data = make_dataset(read_corpus(find_corpus(&std::cout)));
+        //! [cheat]
+        TrainConfig recipe = TrainConfig::named("cpu");
+        recipe.max_iters = 300;
+        recipe.lr_decay_iters = 300;
+        SampleOptions sample;
+        sample.max_new_tokens = 160;
+        sample.top_k = 10;
+        for (const bool causal : {true, false}) {
+            recipe.causal = causal;
+            Trainer trainer(recipe, data);
+            while (!trainer.done()) trainer.train_step();
+            const EvalRecord e = trainer.evaluate();  // teacher-forced: the future is in the batch
+            trainer.model().train(false);
+            const std::string text = generate_text(trainer.model(), data.vocab, "\n", sample);
+            std::printf("%s: train loss %.3f, val loss %.3f after %lld steps\n",
+                        causal ? "with the causal mask   " : "WITHOUT the causal mask", e.train_loss,
+                        e.val_loss, static_cast<long long>(trainer.step()));
+            std::cout << "  generated:" << text << "\n\n";
+        }
+        //! [cheat]
     });
 }

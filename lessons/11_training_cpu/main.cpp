@@ -20,30 +20,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// tiny shakespeare where `./workbook data` puts it (this file is lessons/11_*/main.cpp),
-// else the fortunes that Debian's fortunes-min ships.
-fs::path find_corpus() {
-    const fs::path root = fs::path(__FILE__).parent_path().parent_path().parent_path();
-    for (const fs::path& p : {root / "data" / "tinyshakespeare.txt", fs::path("data/tinyshakespeare.txt")}) {
-        if (fs::exists(p)) return p;
-    }
-    const fs::path fortunes = "/usr/share/games/fortunes/fortunes";
-    if (fs::exists(fortunes)) {
-        std::cout << "data/tinyshakespeare.txt is missing (./workbook data gets it): training on\n"
-                  << "Debian's fortunes instead, so the numbers below are not the tiny shakespeare ones.\n";
-        return fortunes;
-    }
-    throw std::runtime_error("no corpus: run ./workbook data (tiny shakespeare), or install "
-                             "fortunes-min (./workbook setup)");
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
     return run_lesson(argc, argv, "Lesson 11: training on the CPU", [](const LessonOptions& opts) {
         print_heading("The corpus");
         //! [data]
-        const fs::path corpus = find_corpus();
+        const fs::path corpus = find_corpus(&std::cout);
         const TextDataset data = make_dataset(read_corpus(corpus));  // 90% train, 10% val
         //! [data]
         std::printf("%s: %zu characters, vocabulary of %zu, %zu train / %zu val tokens\n",

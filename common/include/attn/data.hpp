@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,13 @@ std::vector<std::string> utf8_characters(std::string_view text);
 /// @throws std::runtime_error naming the file if it is missing, unreadable, empty, or
 /// binary (it holds NUL bytes or is not valid UTF-8)
 std::string read_corpus(const std::filesystem::path& path);
+
+/// The corpus the lessons train on: tiny shakespeare where `./workbook data` puts it
+/// (`data/tinyshakespeare.txt` in the course's folder, or under the current directory),
+/// else `data/fallback.txt`, else the fortunes file of Debian's fortunes-min.
+/// @param note  if not null, receives one line when the corpus is not tiny shakespeare
+/// @throws std::runtime_error saying how to get a corpus when there is none
+std::filesystem::path find_corpus(std::ostream* note = nullptr);
 
 /// A text encoded for training: the vocabulary and the two splits of the token ids.
 struct TextDataset {
