@@ -1,5 +1,7 @@
 #include "attn/kv_cache.hpp"
 
+#include "attn/gpt_layers.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>

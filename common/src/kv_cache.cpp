@@ -4,6 +4,7 @@
 #include "attn/kv_cache.hpp"
 
 #include "attn/gpt_layers.hpp"
+#include "attn/tensor.hpp"
 
 #include <cblas.h>
 
@@ -16,10 +17,6 @@ namespace attn {
 namespace {
 
 using std::size_t;
-
-void require(bool ok, const std::string& message) {
-    if (!ok) throw std::invalid_argument(message);
-}
 
 // The cache must have been made for this model: same layers, heads and head size.
 void require_fits(const KVCache& cache, const GPTConfig& config, const char* who) {
