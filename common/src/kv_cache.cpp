@@ -6,8 +6,6 @@
 #include "attn/gpt_layers.hpp"
 #include "attn/tensor.hpp"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
@@ -103,8 +101,16 @@ void attention_step_forward(float* out, float* att, const float* q, const float*
         const float* k_h = key_cache + static_cast<size_t>(h) * capacity * hs;    // (T, hs)
         const float* v_h = value_cache + static_cast<size_t>(h) * capacity * hs;  // (T, hs)
         float* a = att + static_cast<size_t>(h) * T;                              // (T)
-        // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied as attention_forward does
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, T, hs, scale, k_h, hs, q_h, 1, 0.0f, a, 1);
+        // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied after the sum as
+        // attention_forward's sgemm does. Plain loops, not BLAS: OpenBLAS may hand a
+        // matrix-vector product this small to its threads, and waking them costs more than
+        // the T·hs multiply-adds (much more when another program is using the cores).
+        for (int j = 0; j < T; ++j) {
+            const float* k_j = k_h + static_cast<size_t>(j) * hs;
+            float dot = 0.0f;
+            for (int i = 0; i < hs; ++i) dot += q_h[i] * k_j[i];
+            a[j] = dot * scale;
+        }
         // max-subtracted softmax over all T positions: they are all in the past
         float maxval = a[0];
         for (int j = 1; j < T; ++j) maxval = std::max(maxval, a[j]);
@@ -115,8 +121,13 @@ void attention_step_forward(float* out, float* att, const float* q, const float*
         }
         const float inv = 1.0f / sum;
         for (int j = 0; j < T; ++j) a[j] *= inv;
-        // out_h (hs) = V_hᵀ (hs, T) · att (T)
-        cblas_sgemv(CblasRowMajor, CblasTrans, T, hs, 1.0f, v_h, hs, a, 1, 0.0f, out + h * hs, 1);
+        // out_h (hs) = Σ_j att[j] · V_h[j]
+        float* out_h = out + h * hs;
+        std::fill(out_h, out_h + hs, 0.0f);
+        for (int j = 0; j < T; ++j) {
+            const float* v_j = v_h + static_cast<size_t>(j) * hs;
+            for (int i = 0; i < hs; ++i) out_h[i] += a[j] * v_j[i];
+        }
     }
 }
 
