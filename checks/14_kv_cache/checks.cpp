@@ -1,0 +1,124 @@
+// Checks for exercise 14: appending to the cache and attending over it.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/gpt_layers.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xadapt.hpp>
+#include <xtensor/xview.hpp>
+
+#include <vector>
+
+using attn::Tensor1;
+using attn::Tensor2;
+using exercise::append_and_attend;
+
+TEST_CASE("the first token attends to itself alone and its output is its own value") {
+    Tensor2 keys = xt::zeros<float>({4, 2}), values = xt::zeros<float>({4, 3});
+    const Tensor1 out = append_and_attend(keys, values, 0, Tensor1{5, -1}, Tensor1{1, 2},
+                                          Tensor1{0.5f, -2, 7});
+    // one position: its softmax weight is exactly 1
+    CHECK_CLOSE(out, Tensor1({0.5f, -2, 7}), 1e-6);
+    CHECK_CLOSE(xt::row(keys, 0), Tensor1({1, 2}), 0.0);
+    CHECK_CLOSE(xt::row(values, 0), Tensor1({0.5f, -2, 7}), 0.0);
+}
+
+TEST_CASE("a second token blends two values with weights worked by hand") {
+    // Row 0 already cached: k0 = (1, 0), v0 = (1, 0). The new token at pos 1 has
+    // q = (1, 1), k1 = (0, 0), v1 = (0, 2). Scores: q·k0/√2 = 0.7071068, q·k1/√2 = 0.
+    // Weights: e^0.7071068 = 2.0281150, so w0 = 2.0281150 / 3.0281150 = 0.6697615 and
+    // w1 = 0.3302385. Output: w0·v0 + w1·v1 = (0.6697615, 0.6604769).
+    Tensor2 keys = {{1, 0}, {0, 0}, {0, 0}}, values = {{1, 0}, {0, 0}, {0, 0}};
+    const Tensor1 out = append_and_attend(keys, values, 1, Tensor1{1, 1}, Tensor1{0, 0},
+                                          Tensor1{0, 2});
+    // values given to 7 digits
+    CHECK_CLOSE(out, Tensor1({0.6697615f, 0.6604769f}), 1e-6);
+    CHECK_CLOSE(xt::row(values, 1), Tensor1({0, 2}), 0.0);
+}
+
+TEST_CASE("only row pos is written and rows after pos are never read") {
+    attn::Rng rng(1);
+    Tensor2 keys = rng.normal_tensor<2>({6, 4}), values = rng.normal_tensor<2>({6, 4});
+    const Tensor1 q = rng.normal_tensor<1>({4}), k = rng.normal_tensor<1>({4}),
+                  v = rng.normal_tensor<1>({4});
+    Tensor2 keys2 = keys, values2 = values;
+    Tensor2 expected_keys = keys;  // what the cache must hold afterwards: row 2 replaced by k
+    xt::row(expected_keys, 2) = k;
+    // rows 3..5 are future tokens: fill the second copy's with huge numbers
+    xt::view(keys2, xt::range(3, 6)) = 1e6f;
+    xt::view(values2, xt::range(3, 6)) = -1e6f;
+    const Tensor1 a = append_and_attend(keys, values, 2, q, k, v);
+    const Tensor1 b = append_and_attend(keys2, values2, 2, q, k, v);
+    CHECK_CLOSE(a, b, 0.0);  // the same rows 0..2, the same arithmetic
+    CHECK_CLOSE(keys, expected_keys, 0.0);
+}
+
+TEST_CASE("step by step it reproduces full causal attention of one head") {
+    // T tokens appended one at a time must give the rows of ordinary causal attention
+    // (attn::attention_forward with one head) over the same q, k, v.
+    const int T = 7, hs = 8;
+    attn::Rng rng(2);
+    std::vector<float> qkv(static_cast<std::size_t>(T) * 3 * hs);  // (T, 3·hs), C = hs
+    for (float& x : qkv) x = rng.normal();
+    std::vector<float> expected(static_cast<std::size_t>(T) * hs), att(T * T);
+    attn::attention_forward(expected.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, 1, T,
+                            hs, 1);
+    Tensor2 keys = xt::zeros<float>({T, hs}), values = xt::zeros<float>({T, hs});
+    for (int t = 0; t < T; ++t) {
+        CAPTURE(t);
+        const float* row = qkv.data() + t * 3 * hs;
+        const Tensor1 q = xt::adapt(row, hs, xt::no_ownership(), std::array<std::size_t, 1>{hs});
+        const Tensor1 k = xt::adapt(row + hs, hs, xt::no_ownership(), std::array<std::size_t, 1>{hs});
+        const Tensor1 v = xt::adapt(row + 2 * hs, hs, xt::no_ownership(), std::array<std::size_t, 1>{hs});
+        const Tensor1 out = append_and_attend(keys, values, t, q, k, v);
+        const Tensor1 want = xt::adapt(expected.data() + t * hs, hs, xt::no_ownership(),
+                                       std::array<std::size_t, 1>{hs});
+        // sums of 8 products of N(0,1) numbers in another order: float32 ulps of O(1) values
+        CHECK_CLOSE(out, want, 1e-5);
+    }
+}
+
+TEST_CASE("agrees with the library's cached attention step on random input") {
+    const int capacity = 9, hs = 6;
+    attn::Rng rng(3);
+    attn::KVCache cache(1, 1, hs, capacity);
+    Tensor2 keys = xt::zeros<float>({capacity, hs}), values = xt::zeros<float>({capacity, hs});
+    for (int pos = 0; pos < capacity; ++pos) {
+        CAPTURE(pos);
+        const Tensor1 q = rng.normal_tensor<1>({hs}), k = rng.normal_tensor<1>({hs}),
+                      v = rng.normal_tensor<1>({hs});
+        const Tensor1 out = append_and_attend(keys, values, pos, q, k, v);
+        cache.append(0, k.data(), v.data());
+        std::vector<float> lib(hs), weights(pos + 1);
+        attn::attention_step_forward(lib.data(), weights.data(), q.data(), cache.keys(0),
+                                     cache.values(0), pos + 1, capacity, hs, 1);
+        const Tensor1 want = xt::adapt(lib, std::array<std::size_t, 1>{hs});
+        CHECK_CLOSE(out, want, 1e-5);  // as above: the same sums in another order
+    }
+}
+
+TEST_CASE("bad shapes and positions are rejected with std::invalid_argument") {
+    attn::Rng rng(4);
+    Tensor2 keys = xt::zeros<float>({4, 3}), values = xt::zeros<float>({4, 2});
+    const Tensor1 q = rng.normal_tensor<1>({3}), k = rng.normal_tensor<1>({3}),
+                  v = rng.normal_tensor<1>({2});
+    SUBCASE("a position outside the cache") {
+        CHECK_THROWS_AS(append_and_attend(keys, values, 4, q, k, v), std::invalid_argument);
+        CHECK_THROWS_AS(append_and_attend(keys, values, -1, q, k, v), std::invalid_argument);
+    }
+    SUBCASE("q, k or v of the wrong size") {
+        const Tensor1 four = rng.normal_tensor<1>({4});
+        CHECK_THROWS_AS(append_and_attend(keys, values, 0, four, k, v), std::invalid_argument);
+        CHECK_THROWS_AS(append_and_attend(keys, values, 0, q, four, v), std::invalid_argument);
+        CHECK_THROWS_AS(append_and_attend(keys, values, 0, q, k, four), std::invalid_argument);
+    }
+    SUBCASE("caches with different capacities") {
+        Tensor2 short_values = xt::zeros<float>({3, 2});
+        CHECK_THROWS_AS(append_and_attend(keys, short_values, 0, q, k, v), std::invalid_argument);
+    }
+    // nothing was written by the rejected calls
+    CHECK_CLOSE(keys, xt::zeros<float>({4, 3}), 0.0);
+}

@@ -1,0 +1,292 @@
+// Generation with a key/value cache: the cache, one cached step, prefill, and the sampling
+// loop that gives the same text as generate_text. Shapes use the axis letters of
+// gpt_layers.hpp.
+#include "attn/kv_cache.hpp"
+
+#include "attn/gpt_layers.hpp"
+#include "attn/tensor.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace attn {
+
+namespace {
+
+using std::size_t;
+
+// The cache must have been made for this model: same layers, heads and head size.
+void require_fits(const KVCache& cache, const GPTConfig& config, const char* who) {
+    require(config.causal, std::string(who) +
+                               ": the model is not causal, so an earlier position's key and value "
+                               "would change with every new token and cannot be cached");
+    require(cache.n_layer() == config.n_layer && cache.n_head() == config.n_head &&
+                cache.head_size() * cache.n_head() == config.n_embd,
+            std::string(who) + ": the cache is (L, NH, hs) = (" + std::to_string(cache.n_layer()) +
+                ", " + std::to_string(cache.n_head()) + ", " + std::to_string(cache.head_size()) +
+                "), the model (" + std::to_string(config.n_layer) + ", " +
+                std::to_string(config.n_head) + ", " +
+                std::to_string(config.n_embd / config.n_head) + ")");
+}
+
+const float* layer_ptr(const float* p, size_t per_layer, int l) {
+    return p ? p + per_layer * static_cast<size_t>(l) : nullptr;  // a missing bias stays null
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// The cache
+
+KVCache::KVCache(int n_layer, int n_head, int n_embd, int capacity)
+    : L_(n_layer), NH_(n_head), hs_(n_head > 0 ? n_embd / n_head : 0), capacity_(capacity) {
+    require(n_layer > 0 && n_head > 0 && n_embd > 0 && capacity > 0,
+            "KVCache: every size must be positive, got L = " + std::to_string(n_layer) +
+                ", NH = " + std::to_string(n_head) + ", C = " + std::to_string(n_embd) +
+                ", capacity = " + std::to_string(capacity));
+    require(n_embd % n_head == 0, "KVCache: NH = " + std::to_string(n_head) +
+                                      " does not divide C = " + std::to_string(n_embd));
+    const size_t n = static_cast<size_t>(L_) * NH_ * capacity_ * hs_;
+    keys_.assign(n, 0.0f);
+    values_.assign(n, 0.0f);
+    sizes_.assign(static_cast<size_t>(L_), 0);
+}
+
+KVCache::KVCache(const GPTConfig& config)
+    : KVCache(config.n_layer, config.n_head, config.n_embd, config.block_size) {}
+
+size_t KVCache::layer_offset(int layer) const {
+    require(layer >= 0 && layer < L_, "KVCache: layer " + std::to_string(layer) +
+                                          " is outside [0, " + std::to_string(L_) + ")");
+    return static_cast<size_t>(layer) * NH_ * capacity_ * hs_;
+}
+
+void KVCache::append(int layer, const float* key, const float* value) {
+    const size_t base = layer_offset(layer);
+    const int pos = sizes_[static_cast<size_t>(layer)];
+    require(pos < capacity_, "KVCache::append: layer " + std::to_string(layer) +
+                                 " already holds its capacity of " + std::to_string(capacity_) +
+                                 " positions");
+    // key (C) = NH rows of hs side by side; head h's row goes to (h, pos, :)
+    for (int h = 0; h < NH_; ++h) {
+        const size_t row = base + (static_cast<size_t>(h) * capacity_ + pos) * hs_;
+        std::copy(key + h * hs_, key + (h + 1) * hs_, keys_.begin() + static_cast<long>(row));
+        std::copy(value + h * hs_, value + (h + 1) * hs_, values_.begin() + static_cast<long>(row));
+    }
+    ++sizes_[static_cast<size_t>(layer)];
+}
+
+void KVCache::clear() { std::fill(sizes_.begin(), sizes_.end(), 0); }
+
+int KVCache::size() const { return *std::min_element(sizes_.begin(), sizes_.end()); }
+
+int KVCache::size(int layer) const {
+    (void)layer_offset(layer);  // validates the layer
+    return sizes_[static_cast<size_t>(layer)];
+}
+
+const float* KVCache::keys(int layer) const { return keys_.data() + layer_offset(layer); }
+const float* KVCache::values(int layer) const { return values_.data() + layer_offset(layer); }
+
+// ---------------------------------------------------------------------------------------
+// One row of attention
+
+void attention_step_forward(float* out, float* att, const float* q, const float* key_cache,
+                            const float* value_cache, int T, int capacity, int C, int NH) {
+    const int hs = C / NH;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    for (int h = 0; h < NH; ++h) {
+        const float* q_h = q + h * hs;                                            // (hs)
+        const float* k_h = key_cache + static_cast<size_t>(h) * capacity * hs;    // (T, hs)
+        const float* v_h = value_cache + static_cast<size_t>(h) * capacity * hs;  // (T, hs)
+        float* a = att + static_cast<size_t>(h) * T;                              // (T)
+        // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied after the sum as
+        // attention_forward's sgemm does. Plain loops, not BLAS: OpenBLAS may hand a
+        // matrix-vector product this small to its threads, and waking them costs more than
+        // the T·hs multiply-adds (much more when another program is using the cores).
+        for (int j = 0; j < T; ++j) {
+            const float* k_j = k_h + static_cast<size_t>(j) * hs;
+            float dot = 0.0f;
+            for (int i = 0; i < hs; ++i) dot += q_h[i] * k_j[i];
+            a[j] = dot * scale;
+        }
+        // max-subtracted softmax over all T positions: they are all in the past
+        float maxval = a[0];
+        for (int j = 1; j < T; ++j) maxval = std::max(maxval, a[j]);
+        float sum = 0.0f;
+        for (int j = 0; j < T; ++j) {
+            a[j] = std::exp(a[j] - maxval);
+            sum += a[j];
+        }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j < T; ++j) a[j] *= inv;
+        // out_h (hs) = Σ_j att[j] · V_h[j]
+        float* out_h = out + h * hs;
+        std::fill(out_h, out_h + hs, 0.0f);
+        for (int j = 0; j < T; ++j) {
+            const float* v_j = v_h + static_cast<size_t>(j) * hs;
+            for (int i = 0; i < hs; ++i) out_h[i] += a[j] * v_j[i];
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// One cached step of the model
+
+const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVCache& cache,
+                                         int token, int pos) {
+    const GPTConfig& cfg = model.config();
+    const int V = cfg.vocab_size, C = cfg.n_embd, L = cfg.n_layer, NH = cfg.n_head;
+    require_fits(cache, cfg, "forward_cached");
+    require(token >= 0 && token < V, "forward_cached: token id " + std::to_string(token) +
+                                         " is outside [0, " + std::to_string(V) + ")");
+    require(pos >= 0 && pos < cfg.block_size && pos < cache.capacity(),
+            "forward_cached: position " + std::to_string(pos) + " is outside [0, " +
+                std::to_string(std::min(cfg.block_size, cache.capacity())) +
+                ") (the block size and the cache's capacity)");
+    require(pos == cache.size(), "forward_cached: position " + std::to_string(pos) +
+                                     " must be the next free one, " +
+                                     std::to_string(cache.size()));
+    const size_t uC = static_cast<size_t>(C);
+    s.x.resize(uC);
+    s.ln.resize(uC);
+    s.qkv.resize(3 * uC);
+    s.atty.resize(uC);
+    s.att.resize(static_cast<size_t>(NH) * cache.capacity());
+    s.proj.resize(uC);
+    s.fch.resize(4 * uC);
+    s.fch_gelu.resize(4 * uC);
+    s.logits.resize(static_cast<size_t>(V));
+    s.residual.resize(uC);
+    float mean = 0.0f, rstd = 0.0f;   // LayerNorm's saved statistics, unused here
+    const ParameterTensors& p = model.params();
+    const int T = pos + 1;            // positions attended over, this one included
+
+    // x = wte[token] + wpe[pos]                                               (C)
+    encoder_forward(s.x.data(), &token, p.wte, p.wpe + static_cast<size_t>(pos) * C, 1, 1, C);
+    for (int l = 0; l < L; ++l) {
+        // x = x + c_proj(attention(c_attn(ln_1(x)))), with this token's k, v appended first
+        layernorm_forward(s.ln.data(), &mean, &rstd, s.x.data(), p.ln1w + l * uC,
+                          layer_ptr(p.ln1b, uC, l), 1, 1, C);
+        matmul_forward(s.qkv.data(), s.ln.data(), p.qkvw + l * 3 * uC * C,
+                       layer_ptr(p.qkvb, 3 * uC, l), 1, C, 3 * C);
+        cache.append(l, s.qkv.data() + C, s.qkv.data() + 2 * C);
+        attention_step_forward(s.atty.data(), s.att.data(), s.qkv.data(), cache.keys(l),
+                               cache.values(l), T, cache.capacity(), C, NH);
+        matmul_forward(s.proj.data(), s.atty.data(), p.attprojw + l * uC * C,
+                       layer_ptr(p.attprojb, uC, l), 1, C, C);
+        residual_forward(s.residual.data(), s.x.data(), s.proj.data(), C);
+        s.x.swap(s.residual);
+
+        // x = x + c_proj(gelu(c_fc(ln_2(x))))
+        layernorm_forward(s.ln.data(), &mean, &rstd, s.x.data(), p.ln2w + l * uC,
+                          layer_ptr(p.ln2b, uC, l), 1, 1, C);
+        matmul_forward(s.fch.data(), s.ln.data(), p.fcw + l * 4 * uC * C,
+                       layer_ptr(p.fcb, 4 * uC, l), 1, C, 4 * C);
+        gelu_forward(s.fch_gelu.data(), s.fch.data(), 4 * C);
+        matmul_forward(s.proj.data(), s.fch_gelu.data(), p.fcprojw + l * 4 * uC * C,
+                       layer_ptr(p.fcprojb, uC, l), 1, 4 * C, C);
+        residual_forward(s.residual.data(), s.x.data(), s.proj.data(), C);
+        s.x.swap(s.residual);
+    }
+    // logits = ln_f(x) · wteᵀ, for this one position                          (V)
+    layernorm_forward(s.ln.data(), &mean, &rstd, s.x.data(), p.lnfw, p.lnfb, 1, 1, C);
+    matmul_forward(s.logits.data(), s.ln.data(), p.wte, nullptr, 1, C, V);
+    return s.logits;
+}
+
+void prefill(std::vector<float>& logits, GPT& model, KVCache& cache, const int* tokens, int T) {
+    const GPTConfig& cfg = model.config();
+    const int V = cfg.vocab_size, C = cfg.n_embd, L = cfg.n_layer;
+    require_fits(cache, cfg, "prefill");
+    require(T >= 1 && T <= cfg.block_size && T <= cache.capacity(),
+            "prefill: the context length " + std::to_string(T) + " is outside [1, " +
+                std::to_string(std::min(cfg.block_size, cache.capacity())) + "]");
+    model.train(false);
+    model.forward(tokens, nullptr, 1, T);  // checks the token ids
+    // The forward pass saved every layer's qkv (L, 1, T, 3C): copy out k and v.
+    const float* qkv = model.activations().qkv.data();
+    cache.clear();
+    for (int l = 0; l < L; ++l) {
+        for (int t = 0; t < T; ++t) {
+            const float* row = qkv + (static_cast<size_t>(l) * T + t) * 3 * C;
+            cache.append(l, row + C, row + 2 * C);
+        }
+    }
+    const float* last = model.logits().data() + static_cast<size_t>(T - 1) * V;
+    logits.assign(last, last + V);
+}
+
+// ---------------------------------------------------------------------------------------
+// Sampling with the cache
+
+std::string generate_cached(GPT& model, const CharVocab& vocab, const std::string& prompt,
+                            const SampleOptions& options) {
+    const GPTConfig& cfg = model.config();
+    const int V = cfg.vocab_size, block = cfg.block_size;
+    // The same checks, in the same order, as generate_text.
+    require(static_cast<int>(vocab.size()) == V, "the vocabulary has " +
+                                                     std::to_string(vocab.size()) +
+                                                     " characters, the model " + std::to_string(V));
+    require(options.max_new_tokens >= 0, "the sample length must not be negative");
+    require(cfg.causal, "generate_cached: the model is not causal, so its keys and values "
+                        "cannot be cached (use generate_text)");
+    Rng rng(options.seed);
+    {
+        Rng probe(0);
+        (void)sample_token(std::vector<float>(static_cast<size_t>(V), 0.0f), options.temperature,
+                           options.top_k, probe);
+    }
+    std::vector<int> ids;
+    std::string text = prompt;
+    if (prompt.empty()) {
+        int start = 0;
+        for (int i = 0; i < V; ++i) {
+            if (vocab.at(i) == "\n") start = i;
+        }
+        ids.push_back(start);
+    } else {
+        try {
+            ids = vocab.encode(prompt);
+        } catch (const std::invalid_argument& e) {
+            throw std::invalid_argument(std::string("the prompt: ") + e.what());
+        }
+    }
+    model.train(false);
+    KVCache cache(cfg);
+    DecodeScratch scratch;
+    std::vector<float> last(static_cast<size_t>(V));
+    for (int n = 0; n < options.max_new_tokens; ++n) {
+        const int context = static_cast<int>(ids.size());
+        if (n == 0 || context > block) {
+            // The prompt, or a context the uncached path crops: every position is new.
+            const int T = std::min(context, block);
+            prefill(last, model, cache, ids.data() + (context - T), T);
+        } else {
+            // The cache holds positions 0..context−2: one step for the newest token.
+            last = forward_cached(scratch, model, cache, ids.back(), context - 1);
+        }
+        const int next = sample_token(last, options.temperature, options.top_k, rng);
+        ids.push_back(next);
+        text += vocab.at(next);
+    }
+    return text;
+}
+
+// ---------------------------------------------------------------------------------------
+// Operation counts
+
+double uncached_step_flops(const GPTConfig& config, int T) {
+    const double L = config.n_layer, C = config.n_embd, V = config.vocab_size, t = T;
+    // per layer: qkv 3C², c_proj C², c_fc 4C², mlp c_proj 4C² multiply-adds per position,
+    // and q·kᵀ plus att·v over the full T×T square, C multiply-adds per entry each
+    return 2.0 * L * (12.0 * t * C * C + 2.0 * t * t * C) + 2.0 * t * C * V;
+}
+
+double cached_step_flops(const GPTConfig& config, int T) {
+    const double L = config.n_layer, C = config.n_embd, V = config.vocab_size, t = T;
+    return 2.0 * L * (12.0 * C * C + 2.0 * t * C) + 2.0 * C * V;
+}
+
+}  // namespace attn

@@ -1,0 +1,188 @@
+// Lesson 14: generation with a KV cache. The page that narrates this program is lesson.md
+// beside it.
+//
+// It trains a tiny model for a few seconds (to have text worth reading), checks that the
+// cached and the uncached sampling loops write the same text, then times both on a
+// random-initialised model with a block of 1024 tokens. Timings are printed, never checked.
+#include "attn/data.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/lesson.hpp"
+#include "attn/plot.hpp"
+#include "attn/print.hpp"
+#include "attn/trainer.hpp"
+
+#include <cblas.h>  // openblas_set_num_threads
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <iostream>
+
+using namespace attn;
+namespace fs = std::filesystem;
+
+namespace {
+
+// tiny shakespeare where `./workbook data` puts it (this file is lessons/14_*/main.cpp),
+// else the fortunes that Debian's fortunes-min ships, as lesson 11 does.
+fs::path find_corpus() {
+    const fs::path root = fs::path(__FILE__).parent_path().parent_path().parent_path();
+    for (const fs::path& p : {root / "data" / "tinyshakespeare.txt", fs::path("data/tinyshakespeare.txt")}) {
+        if (fs::exists(p)) return p;
+    }
+    const fs::path fortunes = "/usr/share/games/fortunes/fortunes";
+    if (fs::exists(fortunes)) return fortunes;
+    throw std::runtime_error("no corpus: run ./workbook data (tiny shakespeare), or install "
+                             "fortunes-min (./workbook setup)");
+}
+
+// Wall-clock seconds of one call.
+template <class F>
+double seconds(F&& f) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+const char* yes_no(bool b) { return b ? "yes" : "NO"; }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    return run_lesson(argc, argv, "Lesson 14: generation with a KV cache", [](const LessonOptions& opts) {
+        print_heading("A small model to generate with");
+        const fs::path corpus = find_corpus();
+        const TextDataset data = make_dataset(read_corpus(corpus));
+        //! [train]
+        TrainConfig recipe = TrainConfig::named("tiny");  // 2 layers, 2 heads, 32 channels
+        recipe.block_size = 64;
+        recipe.max_iters = recipe.lr_decay_iters = 400;   // a few seconds on one core
+        Trainer trainer(recipe, data);
+        while (!trainer.done()) trainer.train_step();
+        GPT& model = trainer.model();
+        //! [train]
+        std::printf("%s: vocabulary of %zu; model: %d layers, %d heads, %d channels, block %d\n",
+                    corpus.filename().c_str(), data.vocab.size(), recipe.n_layer, recipe.n_head,
+                    recipe.n_embd, recipe.block_size);
+        std::printf("after %lld steps: val loss %.3f (ln %zu = %.3f at the start)\n",
+                    static_cast<long long>(trainer.step()), trainer.evaluate().val_loss,
+                    data.vocab.size(), std::log(static_cast<double>(data.vocab.size())));
+
+        print_heading("The same text from both paths");
+        //! [same_text]
+        SampleOptions options;
+        options.max_new_tokens = 200;  // past the block of 64: the context is cropped
+        options.temperature = 0.8f;
+        options.top_k = 10;
+        const std::string uncached = generate_text(model, data.vocab, "", options);
+        const std::string cached = generate_cached(model, data.vocab, "", options);
+        //! [same_text]
+        std::cout << "uncached (generate_text), top-k 10, temperature 0.8:\n" << uncached << "\n\n"
+                  << "cached (generate_cached), same seed:\n" << cached << "\n\n";
+        std::printf("identical: %s\n", yes_no(cached == uncached));
+        options.top_k = 1;
+        const bool greedy_same = generate_cached(model, data.vocab, "The ", options) ==
+                                 generate_text(model, data.vocab, "The ", options);
+        std::printf("greedy (top-k 1) from \"The \", 200 tokens: identical: %s\n", yes_no(greedy_same));
+
+        print_heading("Cached logits against the full forward pass");
+        //! [logits]
+        const std::vector<int> ids = data.vocab.encode(cached.substr(0, 64));
+        model.forward(ids.data(), nullptr, 1, 64);  // the uncached pass: (1, 64, V) logits
+        KVCache cache(model.config());
+        DecodeScratch scratch;
+        float worst = 0.0f, largest = 0.0f;
+        for (int pos = 0; pos < 64; ++pos) {
+            const std::vector<float>& row = forward_cached(scratch, model, cache, ids[pos], pos);
+            for (std::size_t i = 0; i < row.size(); ++i) {
+                const float full = model.logits()[static_cast<std::size_t>(pos) * row.size() + i];
+                worst = std::max(worst, std::fabs(row[i] - full));
+                largest = std::max(largest, std::fabs(full));
+            }
+        }
+        //! [logits]
+        std::printf("64 positions: largest |cached - uncached| logit %.2e, largest |logit| %.2f\n",
+                    static_cast<double>(worst), static_cast<double>(largest));
+
+        print_heading("The work per token");
+        //! [timing_model]
+        GPTConfig big;  // random weights: the time per token does not depend on their values
+        big.vocab_size = static_cast<int>(data.vocab.size());
+        big.block_size = 1024;
+        big.n_layer = 2;
+        big.n_head = 2;
+        big.n_embd = 64;
+        big.bias = false;
+        GPT timing_model(big, 1337);
+        //! [timing_model]
+        std::printf("timing model: %d layers, %d heads, %d channels, block %d, V %d, %zu parameters\n",
+                    big.n_layer, big.n_head, big.n_embd, big.block_size, big.vocab_size,
+                    big.num_parameters());
+        std::printf("%10s %22s %20s %8s\n", "context T", "uncached FLOP/token", "cached FLOP/token",
+                    "ratio");
+        for (int T : {1, 64, 256, 1024}) {
+            std::printf("%10d %22.3e %20.3e %7.0fx\n", T, uncached_step_flops(big, T),
+                        cached_step_flops(big, T), uncached_step_flops(big, T) / cached_step_flops(big, T));
+        }
+
+        print_heading("Measured on the CPU");
+        // One BLAS thread for both paths: the comparison is then about the work per token, not
+        // about how many cores happen to be free (the docs build runs lessons side by side).
+        openblas_set_num_threads(1);
+        std::printf("both paths on one core (OpenBLAS limited to one thread), top-k 10\n");
+        std::printf("%8s %12s %12s %10s %10s\n", "tokens", "uncached", "cached", "speed-up", "same text");
+        std::vector<int> generated;  // the 1024-token text, replayed below position by position
+        //! [measure]
+        for (int n : {256, 1024}) {
+            SampleOptions o;
+            o.max_new_tokens = n;  // from a one-token prompt: the context never exceeds 1024
+            o.top_k = 10;
+            std::string slow, fast;
+            const double t_uncached = seconds([&] { slow = generate_text(timing_model, data.vocab, "", o); });
+            const double t_cached = seconds([&] { fast = generate_cached(timing_model, data.vocab, "", o); });
+            std::printf("%8d %10.3f s %10.3f s %9.1fx %10s\n", n, t_uncached, t_cached,
+                        t_uncached / t_cached, yes_no(slow == fast));
+            if (n == 1024) generated = data.vocab.encode(fast);
+        }
+        //! [measure]
+        std::printf("(CPU only: the same measurement on a GPU needs a CUDA device and a cached GPU path.)\n");
+
+        print_heading("Milliseconds per token, position by position");
+        // Every cached step is timed; uncached steps (one forward pass over the context) at the
+        // middle of every bin of 32 positions, the cached ones averaged over the bin.
+        const int bin = 32;
+        PlotSeries slow_line{"uncached (forward over the whole context)", {}, {}};
+        PlotSeries fast_line{"cached (one row of attention)", {}, {}};
+        KVCache timing_cache(big);
+        DecodeScratch timing_scratch;
+        std::vector<double> cached_ms(1024);
+        for (int pos = 0; pos < 1024; ++pos) {
+            cached_ms[pos] = 1e3 * seconds([&] {
+                forward_cached(timing_scratch, timing_model, timing_cache, generated[pos], pos);
+            });
+        }
+        std::printf("%10s %14s %14s\n", "position", "uncached ms", "cached ms");
+        for (int start = 0; start < 1024; start += bin) {
+            const int mid = start + bin / 2;
+            const double slow_ms = 1e3 * seconds([&] { timing_model.forward(generated.data(), nullptr, 1, mid + 1); });
+            double fast_sum = 0.0;
+            for (int pos = start; pos < start + bin; ++pos) fast_sum += cached_ms[pos];
+            slow_line.x.push_back(mid);
+            slow_line.y.push_back(slow_ms);
+            fast_line.x.push_back(mid);
+            fast_line.y.push_back(fast_sum / bin);
+            if (start % 256 == 0 || start + bin >= 1024) {
+                std::printf("%10d %14.3f %14.4f\n", mid, slow_ms, fast_sum / bin);
+            }
+        }
+        if (!opts.figures.empty()) {
+            line_plot_png(opts.figures / "lesson14_ms_per_token.png", {slow_line, fast_line},
+                          "Time per generated token (2 layers, 64 channels, CPU)",
+                          "position of the new token", "ms per token");
+            line_plot_png(opts.figures / "lesson14_cached_ms_per_token.png", {fast_line},
+                          "The cached path alone", "position of the new token", "ms per token");
+            std::printf("charts: lesson14_ms_per_token.png, lesson14_cached_ms_per_token.png\n");
+        }
+    });
+}

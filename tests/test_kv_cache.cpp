@@ -1,0 +1,249 @@
+#include "attn/kv_cache.hpp"
+
+#include "attn/gpt_layers.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+using namespace attn;
+
+namespace {
+
+const std::string kChars = "\n abcdefghij";  // V = 12
+
+GPTConfig small_config(bool bias, int block_size = 16) {
+    GPTConfig c;
+    c.vocab_size = static_cast<int>(kChars.size());
+    c.block_size = block_size;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 16;
+    c.bias = bias;
+    return c;
+}
+
+// A model whose logits are far from uniform: nanoGPT's N(0, 0.02) start gives logits within
+// about 0.01 of each other, so every parameter is redrawn from N(0, 0.3) (LayerNorm weights
+// around 1). Sampled texts then vary, and greedy choices are decided by clear margins.
+GPT sharp_model(const GPTConfig& config, std::uint64_t seed) {
+    GPT model(config, seed);
+    Rng rng(seed + 1);
+    for (float& w : model.parameters()) w = 0.3f * rng.normal();
+    for (const ParameterInfo& info : model.parameter_table()) {
+        const std::string& n = info.name;
+        const bool layernorm_weight = n.find(".ln_") != std::string::npos &&
+                                      n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0;
+        if (!layernorm_weight) continue;
+        float* w = model.parameters().data() + info.offset;
+        for (std::size_t i = 0; i < info.size; ++i) w[i] += 1.0f;
+    }
+    return model;
+}
+
+float max_abs_diff(const std::vector<float>& a, const float* b) {
+    float d = 0.0f;
+    for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
+    return d;
+}
+
+}  // namespace
+
+TEST_CASE("the cache appends rows per layer and head and counts the positions every layer holds") {
+    KVCache cache(2, 2, 4, 3);  // L = 2, NH = 2, C = 4 (hs = 2), capacity 3
+    CHECK(cache.size() == 0);
+    CHECK(cache.head_size() == 2);
+    const float k[4] = {1, 2, 3, 4}, v[4] = {5, 6, 7, 8};
+    cache.append(0, k, v);
+    CHECK(cache.size(0) == 1);
+    CHECK(cache.size() == 0);  // layer 1 has nothing yet
+    cache.append(1, v, k);
+    CHECK(cache.size() == 1);
+    // head 1 of layer 0 holds channels 2, 3 at row 0 of its (capacity, hs) block
+    CHECK(cache.keys(0)[0] == 1.0f);
+    CHECK(cache.keys(0)[1] == 2.0f);
+    CHECK(cache.keys(0)[3 * 2 + 0] == 3.0f);
+    CHECK(cache.values(0)[3 * 2 + 1] == 8.0f);
+    CHECK(cache.keys(1)[0] == 5.0f);
+    cache.clear();
+    CHECK(cache.size() == 0);
+    CHECK(cache.size(1) == 0);
+}
+
+TEST_CASE("one step of attention over the cache matches the last row of full causal attention") {
+    const int T = 5, C = 8, NH = 2, capacity = 7;
+    Rng rng(3);
+    std::vector<float> qkv(static_cast<std::size_t>(T) * 3 * C);
+    for (float& x : qkv) x = rng.normal();
+    std::vector<float> out(static_cast<std::size_t>(T) * C), att(static_cast<std::size_t>(NH) * T * T);
+    attention_forward(out.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, 1, T, C, NH);
+
+    KVCache cache(1, NH, C, capacity);
+    for (int t = 0; t < T; ++t) cache.append(0, &qkv[t * 3 * C + C], &qkv[t * 3 * C + 2 * C]);
+    std::vector<float> step(C), step_att(static_cast<std::size_t>(NH) * T);
+    attention_step_forward(step.data(), step_att.data(), &qkv[(T - 1) * 3 * C], cache.keys(0),
+                           cache.values(0), T, capacity, C, NH);
+    // Dot products of 4 N(0,1) terms summed by sgemm in one order and by a loop in another:
+    // a few float32 ulps of O(1) values.
+    CHECK(max_abs_diff(step, &out[(T - 1) * C]) < 1e-5f);
+    for (int h = 0; h < NH; ++h) {
+        std::vector<float> row(step_att.begin() + h * T, step_att.begin() + (h + 1) * T);
+        CHECK(max_abs_diff(row, &att[(static_cast<std::size_t>(h) * T + T - 1) * T]) < 1e-6f);
+    }
+}
+
+TEST_CASE("cached logits equal the uncached forward pass's logits at every position") {
+    for (bool bias : {true, false}) {
+        CAPTURE(bias);
+        const GPTConfig cfg = small_config(bias);
+        GPT model = sharp_model(cfg, 11);
+        model.train(false);
+        Rng rng(5);
+        std::vector<int> tokens(static_cast<std::size_t>(cfg.block_size));
+        for (int& t : tokens) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size)));
+        model.forward(tokens.data(), nullptr, 1, cfg.block_size);
+        const std::vector<float> full = model.logits();  // (T, V)
+
+        KVCache cache(cfg);
+        DecodeScratch scratch;
+        float worst = 0.0f;
+        for (int pos = 0; pos < cfg.block_size; ++pos) {
+            const std::vector<float>& step = forward_cached(scratch, model, cache, tokens[pos], pos);
+            worst = std::max(worst, max_abs_diff(step, &full[static_cast<std::size_t>(pos) * cfg.vocab_size]));
+        }
+        CHECK(cache.size() == cfg.block_size);
+        // Same operations per element, summed in other orders (the attention row by loops,
+        // the projections by sgemm with one row, against sgemm over T rows). With N(0, 0.3)
+        // weights the logits are O(10); float32 sums of 16..64 products, through 2 layers,
+        // round to about 1e-6 relative, 1e-5 absolute: the bound leaves a factor 10.
+        MESSAGE("largest |cached - uncached| logit: " << worst);
+        CHECK(worst < 1e-4f);
+    }
+}
+
+TEST_CASE("prefill copies the forward pass's keys and values and returns its last logits exactly") {
+    const GPTConfig cfg = small_config(true);
+    GPT model = sharp_model(cfg, 12);
+    const std::vector<int> tokens = {1, 4, 2, 9, 0, 3};
+    KVCache cache(cfg);
+    std::vector<float> logits;
+    prefill(logits, model, cache, tokens.data(), 6);
+    CHECK(cache.size() == 6);
+    model.forward(tokens.data(), nullptr, 1, 6);
+    CHECK(max_abs_diff(logits, &model.logits()[5 * cfg.vocab_size]) == 0.0f);
+    // then a cached step continues from it
+    DecodeScratch scratch;
+    const std::vector<float> next = forward_cached(scratch, model, cache, 7, 6);
+    const std::vector<int> longer = {1, 4, 2, 9, 0, 3, 7};
+    model.forward(longer.data(), nullptr, 1, 7);
+    CHECK(max_abs_diff(next, &model.logits()[6 * cfg.vocab_size]) < 1e-4f);  // as above
+}
+
+// The texts are compared character for character. The two paths' logits differ by about
+// 1e-5 (above), so a draw could differ only if a uniform number fell within about 1e-6 of a
+// boundary of the cumulative probabilities, or a greedy choice had two logits that close:
+// a chance near 1e-6 per token. The draws are seeded, so once equal, always equal.
+TEST_CASE("the cached path generates exactly the uncached text, greedy and sampled") {
+    const CharVocab vocab = CharVocab::from_chars(kChars);
+    for (bool bias : {true, false}) {
+        CAPTURE(bias);
+        GPT model = sharp_model(small_config(bias, 64), 21);
+        SampleOptions greedy;
+        greedy.max_new_tokens = 60;
+        greedy.top_k = 1;
+        SampleOptions sampled;
+        sampled.max_new_tokens = 60;
+        sampled.top_k = 5;
+        sampled.temperature = 0.9f;
+        sampled.seed = 7;
+        for (const SampleOptions& o : {greedy, sampled}) {
+            for (const std::string prompt : {"", "a bad cab"}) {
+                CAPTURE(o.top_k);
+                CAPTURE(prompt);
+                const std::string uncached = generate_text(model, vocab, prompt, o);
+                const std::string cached = generate_cached(model, vocab, prompt, o);
+                CHECK(cached == uncached);
+                CHECK(cached.size() == prompt.size() + 60);
+            }
+        }
+    }
+}
+
+TEST_CASE("past block_size the cache is re-filled from the cropped context and the text stays identical") {
+    const CharVocab vocab = CharVocab::from_chars(kChars);
+    GPT model = sharp_model(small_config(true, 8), 31);  // block 8: 40 tokens overflow it often
+    SampleOptions o;
+    o.max_new_tokens = 40;
+    o.top_k = 4;
+    o.seed = 99;
+    SUBCASE("from a short prompt") {
+        CHECK(generate_cached(model, vocab, "ab", o) == generate_text(model, vocab, "ab", o));
+    }
+    SUBCASE("from a prompt longer than the block") {
+        const std::string prompt = "abc def ghij abc";
+        CHECK(generate_cached(model, vocab, prompt, o) == generate_text(model, vocab, prompt, o));
+    }
+    SUBCASE("greedy") {
+        o.top_k = 1;
+        CHECK(generate_cached(model, vocab, "j", o) == generate_text(model, vocab, "j", o));
+    }
+}
+
+TEST_CASE("the operation counts follow the formulas for a small model") {
+    GPTConfig c = small_config(false);  // L 2, C 16, V 12
+    CHECK(uncached_step_flops(c, 3) == doctest::Approx(2.0 * 2 * (12.0 * 3 * 256 + 2.0 * 9 * 16) + 2.0 * 3 * 16 * 12));
+    CHECK(cached_step_flops(c, 3) == doctest::Approx(2.0 * 2 * (12.0 * 256 + 2.0 * 3 * 16) + 2.0 * 16 * 12));
+    CHECK(uncached_step_flops(c, 1) == doctest::Approx(cached_step_flops(c, 1)));  // one token: the same work
+}
+
+TEST_CASE("bad input to the cache and the cached forward pass throws std::invalid_argument") {
+    const GPTConfig cfg = small_config(true, 4);
+    GPT model(cfg, 1);
+    KVCache cache(cfg);
+    DecodeScratch scratch;
+    SUBCASE("a token outside the vocabulary") {
+        CHECK_THROWS_AS(forward_cached(scratch, model, cache, cfg.vocab_size, 0), std::invalid_argument);
+        CHECK_THROWS_AS(forward_cached(scratch, model, cache, -1, 0), std::invalid_argument);
+    }
+    SUBCASE("a position that is not the next free one") {
+        CHECK_THROWS_AS(forward_cached(scratch, model, cache, 1, 1), std::invalid_argument);
+    }
+    SUBCASE("a position beyond the capacity") {
+        for (int pos = 0; pos < 4; ++pos) forward_cached(scratch, model, cache, 1, pos);
+        CHECK_THROWS_AS(forward_cached(scratch, model, cache, 1, 4), std::invalid_argument);
+        const float k[16] = {}, v[16] = {};
+        CHECK_THROWS_AS(cache.append(0, k, v), std::invalid_argument);
+    }
+    SUBCASE("a cache of other sizes") {
+        KVCache other(cfg.n_layer + 1, cfg.n_head, cfg.n_embd, cfg.block_size);
+        CHECK_THROWS_AS(forward_cached(scratch, model, other, 1, 0), std::invalid_argument);
+    }
+    SUBCASE("a layer outside the cache and impossible cache sizes") {
+        CHECK_THROWS_AS(cache.keys(cfg.n_layer), std::invalid_argument);
+        CHECK_THROWS_AS(KVCache(2, 3, 16, 4), std::invalid_argument);  // 3 does not divide 16
+        CHECK_THROWS_AS(KVCache(2, 2, 16, 0), std::invalid_argument);
+    }
+    SUBCASE("prefill of an empty or too long context") {
+        std::vector<float> logits;
+        const int five[5] = {1, 2, 3, 4, 5};
+        CHECK_THROWS_AS(prefill(logits, model, cache, five, 0), std::invalid_argument);
+        CHECK_THROWS_AS(prefill(logits, model, cache, five, 5), std::invalid_argument);
+    }
+    SUBCASE("a prompt character outside the vocabulary, bad options, a model that is not causal") {
+        const CharVocab vocab = CharVocab::from_chars(kChars);
+        SampleOptions o;
+        o.max_new_tokens = 3;
+        CHECK_THROWS_AS(generate_cached(model, vocab, "abz", o), std::invalid_argument);
+        o.top_k = cfg.vocab_size + 1;
+        CHECK_THROWS_AS(generate_cached(model, vocab, "ab", o), std::invalid_argument);
+        GPTConfig open = cfg;
+        open.causal = false;
+        GPT unmasked(open, 1);
+        CHECK_THROWS_AS(generate_cached(unmasked, vocab, "ab", SampleOptions{}), std::invalid_argument);
+        KVCache c2(open);
+        CHECK_THROWS_AS(forward_cached(scratch, unmasked, c2, 1, 0), std::invalid_argument);
+    }
+}
