@@ -24,19 +24,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// tiny shakespeare where `./workbook data` puts it (this file is lessons/14_*/main.cpp),
-// else the fortunes that Debian's fortunes-min ships, as lesson 11 does.
-fs::path find_corpus() {
-    const fs::path root = fs::path(__FILE__).parent_path().parent_path().parent_path();
-    for (const fs::path& p : {root / "data" / "tinyshakespeare.txt", fs::path("data/tinyshakespeare.txt")}) {
-        if (fs::exists(p)) return p;
-    }
-    const fs::path fortunes = "/usr/share/games/fortunes/fortunes";
-    if (fs::exists(fortunes)) return fortunes;
-    throw std::runtime_error("no corpus: run ./workbook data (tiny shakespeare), or install "
-                             "fortunes-min (./workbook setup)");
-}
-
 // Wall-clock seconds of one call.
 template <class F>
 double seconds(F&& f) {
@@ -52,7 +39,7 @@ const char* yes_no(bool b) { return b ? "yes" : "NO"; }
 int main(int argc, char** argv) {
     return run_lesson(argc, argv, "Lesson 14: generation with a KV cache", [](const LessonOptions& opts) {
         print_heading("A small model to generate with");
-        const fs::path corpus = find_corpus();
+        const fs::path corpus = find_corpus(&std::cout);
         const TextDataset data = make_dataset(read_corpus(corpus));
         //! [train]
         TrainConfig recipe = TrainConfig::named("tiny");  // 2 layers, 2 heads, 32 channels
