@@ -269,6 +269,27 @@ std::size_t flash_working_floats(const FlashBlocks& blocks, std::size_t hs) {
     return blocks.rows * blocks.cols + blocks.rows * hs + 2 * blocks.rows;
 }
 
+double max_abs_error(const float* a, const double* ref, std::size_t n) {
+    double worst = 0.0;
+    for (std::size_t i = 0; i < n; ++i) {
+        const double d = std::fabs(static_cast<double>(a[i]) - ref[i]);
+        if (std::isnan(d)) return std::numeric_limits<double>::infinity();
+        worst = std::max(worst, d);
+    }
+    return worst;
+}
+
+double max_abs(const double* ref, std::size_t n) {
+    double largest = 0.0;
+    for (std::size_t i = 0; i < n; ++i) largest = std::max(largest, std::fabs(ref[i]));
+    return largest;
+}
+
+bool passes_flash_rule(double fused_error, double plain_error, double reference_scale) {
+    const double floor = 4.0 * std::numeric_limits<float>::epsilon() * reference_scale;
+    return fused_error <= 2.0 * plain_error + floor;
+}
+
 std::vector<double> to_double(const float* data, std::size_t n) {
     return std::vector<double>(data, data + n);
 }

@@ -158,6 +158,22 @@ std::size_t plain_score_floats(std::size_t T);
 /// m and l. Independent of T.
 std::size_t flash_working_floats(const FlashBlocks& blocks, std::size_t hs);
 
+/// The largest |a_i − ref_i| over n elements; a NaN counts as infinitely far.
+double max_abs_error(const float* a, const double* ref, std::size_t n);
+
+/// The largest |ref_i| over n elements.
+double max_abs(const double* ref, std::size_t n);
+
+/// FlashAttention's acceptance rule: a fused kernel's error against a float64 reference
+/// may be at most twice that of the plain version at the same precision. Both errors are
+/// maxima of a few float32 roundings, themselves noisy, so a floor of 4 float32 ulps of
+/// the reference's largest value is allowed on top (it decides only when both errors are
+/// that small).
+/// @param fused_error     max |fused − reference|
+/// @param plain_error     max |plain − reference|
+/// @param reference_scale max |reference|
+bool passes_flash_rule(double fused_error, double plain_error, double reference_scale);
+
 /// Converts a float buffer to float64 (for the reference functions).
 std::vector<double> to_double(const float* data, std::size_t n);
 
