@@ -17,6 +17,11 @@ function(course_lesson name)
   add_executable(lesson_${nn} ${lesson_sources})
   target_link_libraries(lesson_${nn} PRIVATE attn attn_warnings)
   target_precompile_headers(lesson_${nn} REUSE_FROM attn)
+  # Lessons with a GPU part compile it under ATTN_HAVE_CUDA; the CPU course never needs it.
+  if(ATTN_HAVE_CUDA AND TARGET attn_cuda)
+    target_link_libraries(lesson_${nn} PRIVATE attn_cuda)
+    target_compile_definitions(lesson_${nn} PRIVATE ATTN_HAVE_CUDA=1)
+  endif()
   add_test(NAME "lesson ${nn} runs" COMMAND lesson_${nn} --figures "${PROJECT_BINARY_DIR}/figures")
   set_tests_properties("lesson ${nn} runs" PROPERTIES LABELS "lesson${nn};lessons")
 
