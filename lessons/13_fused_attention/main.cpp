@@ -164,7 +164,7 @@ void causal_tiles(const LessonOptions& options) {
                 tiles);
     if (!options.figures.empty()) {
         heatmap_png(options.figures / "lesson13_causal_tiles.png", visited, rows, cols,
-                    "Causal tiles: full (1), diagonal (0.5), skipped (0)");
+                    "Causal tiles: 1 full, 0.5 diagonal, 0 skipped");
     }
 }
 
@@ -173,7 +173,7 @@ void memory_and_traffic(const LessonOptions& options) {
     const std::size_t hs = 64;
     const FlashBlocks blocks{64, 64};
     std::printf("%6s  %14s  %14s  %14s\n", "T", "plain: T×T", "tiled: tiles", "q, k, v, out");
-    PlotSeries plain{"plain: the T×T scores", {}, {}}, tiled{"tiled: one tile and the row state", {}, {}};
+    PlotSeries plain{"plain: T x T scores", {}, {}}, tiled{"tiled: one tile", {}, {}};
     for (std::size_t T = 256; T <= 16384; T *= 2) {
         //! [memory]
         const double plain_bytes = 4.0 * static_cast<double>(plain_score_floats(T));
