@@ -21,7 +21,7 @@ std::string device_summary() {
     CUDA_CHECK(cudaGetDeviceCount(&count));
     cudaDeviceProp p{};
     CUDA_CHECK(cudaGetDeviceProperties(&p, 0));
-    char buf[256];
+    char buf[640];  // room for the longest name (256) and the numbers: no truncation
     std::snprintf(buf, sizeof buf, "%s, compute capability %d.%d, %.1f GiB, %d SMs", p.name,
                   p.major, p.minor, static_cast<double>(p.totalGlobalMem) / (1 << 30),
                   p.multiProcessorCount);

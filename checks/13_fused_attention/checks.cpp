@@ -1,0 +1,123 @@
+// Checks for exercise 13: the online-softmax update.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <limits>
+
+using attn::Tensor1;
+using attn::Tensor2;
+using exercise::online_softmax_update;
+using exercise::RowState;
+
+namespace {
+
+RowState empty_state(std::size_t d_v) {
+    RowState state;
+    state.acc = xt::zeros<float>({d_v});
+    return state;
+}
+
+// softmax(scores) · values, the plain way in float64: what acc / l must come to.
+Tensor1 plain_attention_row(const Tensor1& scores, const Tensor2& values) {
+    double m = -INFINITY, sum = 0.0;
+    for (float s : scores) m = std::max(m, static_cast<double>(s));
+    for (float s : scores) sum += std::exp(s - m);
+    Tensor1 out = xt::zeros<float>({values.shape()[1]});
+    for (std::size_t d = 0; d < values.shape()[1]; ++d) {
+        double acc = 0.0;
+        for (std::size_t j = 0; j < scores.size(); ++j) {
+            acc += std::exp(scores(j) - m) / sum * values(j, d);
+        }
+        out(d) = static_cast<float>(acc);
+    }
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("two tiles reproduce numbers worked by hand") {
+    // Scores [1, 2 | 3]; values [1, 0], [0, 1] | [2, 2].
+    RowState state = empty_state(2);
+    online_softmax_update(state, Tensor1({1.0f, 2.0f}), Tensor2({{1, 0}, {0, 1}}));
+    // m = 2, l = e^-1 + 1, acc = e^-1·[1, 0] + [0, 1]
+    CHECK(state.max == 2.0f);
+    CHECK(state.sum == doctest::Approx(1.3678794).epsilon(1e-6));
+    CHECK_CLOSE(state.acc, Tensor1({0.3678794f, 1.0f}), 1e-6);
+    online_softmax_update(state, Tensor1({3.0f}), Tensor2({{2, 2}}));
+    // m = 3: l = 1.3678794·e^-1 + 1, acc = e^-1·[0.3678794, 1] + [2, 2]
+    CHECK(state.max == 3.0f);
+    CHECK(state.sum == doctest::Approx(1.5032147).epsilon(1e-6));
+    CHECK_CLOSE(state.acc, Tensor1({2.1353353f, 2.3678794f}), 1e-6);
+    // acc / l = softmax([1, 2, 3]) · V
+    CHECK_CLOSE(Tensor1(state.acc / state.sum), Tensor1({1.4205125f, 1.5752104f}), 1e-6);
+}
+
+TEST_CASE("the first tile from an empty state gives m = max and l = sum of e^(s - m)") {
+    RowState state = empty_state(1);
+    online_softmax_update(state, Tensor1({0.0f, std::log(3.0f)}), Tensor2({{1}, {1}}));
+    CHECK(state.max == doctest::Approx(std::log(3.0)));
+    CHECK(state.sum == doctest::Approx(1.0 / 3.0 + 1.0).epsilon(1e-6));  // e^(0 − ln 3) + e^0
+    CHECK(state.acc(0) == doctest::Approx(4.0 / 3.0).epsilon(1e-6));
+}
+
+TEST_CASE("any split into tiles gives softmax(s) · V after dividing by l") {
+    attn::Rng rng(13);
+    const std::size_t n = 37, d_v = 5;
+    Tensor1 scores = rng.normal_tensor<1>({n}, 0.0f, 3.0f);
+    Tensor2 values = rng.normal_tensor<2>({n, d_v});
+    const Tensor1 expected = plain_attention_row(scores, values);
+    for (std::size_t tile : {1u, 5u, 16u, 37u}) {
+        CAPTURE(tile);
+        RowState state = empty_state(d_v);
+        for (std::size_t j0 = 0; j0 < n; j0 += tile) {
+            const long begin = static_cast<long>(j0), end = static_cast<long>(std::min(n, j0 + tile));
+            online_softmax_update(state, Tensor1(xt::view(scores, xt::range(begin, end))),
+                                  Tensor2(xt::view(values, xt::range(begin, end), xt::all())));
+        }
+        // 37 float32 terms of at most |v| ≈ 3, rescaled a few times: ~1e-6 of rounding.
+        CHECK_CLOSE(Tensor1(state.acc / state.sum), expected, 1e-5);
+        // The log-sum-exp: m + ln l = ln Σ e^s.
+        double lse = 0.0;
+        for (float s : scores) lse += std::exp(static_cast<double>(s));
+        CHECK(state.max + std::log(state.sum) == doctest::Approx(std::log(lse)).epsilon(1e-6));
+    }
+}
+
+TEST_CASE("a fully masked tile leaves an empty state empty, with no NaN") {
+    const float inf = std::numeric_limits<float>::infinity();
+    RowState state = empty_state(2);
+    online_softmax_update(state, Tensor1({-inf, -inf}), Tensor2({{1, 2}, {3, 4}}));
+    CHECK(state.max == -inf);
+    CHECK(state.sum == 0.0f);
+    CHECK_CLOSE(state.acc, Tensor1({0.0f, 0.0f}), 0.0);
+    // Then a tile with one visible key and one masked one: the output is that key's value.
+    online_softmax_update(state, Tensor1({0.25f, -inf}), Tensor2({{5, 6}, {7, 8}}));
+    CHECK_CLOSE(Tensor1(state.acc / state.sum), Tensor1({5.0f, 6.0f}), 1e-6);
+}
+
+TEST_CASE("large scores do not overflow") {
+    RowState state = empty_state(1);
+    online_softmax_update(state, Tensor1({1000.0f}), Tensor2({{0}}));
+    online_softmax_update(state, Tensor1({1001.0f}), Tensor2({{1}}));
+    // e^1000 overflows float; with the running max the weights are 1/(1+e) and e/(1+e).
+    CHECK(std::isfinite(state.sum));
+    CHECK(state.acc(0) / state.sum == doctest::Approx(0.7310586).epsilon(1e-6));
+}
+
+TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
+    RowState state = empty_state(2);
+    SUBCASE("a value row count that differs from the number of scores") {
+        CHECK_THROWS_AS(online_softmax_update(state, Tensor1({1, 2, 3}), Tensor2({{1, 2}, {3, 4}})),
+                        std::invalid_argument);
+    }
+    SUBCASE("values whose width is not the accumulator's") {
+        CHECK_THROWS_AS(online_softmax_update(state, Tensor1({1, 2}), Tensor2({{1, 2, 3}, {4, 5, 6}})),
+                        std::invalid_argument);
+    }
+}

@@ -1,0 +1,463 @@
+// Fused attention on the GPU in the FlashAttention manner, float32 on the CUDA cores.
+//
+// Forward (flash_forward_kernel): one block of 16×16 threads per (query tile of kBr rows,
+// head). The block keeps its queries in shared memory and walks the key tiles of kBc keys:
+// load K, V tiles → S = scale · Q Kᵀ (each thread a 4×4 piece in registers) → online
+// softmax per row (running max m and sum l, the output rescaled by e^(m − m_new)) →
+// P to shared memory → O += P V. Causal: key tiles wholly after the last query are never
+// visited. It writes O and each row's log-sum-exp, never the (T, T) matrix.
+//
+// Backward (flash_backward_kernel): one block per (key tile, head), FlashAttention-2's
+// order. The block keeps K, V and its dK, dV accumulators and walks the query tiles that
+// can see it: recompute P = e^(S − lse) from the saved log-sum-exp, dP = dO Vᵀ,
+// dS = P ∘ (dP − D) with D_i = dO_i · O_i (flash_delta_kernel), then dV += Pᵀ dO,
+// dK += dSᵀ Q and dQ += dS K, the last with atomic adds since every key tile adds to it.
+//
+// Thread layout, shared by both kernels: thread (tx, ty) owns rows ty + 16r (r < 4) and
+// columns tx + 16c of each tile; the 16 threads of a row group are one half-warp, so row
+// reductions are four __shfl_xor_sync steps. Rows of shared memory are padded by one
+// float so that the column-strided reads hit 32 different banks.
+#include "attn/cuda/attention.hpp"
+#include "check.cuh"
+
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+namespace attn::cuda {
+
+namespace {
+
+// attn::require without xtensor's headers, which nvcc need not see.
+void require(bool condition, const std::string& what) {
+    if (!condition) throw std::invalid_argument(what);
+}
+
+constexpr int kBr = 64;               // query rows per tile
+constexpr int kBc = 64;               // keys per tile
+constexpr int kThreads = 16;          // threads per block along x and along y: 256 in all
+constexpr int kRows = kBr / kThreads; // rows per thread (4)
+constexpr int kCols = kBc / kThreads; // score columns per thread (4)
+static_assert(kBr == kBc, "the causal tile bounds below assume square tiles");
+
+// Shared-memory sizes in floats; every leading dimension is padded by one (see above).
+template <int HS>
+constexpr int forward_smem_floats() {
+    return kBr * (HS + 1) + 2 * kBc * (HS + 1) + kBr * (kBc + 1);  // Q, K, V, P
+}
+template <int HS>
+constexpr int backward_smem_floats() {
+    return 2 * kBc * (HS + 1) + 2 * kBr * (HS + 1) + 2 * kBr * (kBc + 1) + 2 * kBr;
+    // K, V, Q, dO, P, dS, lse, D
+}
+
+// Copies `valid` rows of HS floats (row-major, contiguous) from global memory into a
+// shared (rows, ld) tile and zero-fills the rows after them: a stray NaN in an unused row
+// would otherwise survive a multiplication by zero. src must be 16-byte aligned.
+template <int HS>
+__device__ void load_tile(float* dst, int ld, const float* src, int valid, int rows) {
+    constexpr int vectors_per_row = HS / 4;
+    const int tid = threadIdx.y * kThreads + threadIdx.x;
+    for (int idx = tid; idx < rows * vectors_per_row; idx += kThreads * kThreads) {
+        const int r = idx / vectors_per_row, c = (idx % vectors_per_row) * 4;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < valid) x = *reinterpret_cast<const float4*>(src + static_cast<long long>(r) * HS + c);
+        float* d = dst + r * ld + c;
+        d[0] = x.x;
+        d[1] = x.y;
+        d[2] = x.z;
+        d[3] = x.w;
+    }
+}
+
+// Reductions over the 16 lanes of a half-warp (one row group).
+__device__ float row_group_max(float x) {
+    for (int offset = 8; offset > 0; offset /= 2) {
+        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
+    }
+    return x;
+}
+__device__ float row_group_sum(float x) {
+    for (int offset = 8; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
+    return x;
+}
+
+template <int HS>
+static __global__ void __launch_bounds__(kThreads* kThreads)
+    flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
+                         int T, bool causal, float scale) {
+    constexpr int D = HS / kThreads;  // output columns per thread
+    constexpr int ldq = HS + 1, ldk = HS + 1, ldv = HS + 1, ldp = kBc + 1;
+    extern __shared__ float smem[];
+    float* Q_s = smem;               // (kBr, ldq)
+    float* K_s = Q_s + kBr * ldq;    // (kBc, ldk)
+    float* V_s = K_s + kBc * ldk;    // (kBc, ldv)
+    float* P_s = V_s + kBc * ldv;    // (kBr, ldp)
+
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    // The heaviest causal tiles (the last queries) are started first, so the short ones
+    // fill in the tail.
+    const int q_tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+    const long long head = blockIdx.y;  // b·NH + h
+    const long long base = head * T * HS;
+    const int q0 = q_tile * kBr;
+    const int q_valid = min(kBr, T - q0);
+    load_tile<HS>(Q_s, ldq, q + base + static_cast<long long>(q0) * HS, q_valid, kBr);
+
+    float m[kRows], l[kRows], acc[kRows][D];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int c = 0; c < D; ++c) acc[r][c] = 0.0f;
+    }
+
+    const int k_tiles = (T + kBc - 1) / kBc;
+    // Causal: tiles starting after this tile's last query are all masked; skip them.
+    const int k_tile_end = causal ? min(k_tiles, (q0 + q_valid - 1) / kBc + 1) : k_tiles;
+    for (int kt = 0; kt < k_tile_end; ++kt) {
+        const int k0 = kt * kBc;
+        const int k_valid = min(kBc, T - k0);
+        __syncthreads();  // everyone is done reading the previous K, V and P tiles
+        load_tile<HS>(K_s, ldk, k + base + static_cast<long long>(k0) * HS, k_valid, kBc);
+        load_tile<HS>(V_s, ldv, v + base + static_cast<long long>(k0) * HS, k_valid, kBc);
+        __syncthreads();
+
+        // s[r][c] = q_(q0+ty+16r) · k_(k0+tx+16c)
+        float s[kRows][kCols];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) s[r][c] = 0.0f;
+#pragma unroll 8
+        for (int d = 0; d < HS; ++d) {
+            float qd[kRows], kd[kCols];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) qd[r] = Q_s[(ty + kThreads * r) * ldq + d];
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) kd[c] = K_s[(tx + kThreads * c) * ldk + d];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int c = 0; c < kCols; ++c) s[r][c] = fmaf(qd[r], kd[c], s[r][c]);
+        }
+
+        // The online softmax, row by row: m_new = max(m, rowmax), l = e^(m − m_new) l + Σ p,
+        // acc = e^(m − m_new) acc (+ P V below).
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const int i = q0 + ty + kThreads * r;
+            float row_max = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) {
+                const int j = k0 + tx + kThreads * c;
+                const bool visible = j < T && (!causal || j <= i);
+                s[r][c] = visible ? s[r][c] * scale : -INFINITY;
+                row_max = fmaxf(row_max, s[r][c]);
+            }
+            row_max = row_group_max(row_max);
+            const float m_new = fmaxf(m[r], row_max);
+            // A row with every key so far masked keeps m = −∞; subtracting 0 instead keeps
+            // e^(−∞ − m) = 0 rather than NaN.
+            const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
+            const float rescale = expf(m[r] - m_ref);
+            float row_sum = 0.0f;
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) {
+                s[r][c] = expf(s[r][c] - m_ref);
+                row_sum += s[r][c];
+            }
+            row_sum = row_group_sum(row_sum);
+            l[r] = l[r] * rescale + row_sum;
+            m[r] = m_new;
+#pragma unroll
+            for (int c = 0; c < D; ++c) acc[r][c] *= rescale;
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) P_s[(ty + kThreads * r) * ldp + tx + kThreads * c] = s[r][c];
+        }
+        __syncthreads();  // P complete
+
+        // acc[r][c] += Σ_j P[ty+16r][j] · V[j][tx+16c]
+#pragma unroll 4
+        for (int j = 0; j < kBc; ++j) {
+            float pj[kRows], vj[D];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) pj[r] = P_s[(ty + kThreads * r) * ldp + j];
+#pragma unroll
+            for (int c = 0; c < D; ++c) vj[c] = V_s[j * ldv + tx + kThreads * c];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int c = 0; c < D; ++c) acc[r][c] = fmaf(pj[r], vj[c], acc[r][c]);
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        const int i = q0 + ty + kThreads * r;
+        if (i >= T) continue;
+        const float inv = 1.0f / l[r];  // l ≥ 1: the row's largest term is e^0
+        float* out_row = out + base + static_cast<long long>(i) * HS;
+#pragma unroll
+        for (int c = 0; c < D; ++c) out_row[tx + kThreads * c] = acc[r][c] * inv;
+        if (tx == 0) lse[head * T + i] = m[r] + logf(l[r]);
+    }
+}
+
+// delta (rows) = Σ_d dout[row][d] · out[row][d], rows = B·NH·T. One warp per row.
+static __global__ void flash_delta_kernel(float* delta, const float* dout, const float* out,
+                                          long long rows, int hs) {
+    const long long row = static_cast<long long>(blockIdx.x) * 8 + threadIdx.x / 32;
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    if (row >= rows) return;
+    float sum = 0.0f;
+    for (int d = lane; d < hs; d += 32) sum += dout[row * hs + d] * out[row * hs + d];
+    for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (lane == 0) delta[row] = sum;
+}
+
+template <int HS>
+static __global__ void __launch_bounds__(kThreads* kThreads)
+    flash_backward_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                          const float* k, const float* v, const float* lse, const float* delta,
+                          int T, bool causal, float scale) {
+    constexpr int D = HS / kThreads;
+    constexpr int ld = HS + 1, ldp = kBc + 1;
+    extern __shared__ float smem[];
+    float* K_s = smem;                // (kBc, ld)
+    float* V_s = K_s + kBc * ld;      // (kBc, ld)
+    float* Q_s = V_s + kBc * ld;      // (kBr, ld)
+    float* dO_s = Q_s + kBr * ld;     // (kBr, ld)
+    float* P_s = dO_s + kBr * ld;     // (kBr, ldp)
+    float* dS_s = P_s + kBr * ldp;    // (kBr, ldp), holds scale · dS
+    float* lse_s = dS_s + kBr * ldp;  // (kBr)
+    float* D_s = lse_s + kBr;         // (kBr)
+
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const int tid = ty * kThreads + tx;
+    const int kt = blockIdx.x;  // causal: the first key tiles see the most queries, start them first
+    const long long head = blockIdx.y;
+    const long long base = head * T * HS;
+    const int k0 = kt * kBc;
+    const int k_valid = min(kBc, T - k0);
+    load_tile<HS>(K_s, ld, k + base + static_cast<long long>(k0) * HS, k_valid, kBc);
+    load_tile<HS>(V_s, ld, v + base + static_cast<long long>(k0) * HS, k_valid, kBc);
+
+    // dK, dV for keys k0 + ty + 16r, columns tx + 16c.
+    float dk_acc[kRows][D], dv_acc[kRows][D];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < D; ++c) dk_acc[r][c] = dv_acc[r][c] = 0.0f;
+
+    const int q_tiles = (T + kBr - 1) / kBr;
+    // Causal: query tiles that end before this key tile's first key cannot see it.
+    for (int qt = causal ? k0 / kBr : 0; qt < q_tiles; ++qt) {
+        const int q0 = qt * kBr;
+        const int q_valid = min(kBr, T - q0);
+        __syncthreads();  // everyone is done with the previous Q, dO, P, dS (and K, V loaded)
+        load_tile<HS>(Q_s, ld, q + base + static_cast<long long>(q0) * HS, q_valid, kBr);
+        load_tile<HS>(dO_s, ld, dout + base + static_cast<long long>(q0) * HS, q_valid, kBr);
+        for (int r = tid; r < kBr; r += kThreads * kThreads) {
+            lse_s[r] = r < q_valid ? lse[head * T + q0 + r] : 0.0f;
+            D_s[r] = r < q_valid ? delta[head * T + q0 + r] : 0.0f;
+        }
+        __syncthreads();
+
+        // s = q_i · k_j and dp = dO_i · v_j for queries i = q0+ty+16r, keys j = k0+tx+16c.
+        float s[kRows][kCols], dp[kRows][kCols];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) s[r][c] = dp[r][c] = 0.0f;
+#pragma unroll 4
+        for (int d = 0; d < HS; ++d) {
+            float qd[kRows], od[kRows], kd[kCols], vd[kCols];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                qd[r] = Q_s[(ty + kThreads * r) * ld + d];
+                od[r] = dO_s[(ty + kThreads * r) * ld + d];
+            }
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) {
+                kd[c] = K_s[(tx + kThreads * c) * ld + d];
+                vd[c] = V_s[(tx + kThreads * c) * ld + d];
+            }
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int c = 0; c < kCols; ++c) {
+                    s[r][c] = fmaf(qd[r], kd[c], s[r][c]);
+                    dp[r][c] = fmaf(od[r], vd[c], dp[r][c]);
+                }
+        }
+        // P = e^(scale·s − lse) (recomputed, masked entries 0); scale · dS = scale · P (dP − D).
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const int row = ty + kThreads * r, i = q0 + row;
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) {
+                const int col = tx + kThreads * c, j = k0 + col;
+                const bool visible = i < T && j < T && (!causal || j <= i);
+                const float p = visible ? expf(s[r][c] * scale - lse_s[row]) : 0.0f;
+                P_s[row * ldp + col] = p;
+                dS_s[row * ldp + col] = scale * p * (dp[r][c] - D_s[row]);
+            }
+        }
+        __syncthreads();  // P and dS complete
+
+        // dV[j][d] += Σ_i P[i][j] dO[i][d],  dK[j][d] += Σ_i dS[i][j] Q[i][d]
+#pragma unroll 4
+        for (int i = 0; i < kBr; ++i) {
+            float pi[kRows], dsi[kRows], oi[D], qi[D];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                pi[r] = P_s[i * ldp + ty + kThreads * r];
+                dsi[r] = dS_s[i * ldp + ty + kThreads * r];
+            }
+#pragma unroll
+            for (int c = 0; c < D; ++c) {
+                oi[c] = dO_s[i * ld + tx + kThreads * c];
+                qi[c] = Q_s[i * ld + tx + kThreads * c];
+            }
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int c = 0; c < D; ++c) {
+                    dv_acc[r][c] = fmaf(pi[r], oi[c], dv_acc[r][c]);
+                    dk_acc[r][c] = fmaf(dsi[r], qi[c], dk_acc[r][c]);
+                }
+        }
+
+        // dQ[i][d] += Σ_j dS[i][j] K[j][d] for this key tile's share; other key tiles add
+        // theirs to the same rows, hence the atomic adds.
+        float dq_part[kRows][D];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int c = 0; c < D; ++c) dq_part[r][c] = 0.0f;
+#pragma unroll 4
+        for (int j = 0; j < kBc; ++j) {
+            float dsj[kRows], kj[D];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) dsj[r] = dS_s[(ty + kThreads * r) * ldp + j];
+#pragma unroll
+            for (int c = 0; c < D; ++c) kj[c] = K_s[j * ld + tx + kThreads * c];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int c = 0; c < D; ++c) dq_part[r][c] = fmaf(dsj[r], kj[c], dq_part[r][c]);
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            const int i = q0 + ty + kThreads * r;
+            if (i >= T) continue;
+            float* dq_row = dq + base + static_cast<long long>(i) * HS;
+#pragma unroll
+            for (int c = 0; c < D; ++c) atomicAdd(dq_row + tx + kThreads * c, dq_part[r][c]);
+        }
+    }
+
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        const int j = k0 + ty + kThreads * r;
+        if (j >= T) continue;
+        float* dk_row = dk + base + static_cast<long long>(j) * HS;
+        float* dv_row = dv + base + static_cast<long long>(j) * HS;
+#pragma unroll
+        for (int c = 0; c < D; ++c) {
+            dk_row[tx + kThreads * c] = dk_acc[r][c];
+            dv_row[tx + kThreads * c] = dv_acc[r][c];
+        }
+    }
+}
+
+void check_flash_arguments(const AttentionShape& s, std::initializer_list<const void*> vectors) {
+    check_attention_shape(s);
+    require(flash_attention_supports(s.hs),
+            "flash attention on the GPU: head size must be 64 or 128, got " + std::to_string(s.hs));
+    require(s.B * s.NH <= 65535 && s.T <= (1u << 24),
+            "flash attention on the GPU: B·NH must be at most 65535 and T at most 2^24");
+    for (const void* p : vectors) {
+        require(reinterpret_cast<std::uintptr_t>(p) % 16 == 0,
+                "flash attention on the GPU: q, k, v and dout must be 16-byte aligned "
+                "(whole float4 loads)");
+    }
+}
+
+// Raises a kernel's dynamic shared-memory limit to what it needs (above the default 48 KiB),
+// after checking that the device has that much per block.
+template <class Kernel>
+void allow_shared_memory(Kernel kernel, std::size_t bytes) {
+    int device = 0, optin = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (bytes > static_cast<std::size_t>(optin)) {
+        throw std::runtime_error("flash attention: needs " + std::to_string(bytes) +
+                                 " bytes of shared memory per block, the device allows " +
+                                 std::to_string(optin));
+    }
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(bytes)));
+}
+
+template <int HS>
+void launch_flash_forward(float* out, float* lse, const float* q, const float* k,
+                          const float* v, const AttentionShape& s, cudaStream_t stream) {
+    constexpr std::size_t bytes = forward_smem_floats<HS>() * sizeof(float);
+    static const bool ready = (allow_shared_memory(flash_forward_kernel<HS>, bytes), true);
+    (void)ready;
+    const int T = static_cast<int>(s.T);
+    const dim3 grid(static_cast<unsigned>((T + kBr - 1) / kBr), static_cast<unsigned>(s.B * s.NH));
+    const dim3 block(kThreads, kThreads);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+    flash_forward_kernel<HS><<<grid, block, bytes, stream>>>(out, lse, q, k, v, T, s.causal, scale);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+template <int HS>
+void launch_flash_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
+                           const float* q, const float* k, const float* v, const float* out,
+                           const float* lse, const AttentionShape& s, cudaStream_t stream) {
+    constexpr std::size_t bytes = backward_smem_floats<HS>() * sizeof(float);
+    static const bool ready = (allow_shared_memory(flash_backward_kernel<HS>, bytes), true);
+    (void)ready;
+    const int T = static_cast<int>(s.T);
+    const long long rows = static_cast<long long>(s.rows());
+    flash_delta_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(delta, dout, out,
+                                                                                  rows, HS);
+    CUDA_CHECK(cudaGetLastError());
+    CUDA_CHECK(cudaMemsetAsync(dq, 0, s.qkv_size() * sizeof(float), stream));
+    const dim3 grid(static_cast<unsigned>((T + kBc - 1) / kBc), static_cast<unsigned>(s.B * s.NH));
+    const dim3 block(kThreads, kThreads);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+    flash_backward_kernel<HS><<<grid, block, bytes, stream>>>(dq, dk, dv, dout, q, k, v, lse, delta,
+                                                              T, s.causal, scale);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+bool flash_attention_supports(std::size_t hs) { return hs == 64 || hs == 128; }
+
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
+                             const float* v, const AttentionShape& s, void* stream) {
+    check_flash_arguments(s, {q, k, v});
+    const auto st = static_cast<cudaStream_t>(stream);
+    if (s.hs == 64) launch_flash_forward<64>(out, lse, q, k, v, s, st);
+    else launch_flash_forward<128>(out, lse, q, k, v, s, st);
+}
+
+void flash_attention_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
+                              const float* q, const float* k, const float* v, const float* out,
+                              const float* lse, const AttentionShape& s, void* stream) {
+    check_flash_arguments(s, {q, k, v, dout});
+    const auto st = static_cast<cudaStream_t>(stream);
+    if (s.hs == 64) launch_flash_backward<64>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st);
+    else launch_flash_backward<128>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st);
+}
+
+}  // namespace attn::cuda

@@ -1,0 +1,89 @@
+/// @file attention.hpp
+/// @brief Causal (or full) attention on the GPU over device buffers in (B, NH, T, hs)
+/// layout: the plain version that materialises the (T, T) matrix through cuBLAS, and the
+/// fused FlashAttention-style kernels, forward and backward.
+///
+/// A plain header (no CUDA types), so that ordinary C++ files can include it; the kernels
+/// live in common/cuda/attention_plain.cu and common/cuda/attention_flash.cu. Every
+/// pointer is a device pointer to float32; `stream` is a `cudaStream_t` passed as
+/// `void*` (null: the default stream). The functions enqueue work and return; errors in
+/// the launch are reported through std::runtime_error. The scores are scaled by 1/√hs.
+#pragma once
+
+#include "attn/flash.hpp"
+
+#include <cstddef>
+
+namespace attn::cuda {
+
+/// Floats of the (B, NH, T, T) buffer the plain version needs, once for the forward's
+/// probabilities (kept for the backward) and once more as the backward's scratch.
+std::size_t plain_attention_scratch_floats(const AttentionShape& shape);
+
+/// Plain attention forward: att = softmax(q kᵀ/√hs) with the causal mask, out = att v.
+/// @param out    (B, NH, T, hs) written
+/// @param att    (B, NH, T, T) the probabilities, written (the backward reads them)
+/// @param q      (B, NH, T, hs)
+/// @param k      (B, NH, T, hs)
+/// @param v      (B, NH, T, hs)
+/// @param shape  the sizes
+/// @param stream a cudaStream_t, or null
+void plain_attention_forward(float* out, float* att, const float* q, const float* k,
+                             const float* v, const AttentionShape& shape,
+                             void* stream = nullptr);
+
+/// Plain attention backward: dv = attᵀ dout, datt = dout vᵀ, then the softmax's backward
+/// in place, dq = dS k/√hs, dk = dSᵀ q/√hs.
+/// @param dq     (B, NH, T, hs) written
+/// @param dk     (B, NH, T, hs) written
+/// @param dv     (B, NH, T, hs) written
+/// @param datt   (B, NH, T, T) scratch, overwritten
+/// @param dout   (B, NH, T, hs)
+/// @param q      (B, NH, T, hs)
+/// @param k      (B, NH, T, hs)
+/// @param v      (B, NH, T, hs)
+/// @param att    (B, NH, T, T) the forward's probabilities
+/// @param shape  the sizes
+/// @param stream a cudaStream_t, or null
+void plain_attention_backward(float* dq, float* dk, float* dv, float* datt, const float* dout,
+                              const float* q, const float* k, const float* v,
+                              const float* att, const AttentionShape& shape,
+                              void* stream = nullptr);
+
+/// Whether the fused kernels support this head size (64 and 128).
+bool flash_attention_supports(std::size_t hs);
+
+/// Fused attention forward: tiles of q, k, v in shared memory, online softmax, causal
+/// tiles skipped; never writes the (T, T) matrix.
+/// @param out    (B, NH, T, hs) written
+/// @param lse    (B, NH, T) each row's log-sum-exp of the scaled scores, written
+/// @param q      (B, NH, T, hs)
+/// @param k      (B, NH, T, hs)
+/// @param v      (B, NH, T, hs)
+/// @param shape  the sizes; hs must be 64 or 128
+/// @param stream a cudaStream_t, or null
+/// @throws std::invalid_argument for an unsupported head size
+void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
+                             const float* v, const AttentionShape& shape,
+                             void* stream = nullptr);
+
+/// Fused attention backward with recomputation of the probabilities from `lse`.
+/// @param dq     (B, NH, T, hs) written (zeroed, then accumulated atomically)
+/// @param dk     (B, NH, T, hs) written
+/// @param dv     (B, NH, T, hs) written
+/// @param delta  (B, NH, T) scratch: D_i = dout_i · out_i
+/// @param dout   (B, NH, T, hs)
+/// @param q      (B, NH, T, hs)
+/// @param k      (B, NH, T, hs)
+/// @param v      (B, NH, T, hs)
+/// @param out    (B, NH, T, hs) the forward's output
+/// @param lse    (B, NH, T) the forward's log-sum-exp
+/// @param shape  the sizes; hs must be 64 or 128
+/// @param stream a cudaStream_t, or null
+/// @throws std::invalid_argument for an unsupported head size
+void flash_attention_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
+                              const float* q, const float* k, const float* v, const float* out,
+                              const float* lse, const AttentionShape& shape,
+                              void* stream = nullptr);
+
+}  // namespace attn::cuda

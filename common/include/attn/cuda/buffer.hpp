@@ -1,0 +1,47 @@
+/// @file buffer.hpp
+/// @brief A float32 buffer in GPU memory that frees itself, for tests and tools that move
+/// host vectors to the device and back.
+///
+/// A plain header (no CUDA types); the implementation is compiled by nvcc.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+namespace attn::cuda {
+
+/// `n` floats of device memory, owned: freed by the destructor. Movable, not copyable.
+class DeviceBuffer {
+public:
+    /// Allocates n floats (uninitialised).
+    /// @throws std::runtime_error with CUDA's error text if the allocation fails
+    explicit DeviceBuffer(std::size_t n);
+    /// Allocates and fills with a copy of `host`.
+    explicit DeviceBuffer(const std::vector<float>& host);
+    ~DeviceBuffer();
+    DeviceBuffer(DeviceBuffer&& other) noexcept;             ///< takes other's memory
+    DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;  ///< frees ours, takes other's
+    DeviceBuffer(const DeviceBuffer&) = delete;
+    DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+    float* data() { return data_; }                  ///< the device pointer
+    const float* data() const { return data_; }      ///< the device pointer
+    std::size_t size() const { return size_; }       ///< number of floats
+
+    /// Copies `host` (which must have size() elements) to the device.
+    void upload(const std::vector<float>& host);
+    /// Copies the buffer to a new host vector (waits for the device).
+    std::vector<float> download() const;
+    /// Sets every float to 0.0f.
+    void zero();
+
+private:
+    float* data_ = nullptr;
+    std::size_t size_ = 0;
+};
+
+/// Waits until the device has finished all queued work; throws std::runtime_error with
+/// CUDA's error text if any of it failed.
+void synchronize();
+
+}  // namespace attn::cuda

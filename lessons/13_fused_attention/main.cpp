@@ -1,0 +1,290 @@
+// Lesson 13: fused attention. The page that narrates this program is lesson.md beside it.
+#include "attn/flash.hpp"
+#include "attn/heatmap.hpp"
+#include "attn/lesson.hpp"
+#include "attn/plot.hpp"
+#include "attn/print.hpp"
+#include "attn/random.hpp"
+
+#ifdef ATTN_HAVE_CUDA
+#include "attn/cuda/attention.hpp"
+#include "attn/cuda/buffer.hpp"
+#include "attn/cuda/device.hpp"
+#endif
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <limits>
+#include <string>
+#include <vector>
+
+using namespace attn;
+
+namespace {
+
+std::vector<float> normal_buffer(Rng& rng, std::size_t n) {
+    std::vector<float> x(n);
+    for (auto& e : x) e = rng.normal();
+    return x;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+    double worst = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+    }
+    return worst;
+}
+
+// The fastest of `repeats` runs, in milliseconds (the fastest is the least disturbed).
+double best_ms(const std::function<void()>& run, int repeats) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int r = 0; r < repeats; ++r) {
+        const auto start = std::chrono::steady_clock::now();
+        run();
+        const std::chrono::duration<double, std::milli> took =
+            std::chrono::steady_clock::now() - start;
+        best = std::min(best, took.count());
+    }
+    return best;
+}
+
+std::string mib(double bytes) {
+    char buf[32];
+    if (bytes < (1 << 20)) std::snprintf(buf, sizeof buf, "%7.1f KiB", bytes / 1024);
+    else std::snprintf(buf, sizeof buf, "%7.1f MiB", bytes / (1 << 20));
+    return buf;
+}
+
+void online_softmax_walkthrough() {
+    print_heading("The online softmax, one tile of keys at a time");
+    //! [walkthrough]
+    // One query row: 12 scores (already scaled) and 12 values of size 2, in tiles of 4.
+    const std::vector<float> scores = {0.5f, -1.0f, 2.0f, 0.0f, 3.5f, 1.0f,
+                                       -0.5f, 0.2f, 1.5f, 4.0f, -2.0f, 0.8f};
+    Rng rng(13);
+    const std::vector<float> values = normal_buffer(rng, scores.size() * 2);  // (12, 2)
+    float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+    float acc[2] = {0.0f, 0.0f};
+    for (std::size_t j0 = 0; j0 < scores.size(); j0 += 4) {
+        online_softmax_update(m, l, acc, &scores[j0], &values[j0 * 2], 4, 2);
+        std::printf("after keys %2zu..%2zu: m = %.4f   l = %.6f   acc = [%9.6f, %9.6f]\n", j0,
+                    j0 + 3, static_cast<double>(m), static_cast<double>(l),
+                    static_cast<double>(acc[0]), static_cast<double>(acc[1]));
+    }
+    const float online[2] = {acc[0] / l, acc[1] / l};  // normalise once, at the end
+    //! [walkthrough]
+
+    // The plain way: the whole row's softmax first, then the weighted sum.
+    const float row_max = *std::max_element(scores.begin(), scores.end());
+    double sum = 0.0;
+    for (float s : scores) sum += std::exp(s - row_max);
+    float plain[2] = {0.0f, 0.0f};
+    for (std::size_t j = 0; j < scores.size(); ++j) {
+        const float p = static_cast<float>(std::exp(scores[j] - row_max) / sum);
+        plain[0] += p * values[j * 2];
+        plain[1] += p * values[j * 2 + 1];
+    }
+    std::printf("\nonline: acc / l          = [%9.6f, %9.6f]\n", static_cast<double>(online[0]),
+                static_cast<double>(online[1]));
+    std::printf("plain:  softmax(s) · V   = [%9.6f, %9.6f]\n", static_cast<double>(plain[0]),
+                static_cast<double>(plain[1]));
+    std::printf("m + ln l = %.6f,  ln Σ e^s = %.6f   (the log-sum-exp the backward pass keeps)\n",
+                static_cast<double>(m + std::log(l)), row_max + std::log(sum));
+}
+
+void tiled_against_plain() {
+    print_heading("Tiled attention against plain attention (B=2, NH=4, T=300, hs=64, causal)");
+    //! [parity]
+    const AttentionShape shape{2, 4, 300, 64, /*causal=*/true};
+    Rng rng(1313);
+    const auto q = normal_buffer(rng, shape.qkv_size()), k = normal_buffer(rng, shape.qkv_size()),
+               v = normal_buffer(rng, shape.qkv_size());
+    std::vector<float> out_plain(shape.qkv_size()), lse_plain(shape.rows());
+    std::vector<float> out_tiled(shape.qkv_size()), lse_tiled(shape.rows());
+    attention_plain_forward(out_plain.data(), lse_plain.data(), q.data(), k.data(), v.data(),
+                            shape);
+    attention_flash_forward(out_tiled.data(), lse_tiled.data(), q.data(), k.data(), v.data(),
+                            shape, FlashBlocks{64, 64});  // 300 = 4·64 + 44: a partial tile
+    //! [parity]
+    std::printf("max |out_tiled - out_plain| = %.2e\n", max_abs_diff(out_tiled, out_plain));
+    std::printf("max |lse_tiled - lse_plain| = %.2e\n", max_abs_diff(lse_tiled, lse_plain));
+
+    //! [backward]
+    const auto dout = normal_buffer(rng, shape.qkv_size());
+    std::vector<float> dq(shape.qkv_size()), dk(shape.qkv_size()), dv(shape.qkv_size());
+    std::vector<float> dq_plain(shape.qkv_size()), dk_plain(shape.qkv_size()),
+        dv_plain(shape.qkv_size());
+    attention_flash_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(),
+                             v.data(), out_tiled.data(), lse_tiled.data(), shape);
+    attention_plain_backward(dq_plain.data(), dk_plain.data(), dv_plain.data(), dout.data(),
+                             q.data(), k.data(), v.data(), shape);
+    //! [backward]
+    std::printf("max |dq_tiled - dq_plain|   = %.2e\n", max_abs_diff(dq, dq_plain));
+    std::printf("max |dk_tiled - dk_plain|   = %.2e\n", max_abs_diff(dk, dk_plain));
+    std::printf("max |dv_tiled - dv_plain|   = %.2e\n", max_abs_diff(dv, dv_plain));
+
+    // FlashAttention's bar: both against float64, the tiled error at most twice the plain one.
+    const std::size_t n = shape.qkv_size();
+    std::vector<double> out_ref(n);
+    attention_reference_forward(out_ref.data(), nullptr, to_double(q.data(), n).data(),
+                                to_double(k.data(), n).data(), to_double(v.data(), n).data(),
+                                shape);
+    const double e_plain = max_abs_error(out_plain.data(), out_ref.data(), n);
+    const double e_tiled = max_abs_error(out_tiled.data(), out_ref.data(), n);
+    std::printf("against float64: plain %.2e, tiled %.2e  → FlashAttention's rule %s\n", e_plain,
+                e_tiled, passes_flash_rule(e_tiled, e_plain, max_abs(out_ref.data(), n))
+                             ? "holds"
+                             : "FAILS");
+}
+
+void causal_tiles(const LessonOptions& options) {
+    print_heading("Which tiles a causal forward visits (T=512, tiles of 64)");
+    const std::size_t T = 512, tile = 64, tiles = T / tile;
+    // 1: every key visible, ½: the diagonal tile (masked inside), 0: skipped, never loaded.
+    Tensor2 visited({tiles, tiles});
+    std::size_t computed = 0;
+    for (std::size_t i = 0; i < tiles; ++i) {
+        for (std::size_t j = 0; j < tiles; ++j) {
+            visited(i, j) = j < i ? 1.0f : j == i ? 0.5f : 0.0f;
+            computed += j <= i;
+        }
+    }
+    std::vector<std::string> rows, cols;
+    for (std::size_t i = 0; i < tiles; ++i) {
+        rows.push_back("q" + std::to_string(i * tile));
+        cols.push_back(std::to_string(i));
+    }
+    std::printf("%s", heatmap_text(visited, rows, cols).c_str());
+    std::printf("tiles computed: %zu of %zu (%.0f%%): (n+1)/(2n) for n = %zu tiles a side\n",
+                computed, tiles * tiles, 100.0 * static_cast<double>(computed) / (tiles * tiles),
+                tiles);
+    if (!options.figures.empty()) {
+        heatmap_png(options.figures / "lesson13_causal_tiles.png", visited, rows, cols,
+                    "Causal tiles: 1 full, 0.5 diagonal, 0 skipped");
+    }
+}
+
+void memory_and_traffic(const LessonOptions& options) {
+    print_heading("Memory held for the scores, per head (hs=64, tiles 64×64)");
+    const std::size_t hs = 64;
+    const FlashBlocks blocks{64, 64};
+    std::printf("%6s  %14s  %14s  %14s\n", "T", "plain: T×T", "tiled: tiles", "q, k, v, out");
+    PlotSeries plain{"plain: T x T scores", {}, {}}, tiled{"tiled: one tile", {}, {}};
+    for (std::size_t T = 256; T <= 16384; T *= 2) {
+        //! [memory]
+        const double plain_bytes = 4.0 * static_cast<double>(plain_score_floats(T));
+        const double tiled_bytes = 4.0 * static_cast<double>(flash_working_floats(blocks, hs));
+        const double io_bytes = 4.0 * 4.0 * static_cast<double>(T * hs);
+        //! [memory]
+        std::printf("%6zu  %s  %s  %s\n", T, mib(plain_bytes).c_str(), mib(tiled_bytes).c_str(),
+                    mib(io_bytes).c_str());
+        plain.x.push_back(static_cast<double>(T));
+        plain.y.push_back(plain_bytes / (1 << 20));
+        tiled.x.push_back(static_cast<double>(T));
+        tiled.y.push_back(tiled_bytes / (1 << 20));
+    }
+    if (!options.figures.empty()) {
+        line_plot_png(options.figures / "lesson13_memory.png", {plain, tiled},
+                      "Memory for one head's scores", "T (tokens)", "MiB");
+    }
+
+    print_heading("FLOPs and bytes of device memory per head, causal forward (hs=64)");
+    std::printf("%6s  %10s  %12s  %12s  %10s  %10s\n", "T", "GFLOP", "plain bytes",
+                "fused bytes", "plain F/B", "fused F/B");
+    for (std::size_t T = 256; T <= 4096; T *= 2) {
+        //! [traffic]
+        const double t = static_cast<double>(T), d = static_cast<double>(hs);
+        const double flops = 2.0 * t * t * d;  // 4·T²·hs for q kᵀ and P v, halved by the mask
+        // plain: write S, read S, write P (softmax), read P (P v): four T×T passes of 4 bytes,
+        // plus q, k, v read and out written once.
+        const double plain_bytes = 4.0 * (4.0 * t * t + 4.0 * t * d);
+        // fused: q read and out written once; each query tile reads the k, v tiles up to the
+        // diagonal: on average half of k and v, T/64 times; one log-sum-exp per row.
+        const double fused_bytes = 4.0 * (2.0 * t * d + (t / 64.0) * (t * d) + t);
+        //! [traffic]
+        std::printf("%6zu  %10.3f  %12s  %12s  %10.1f  %10.1f\n", T, flops / 1e9,
+                    mib(plain_bytes).c_str(), mib(fused_bytes).c_str(), flops / plain_bytes,
+                    flops / fused_bytes);
+    }
+}
+
+void cpu_timings() {
+    print_heading("CPU time of one forward pass, plain and tiled (B=1, NH=4, hs=64, causal)");
+    std::printf("%6s  %10s  %10s\n", "T", "plain ms", "tiled ms");
+    for (std::size_t T : {256, 512, 1024}) {
+        const AttentionShape shape{1, 4, T, 64, true};
+        Rng rng(T);
+        const auto q = normal_buffer(rng, shape.qkv_size()),
+                   k = normal_buffer(rng, shape.qkv_size()),
+                   v = normal_buffer(rng, shape.qkv_size());
+        std::vector<float> out(shape.qkv_size()), lse(shape.rows());
+        const double plain = best_ms(
+            [&] { attention_plain_forward(out.data(), nullptr, q.data(), k.data(), v.data(), shape); },
+            3);
+        const double tiled = best_ms(
+            [&] {
+                attention_flash_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), shape);
+            },
+            3);
+        std::printf("%6zu  %10.2f  %10.2f\n", T, plain, tiled);
+    }
+    std::printf("(times vary from run to run and machine to machine; the CPU's caches hold a\n"
+                "T×T matrix of a few MiB, so tiling changes little here: its gain is on the GPU)\n");
+}
+
+void gpu_part() {
+    print_heading("On the GPU");
+#ifdef ATTN_HAVE_CUDA
+    std::string why;
+    if (!cuda::device_available(&why)) {
+        std::printf("The GPU comparison needs a CUDA device (%s).\nIts numbers come from "
+                    "build/tests/attention_bench and tools/cuda/attention_torch.py on one.\n",
+                    why.c_str());
+        return;
+    }
+    std::printf("device: %s\n", cuda::device_summary().c_str());
+    //! [gpu]
+    const AttentionShape shape{1, 8, 1024, 64, true};
+    Rng rng(7);
+    const std::size_t n = shape.qkv_size();
+    const auto q = normal_buffer(rng, n), k = normal_buffer(rng, n), v = normal_buffer(rng, n);
+    cuda::DeviceBuffer d_q(q), d_k(k), d_v(v), d_out(n), lse(shape.rows());
+    cuda::DeviceBuffer att(cuda::plain_attention_scratch_floats(shape));
+    cuda::plain_attention_forward(d_out.data(), att.data(), d_q.data(), d_k.data(), d_v.data(), shape);
+    const auto out_plain = d_out.download();
+    cuda::flash_attention_forward(d_out.data(), lse.data(), d_q.data(), d_k.data(), d_v.data(), shape);
+    const auto out_fused = d_out.download();
+    //! [gpu]
+    std::vector<double> out_ref(n);
+    attention_reference_forward(out_ref.data(), nullptr, to_double(q.data(), n).data(),
+                                to_double(k.data(), n).data(), to_double(v.data(), n).data(), shape);
+    const double e_plain = max_abs_error(out_plain.data(), out_ref.data(), n);
+    const double e_fused = max_abs_error(out_fused.data(), out_ref.data(), n);
+    std::printf("B=1 NH=8 T=1024 hs=64 causal, against float64: plain %.2e, fused %.2e → %s\n",
+                e_plain, e_fused,
+                passes_flash_rule(e_fused, e_plain, max_abs(out_ref.data(), n)) ? "rule holds"
+                                                                                 : "rule FAILS");
+    std::printf("(plain held %s of scores for this; fused none. Timings: build/tests/attention_bench)\n",
+                mib(4.0 * static_cast<double>(att.size())).c_str());
+#else
+    std::printf("This build has no CUDA: the GPU part needs nvcc and a CUDA device. Its numbers\n"
+                "come from build/tests/attention_bench and tools/cuda/attention_torch.py on one.\n");
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    return run_lesson(argc, argv, "Lesson 13: fused attention", [](const LessonOptions& options) {
+        online_softmax_walkthrough();
+        tiled_against_plain();
+        causal_tiles(options);
+        memory_and_traffic(options);
+        cpu_timings();
+        gpu_part();
+    });
+}

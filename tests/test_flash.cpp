@@ -1,0 +1,299 @@
+#include "attn/check.hpp"
+#include "attn/flash.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+using namespace attn;
+
+namespace {
+
+std::vector<float> normal_buffer(Rng& rng, std::size_t n) {
+    std::vector<float> x(n);
+    for (auto& e : x) e = rng.normal();
+    return x;
+}
+
+template <class A, class B>
+double max_abs_diff(const A& a, const B& b) {
+    REQUIRE(a.size() == b.size());
+    double worst = 0.0;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const double d = std::fabs(static_cast<double>(a[i]) - static_cast<double>(b[i]));
+        worst = std::isnan(d) ? INFINITY : std::max(worst, d);
+    }
+    return worst;
+}
+
+// q, k, v and an upstream gradient for one problem, N(0, 1).
+struct Problem {
+    AttentionShape shape;
+    std::vector<float> q, k, v, dout;
+    Problem(const AttentionShape& s, std::uint64_t seed) : shape(s) {
+        Rng rng(seed);
+        q = normal_buffer(rng, s.qkv_size());
+        k = normal_buffer(rng, s.qkv_size());
+        v = normal_buffer(rng, s.qkv_size());
+        dout = normal_buffer(rng, s.qkv_size());
+    }
+};
+
+}  // namespace
+
+TEST_CASE("the online-softmax update reproduces numbers worked by hand") {
+    // Row scores [1, 2 | 3] in two tiles, values v = [1, 0], [0, 1], [2, 2].
+    float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+    float acc[2] = {0.0f, 0.0f};
+    const float s1[2] = {1.0f, 2.0f}, v1[4] = {1, 0, 0, 1};
+    online_softmax_update(m, l, acc, s1, v1, 2, 2);
+    // m = 2, l = e^-1 + e^0, acc = e^-1·[1, 0] + e^0·[0, 1]
+    CHECK(m == 2.0f);
+    CHECK(l == doctest::Approx(1.3678794).epsilon(1e-6));
+    CHECK(acc[0] == doctest::Approx(0.3678794).epsilon(1e-6));
+    CHECK(acc[1] == doctest::Approx(1.0).epsilon(1e-6));
+    const float s2[1] = {3.0f}, v2[2] = {2, 2};
+    online_softmax_update(m, l, acc, s2, v2, 1, 2);
+    // m = 3, everything so far rescaled by e^(2−3): l = 1.3678794·e^-1 + 1 = 1.5032147
+    CHECK(m == 3.0f);
+    CHECK(l == doctest::Approx(1.5032147).epsilon(1e-6));
+    // acc / l is softmax([1, 2, 3]) · V = [1.4205125, 1.5752104]; m + ln l = ln Σ e^s.
+    CHECK(acc[0] / l == doctest::Approx(1.4205125).epsilon(1e-6));
+    CHECK(acc[1] / l == doctest::Approx(1.5752104).epsilon(1e-6));
+    CHECK(m + std::log(l) == doctest::Approx(3.4076060).epsilon(1e-6));
+}
+
+TEST_CASE("a fully masked tile leaves an empty online-softmax state empty, with no NaN") {
+    const float inf = std::numeric_limits<float>::infinity();
+    float m = -inf, l = 0.0f, acc[1] = {0.0f};
+    const float masked[2] = {-inf, -inf}, v[2] = {5, 7};
+    online_softmax_update(m, l, acc, masked, v, 2, 1);
+    CHECK(m == -inf);
+    CHECK(l == 0.0f);
+    CHECK(acc[0] == 0.0f);
+    const float later[1] = {0.5f};
+    online_softmax_update(m, l, acc, later, v, 1, 1);  // then one visible key
+    CHECK(acc[0] / l == doctest::Approx(5.0));
+}
+
+TEST_CASE("the online softmax does not overflow on large scores") {
+    float m = -std::numeric_limits<float>::infinity(), l = 0.0f, acc[1] = {0.0f};
+    const float s1[1] = {1000.0f}, s2[1] = {1001.0f}, v1[1] = {0.0f}, v2[1] = {1.0f};
+    online_softmax_update(m, l, acc, s1, v1, 1, 1);
+    online_softmax_update(m, l, acc, s2, v2, 1, 1);
+    // softmax([1000, 1001]) = [1/(1+e), e/(1+e)]: the output is e/(1+e) = 0.7310586
+    CHECK(acc[0] / l == doctest::Approx(0.7310586).epsilon(1e-6));
+}
+
+TEST_CASE("tiled attention equals plain attention within 1e-6") {
+    struct Case {
+        std::size_t T, hs, rows, cols;
+        bool causal;
+    };
+    // T a multiple of the tiles, not a multiple, smaller than one tile, unequal tiles.
+    const Case cases[] = {{64, 16, 16, 16, true},  {64, 16, 16, 16, false}, {100, 32, 16, 32, true},
+                          {100, 32, 32, 16, false}, {7, 8, 16, 16, true},    {129, 64, 64, 64, true},
+                          {129, 64, 64, 64, false}, {33, 4, 5, 3, true},     {1, 8, 4, 4, true}};
+    for (const Case& c : cases) {
+        CAPTURE(c.T);
+        CAPTURE(c.hs);
+        CAPTURE(c.rows);
+        CAPTURE(c.cols);
+        CAPTURE(c.causal);
+        const AttentionShape shape{2, 3, c.T, c.hs, c.causal};
+        const Problem p(shape, 11 + c.T);
+        std::vector<float> out_plain(shape.qkv_size()), lse_plain(shape.rows());
+        std::vector<float> out_tiled(shape.qkv_size()), lse_tiled(shape.rows());
+        attention_plain_forward(out_plain.data(), lse_plain.data(), p.q.data(), p.k.data(),
+                                p.v.data(), shape);
+        attention_flash_forward(out_tiled.data(), lse_tiled.data(), p.q.data(), p.k.data(),
+                                p.v.data(), shape, {c.rows, c.cols});
+        // Same products summed in another order; outputs are convex mixes of N(0,1) values,
+        // so float32 rounding (6e-8 relative) stays far below 1e-6.
+        CHECK(max_abs_diff(out_tiled, out_plain) <= 1e-6);
+        // lse ≈ ln T + O(1) ≤ 6: a few float32 ulps of it.
+        CHECK(max_abs_diff(lse_tiled, lse_plain) <= 2e-6);
+    }
+}
+
+TEST_CASE("plain float32 attention agrees with the float64 reference") {
+    const AttentionShape shape{1, 2, 50, 16, true};
+    const Problem p(shape, 3);
+    std::vector<float> out(shape.qkv_size());
+    attention_plain_forward(out.data(), nullptr, p.q.data(), p.k.data(), p.v.data(), shape);
+    std::vector<double> out_ref(shape.qkv_size());
+    attention_reference_forward(out_ref.data(), nullptr, to_double(p.q.data(), p.q.size()).data(),
+                                to_double(p.k.data(), p.k.size()).data(),
+                                to_double(p.v.data(), p.v.size()).data(), shape);
+    // float32 rounding of sums of 16 and 50 O(1) terms.
+    CHECK(max_abs_diff(out, out_ref) <= 1e-6);
+}
+
+TEST_CASE("causal attention: the first query sees only itself, so its output is v_0") {
+    const AttentionShape shape{1, 1, 5, 4, true};
+    const Problem p(shape, 4);
+    std::vector<float> out(shape.qkv_size()), lse(shape.rows());
+    attention_flash_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), shape,
+                            {2, 2});
+    for (std::size_t d = 0; d < 4; ++d) CHECK(out[d] == doctest::Approx(p.v[d]).epsilon(1e-6));
+}
+
+TEST_CASE("the float64 reference backward agrees with finite differences") {
+    for (bool causal : {true, false}) {
+        CAPTURE(causal);
+        const AttentionShape shape{1, 2, 6, 4, causal};
+        const Problem p(shape, 5);
+        const auto q = to_double(p.q.data(), p.q.size()), k = to_double(p.k.data(), p.k.size()),
+                   v = to_double(p.v.data(), p.v.size()),
+                   dout = to_double(p.dout.data(), p.dout.size());
+        std::vector<double> dq(q.size()), dk(q.size()), dv(q.size());
+        attention_reference_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                                     k.data(), v.data(), shape);
+        // L = Σ dout ∘ out, so ∂L/∂x = the backward's gradient. Central differences in
+        // float64 with h = 1e-5: truncation error O(h²) ≈ 1e-10, rounding ≈ 1e-16/h = 1e-11.
+        auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
+                        const std::vector<double>& vv) {
+            std::vector<double> out(qq.size());
+            attention_reference_forward(out.data(), nullptr, qq.data(), kk.data(), vv.data(),
+                                        shape);
+            double sum = 0;
+            for (std::size_t i = 0; i < out.size(); ++i) sum += dout[i] * out[i];
+            return sum;
+        };
+        const double h = 1e-5;
+        for (int which = 0; which < 3; ++which) {
+            const std::vector<double>& grad = which == 0 ? dq : which == 1 ? dk : dv;
+            for (std::size_t i = 0; i < q.size(); ++i) {
+                auto qq = q, kk = k, vv = v;
+                std::vector<double>& x = which == 0 ? qq : which == 1 ? kk : vv;
+                x[i] += h;
+                const double up = loss(qq, kk, vv);
+                x[i] -= 2 * h;
+                const double down = loss(qq, kk, vv);
+                CAPTURE(which);
+                CAPTURE(i);
+                CHECK(std::fabs((up - down) / (2 * h) - grad[i]) <= 1e-8);
+            }
+        }
+    }
+}
+
+TEST_CASE("tiled backward equals plain backward and the float64 reference") {
+    struct Case {
+        std::size_t T, hs, rows, cols;
+        bool causal;
+    };
+    const Case cases[] = {{64, 16, 16, 16, true}, {100, 32, 16, 32, true}, {100, 32, 32, 16, false},
+                          {7, 8, 16, 16, true},   {33, 4, 5, 3, true},     {129, 64, 64, 64, true}};
+    for (const Case& c : cases) {
+        CAPTURE(c.T);
+        CAPTURE(c.hs);
+        CAPTURE(c.causal);
+        const AttentionShape shape{2, 2, c.T, c.hs, c.causal};
+        const Problem p(shape, 21 + c.T);
+        const std::size_t n = shape.qkv_size();
+        std::vector<float> out(n), lse(shape.rows());
+        attention_flash_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), shape,
+                                {c.rows, c.cols});
+        std::vector<float> dq(n), dk(n), dv(n), dq_plain(n), dk_plain(n), dv_plain(n);
+        attention_flash_backward(dq.data(), dk.data(), dv.data(), p.dout.data(), p.q.data(),
+                                 p.k.data(), p.v.data(), out.data(), lse.data(), shape,
+                                 {c.rows, c.cols});
+        attention_plain_backward(dq_plain.data(), dk_plain.data(), dv_plain.data(), p.dout.data(),
+                                 p.q.data(), p.k.data(), p.v.data(), shape);
+        std::vector<double> dq_ref(n), dk_ref(n), dv_ref(n);
+        attention_reference_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(),
+                                     to_double(p.dout.data(), n).data(),
+                                     to_double(p.q.data(), n).data(), to_double(p.k.data(), n).data(),
+                                     to_double(p.v.data(), n).data(), shape);
+        // Gradients are sums over up to T keys (or queries) of O(1) products, ~|grad| ≤ 10:
+        // float32 rounding of such sums is ~1e-6; D_i = dout·out in place of Σ P dP adds the
+        // forward's rounding. 1e-5 leaves room without hiding a wrong term (those are O(0.1)).
+        CHECK(max_abs_diff(dq, dq_plain) <= 1e-5);
+        CHECK(max_abs_diff(dk, dk_plain) <= 1e-5);
+        CHECK(max_abs_diff(dv, dv_plain) <= 1e-5);
+        // FlashAttention's rule: the tiled version's error against float64 at most twice the
+        // plain version's (with a floor of a few ulps, see passes_flash_rule).
+        for (int which = 0; which < 3; ++which) {
+            CAPTURE(which);
+            const auto& tiled = which == 0 ? dq : which == 1 ? dk : dv;
+            const auto& plain = which == 0 ? dq_plain : which == 1 ? dk_plain : dv_plain;
+            const auto& ref = which == 0 ? dq_ref : which == 1 ? dk_ref : dv_ref;
+            const double tiled_error = max_abs_error(tiled.data(), ref.data(), n);
+            const double plain_error = max_abs_error(plain.data(), ref.data(), n);
+            CAPTURE(tiled_error);
+            CAPTURE(plain_error);
+            CHECK(passes_flash_rule(tiled_error, plain_error, max_abs(ref.data(), n)));
+        }
+    }
+}
+
+TEST_CASE("tiled backward agrees with finite differences of the float64 forward") {
+    const AttentionShape shape{1, 1, 9, 4, true};
+    const Problem p(shape, 6);
+    const std::size_t n = shape.qkv_size();
+    std::vector<float> out(n), lse(shape.rows()), dq(n), dk(n), dv(n);
+    attention_flash_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), shape,
+                            {4, 3});
+    attention_flash_backward(dq.data(), dk.data(), dv.data(), p.dout.data(), p.q.data(),
+                             p.k.data(), p.v.data(), out.data(), lse.data(), shape, {4, 3});
+    const auto q = to_double(p.q.data(), n), k = to_double(p.k.data(), n),
+               v = to_double(p.v.data(), n), dout = to_double(p.dout.data(), n);
+    auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
+                    const std::vector<double>& vv) {
+        std::vector<double> o(n);
+        attention_reference_forward(o.data(), nullptr, qq.data(), kk.data(), vv.data(), shape);
+        double sum = 0;
+        for (std::size_t i = 0; i < n; ++i) sum += dout[i] * o[i];
+        return sum;
+    };
+    const double h = 1e-5;
+    for (int which = 0; which < 3; ++which) {
+        const std::vector<float>& grad = which == 0 ? dq : which == 1 ? dk : dv;
+        for (std::size_t i = 0; i < n; ++i) {
+            auto qq = q, kk = k, vv = v;
+            std::vector<double>& x = which == 0 ? qq : which == 1 ? kk : vv;
+            x[i] += h;
+            const double up = loss(qq, kk, vv);
+            x[i] -= 2 * h;
+            const double down = loss(qq, kk, vv);
+            CAPTURE(which);
+            CAPTURE(i);
+            // The difference quotient is good to 1e-10; the float32 gradient to ~1e-6.
+            CHECK(std::fabs((up - down) / (2 * h) - grad[i]) <= 1e-5);
+        }
+    }
+}
+
+TEST_CASE("zero sizes and zero tiles are rejected with std::invalid_argument") {
+    std::vector<float> buf(64), lse(8);
+    const AttentionShape zero_T{1, 1, 0, 8, true};
+    CHECK_THROWS_AS(attention_plain_forward(buf.data(), nullptr, buf.data(), buf.data(),
+                                            buf.data(), zero_T),
+                    std::invalid_argument);
+    const AttentionShape ok{1, 1, 8, 8, true};
+    CHECK_THROWS_AS(attention_flash_forward(buf.data(), lse.data(), buf.data(), buf.data(),
+                                            buf.data(), ok, {0, 4}),
+                    std::invalid_argument);
+}
+
+TEST_CASE("the tiled forward's working set does not grow with T") {
+    const FlashBlocks blocks{64, 64};
+    CHECK(flash_working_floats(blocks, 64) == 64 * 64 + 64 * 64 + 2 * 64);
+    CHECK(plain_score_floats(4096) == 4096u * 4096u);
+}
+
+TEST_CASE("FlashAttention's rule: at most twice the plain error, with a floor of a few ulps") {
+    CHECK(passes_flash_rule(2e-6, 1e-6, 1.0));
+    CHECK_FALSE(passes_flash_rule(3e-6, 1e-6, 1.0));
+    CHECK(passes_flash_rule(4e-7, 0.0, 1.0));   // 4 ulps of 1.0 ≈ 4.8e-7
+    CHECK_FALSE(passes_flash_rule(6e-7, 0.0, 1.0));
+    const float a[3] = {1.0f, 2.0f, 3.0f};
+    const double ref[3] = {1.0, 2.5, -3.0};
+    CHECK(max_abs_error(a, ref, 3) == 6.0);
+    CHECK(max_abs(ref, 3) == 3.0);
+}

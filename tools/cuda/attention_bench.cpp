@@ -1,0 +1,242 @@
+// The attention workbench: plain CUDA attention (cuBLAS + softmax, the (T, T) matrix in
+// device memory) against the fused FlashAttention-style kernels, causal, float32.
+//
+//   build/tests/attention_bench                 T = 256 512 1024 2048 4096, hs 64
+//   build/tests/attention_bench 1024 4096       chosen T only
+//   build/tests/attention_bench --hs 128 --no-validate --repeats 50
+//
+// For each T, as llm.c's dev/cuda files do: the CPU float64 reference on the first head,
+// each version validated against it with a stated tolerance, then timed with CUDA events
+// after warm-up. The shapes follow FlashAttention-2's benchmark: B·T = 16384 tokens,
+// NH = 2048 / hs heads. tools/cuda/attention_torch.py times PyTorch's
+// scaled_dot_product_attention on the same shapes.
+//
+// FLOPs counted (useful work only, the same count for every version):
+//   forward   4·B·NH·T²·hs for q kᵀ and P v, halved by the causal mask: 2·B·NH·T²·hs
+//   backward  2.5 × forward (five T×T×hs products: S again, dP, dV, dQ, dK), the
+//             convention of FlashAttention's benchmark
+// The plain version computes the masked half too; its TFLOP/s count only the useful half.
+//
+// Peak memory: cudaMemGetInfo's used bytes after the timed runs, less those used before
+// any buffer was allocated: inputs, outputs, gradients and each version's own scratch
+// (plain: two (B, NH, T, T) matrices and cuBLAS's workspace; fused: two (B, NH, T) rows).
+#include "attn/cuda/attention.hpp"
+#include "attn/cuda/buffer.hpp"
+#include "attn/cuda/device.hpp"
+#include "attn/flash.hpp"
+#include "attn/random.hpp"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+using namespace attn;
+using attn::cuda::DeviceBuffer;
+
+namespace {
+
+void check(cudaError_t err, const char* what) {
+    if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+struct Options {
+    std::vector<std::size_t> Ts;
+    std::size_t hs = 64;
+    int repeats = 20;
+    int warmup = 3;
+    bool validate = true;
+};
+
+Options parse(int argc, char** argv) {
+    Options o;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "--hs" && i + 1 < argc) o.hs = std::strtoul(argv[++i], nullptr, 10);
+        else if (a == "--repeats" && i + 1 < argc) o.repeats = std::atoi(argv[++i]);
+        else if (a == "--no-validate") o.validate = false;
+        else if (a == "--help" || a == "-h") {
+            std::printf("usage: attention_bench [T ...] [--hs 64|128] [--repeats N] [--no-validate]\n");
+            std::exit(0);
+        } else {
+            const unsigned long t = std::strtoul(a.c_str(), nullptr, 10);
+            if (t == 0) throw std::invalid_argument("unknown argument " + a);
+            o.Ts.push_back(t);
+        }
+    }
+    if (o.Ts.empty()) o.Ts = {256, 512, 1024, 2048, 4096};
+    if (o.repeats < 1) throw std::invalid_argument("--repeats must be at least 1");
+    return o;
+}
+
+std::size_t used_device_bytes() {
+    std::size_t free_bytes = 0, total = 0;
+    check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
+    return total - free_bytes;
+}
+
+// Milliseconds per call of `run`, from CUDA events around `repeats` calls after warm-up.
+double time_ms(const std::function<void()>& run, const Options& o) {
+    for (int i = 0; i < o.warmup; ++i) run();
+    cudaEvent_t start, stop;
+    check(cudaEventCreate(&start), "cudaEventCreate");
+    check(cudaEventCreate(&stop), "cudaEventCreate");
+    check(cudaEventRecord(start), "cudaEventRecord");
+    for (int i = 0; i < o.repeats; ++i) run();
+    check(cudaEventRecord(stop), "cudaEventRecord");
+    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0.0f;
+    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    check(cudaEventDestroy(start), "cudaEventDestroy");
+    check(cudaEventDestroy(stop), "cudaEventDestroy");
+    return static_cast<double>(ms) / o.repeats;
+}
+
+// The first head (b = 0, h = 0) of a (B, NH, T, hs) buffer.
+std::vector<float> first_head(const std::vector<float>& x, const AttentionShape& s) {
+    return std::vector<float>(x.begin(), x.begin() + static_cast<long>(s.T * s.hs));
+}
+
+struct Reference {
+    std::vector<double> out, dq, dk, dv;
+};
+
+// Float64 reference for the first head only (a full T = 4096 problem would take the CPU
+// minutes; heads are independent, so one head checks the indexing of all).
+Reference reference_first_head(const std::vector<float>& q, const std::vector<float>& k,
+                               const std::vector<float>& v, const std::vector<float>& dout,
+                               const AttentionShape& s) {
+    const AttentionShape one{1, 1, s.T, s.hs, s.causal};
+    const std::size_t n = one.qkv_size();
+    Reference r{std::vector<double>(n), std::vector<double>(n), std::vector<double>(n),
+                std::vector<double>(n)};
+    const auto q64 = to_double(q.data(), n), k64 = to_double(k.data(), n),
+               v64 = to_double(v.data(), n), dout64 = to_double(dout.data(), n);
+    attention_reference_forward(r.out.data(), nullptr, q64.data(), k64.data(), v64.data(), one);
+    attention_reference_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout64.data(),
+                                 q64.data(), k64.data(), v64.data(), one);
+    return r;
+}
+
+// Validation tolerances. Outputs are convex mixes of N(0,1) values: float32 error ~1e-6.
+// Gradients sum up to T = 4096 O(1) terms: ~sqrt(T)·1e-7·|terms| stays below 1e-4.
+constexpr double kForwardTolerance = 1e-5;
+constexpr double kBackwardTolerance = 1e-4;
+
+bool validate(const char* name, const DeviceBuffer& out, const DeviceBuffer& dq,
+              const DeviceBuffer& dk, const DeviceBuffer& dv, const Reference& ref,
+              const AttentionShape& s) {
+    const std::size_t n = s.T * s.hs;
+    const double e_out = max_abs_error(first_head(out.download(), s).data(), ref.out.data(), n);
+    double e_grad = max_abs_error(first_head(dq.download(), s).data(), ref.dq.data(), n);
+    e_grad = std::max(e_grad, max_abs_error(first_head(dk.download(), s).data(), ref.dk.data(), n));
+    e_grad = std::max(e_grad, max_abs_error(first_head(dv.download(), s).data(), ref.dv.data(), n));
+    const bool ok = e_out <= kForwardTolerance && e_grad <= kBackwardTolerance;
+    std::printf("  validate %-6s out %.2e (tol %.0e)  grads %.2e (tol %.0e)  %s\n", name, e_out,
+                kForwardTolerance, e_grad, kBackwardTolerance, ok ? "ok" : "MISMATCH");
+    return ok;
+}
+
+void print_row(std::size_t T, const AttentionShape& s, const char* name, double fwd_ms,
+               double fwdbwd_ms, std::size_t peak_bytes) {
+    const double fwd_flops = 2.0 * static_cast<double>(s.B * s.NH * T * T * s.hs);
+    const double fwdbwd_flops = 3.5 * fwd_flops;
+    std::printf("%6zu %4zu %4zu  %-6s %10.3f %10.2f %12.3f %10.2f %11.1f\n", T, s.B, s.NH, name,
+                fwd_ms, fwd_flops / (fwd_ms * 1e-3) / 1e12, fwdbwd_ms,
+                fwdbwd_flops / (fwdbwd_ms * 1e-3) / 1e12, static_cast<double>(peak_bytes) / (1 << 20));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        const Options o = parse(argc, argv);
+        std::string why;
+        if (!cuda::device_available(&why)) {
+            std::fprintf(stderr, "attention_bench needs a CUDA device: %s\n", why.c_str());
+            return 1;
+        }
+        if (!cuda::flash_attention_supports(o.hs)) throw std::invalid_argument("--hs must be 64 or 128");
+        std::printf("device: %s\n", cuda::device_summary().c_str());
+        std::printf("causal attention, float32, hs %zu, B·T = 16384, NH = %zu; %d timed runs after %d "
+                    "warm-up\n\n", o.hs, 2048 / o.hs, o.repeats, o.warmup);
+        check(cudaFree(nullptr), "cudaFree");  // create the context before the baseline
+        const std::size_t baseline = used_device_bytes();
+        bool all_ok = true;
+        std::size_t cublas_kept = 0;  // what cuBLAS keeps after the plain runs (its workspace)
+        std::printf("%6s %4s %4s  %-6s %10s %10s %12s %10s %11s\n", "T", "B", "NH", "method",
+                    "fwd ms", "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "peak MiB");
+        for (const std::size_t T : o.Ts) {
+            const AttentionShape s{std::max<std::size_t>(1, 16384 / T), 2048 / o.hs, T, o.hs, true};
+            const std::size_t n = s.qkv_size();
+            Rng rng(T);
+            auto fill = [&] {
+                std::vector<float> x(n);
+                for (auto& e : x) e = rng.normal();
+                return x;
+            };
+            const auto q = fill(), k = fill(), v = fill(), dout = fill();
+            Reference ref;
+            if (o.validate) ref = reference_first_head(q, k, v, dout, s);
+
+            DeviceBuffer d_q(q), d_k(k), d_v(v), d_dout(dout), d_out(n), d_dq(n), d_dk(n), d_dv(n);
+
+            const std::size_t before_plain = used_device_bytes();
+            {  // plain
+                DeviceBuffer att(cuda::plain_attention_scratch_floats(s)), datt(att.size());
+                auto fwd = [&] {
+                    cuda::plain_attention_forward(d_out.data(), att.data(), d_q.data(), d_k.data(),
+                                                  d_v.data(), s);
+                };
+                auto fwdbwd = [&] {
+                    fwd();
+                    cuda::plain_attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), datt.data(),
+                                                   d_dout.data(), d_q.data(), d_k.data(), d_v.data(),
+                                                   att.data(), s);
+                };
+                fwdbwd();
+                cuda::synchronize();
+                if (o.validate) all_ok &= validate("plain", d_out, d_dq, d_dk, d_dv, ref, s);
+                const double f = time_ms(fwd, o), fb = time_ms(fwdbwd, o);
+                print_row(T, s, "plain", f, fb, used_device_bytes() - baseline);
+            }
+            cublas_kept += used_device_bytes() - before_plain;  // att, datt are freed by now
+            {  // fused
+                DeviceBuffer lse(s.rows()), delta(s.rows());
+                auto fwd = [&] {
+                    cuda::flash_attention_forward(d_out.data(), lse.data(), d_q.data(), d_k.data(),
+                                                  d_v.data(), s);
+                };
+                auto fwdbwd = [&] {
+                    fwd();
+                    cuda::flash_attention_backward(d_dq.data(), d_dk.data(), d_dv.data(),
+                                                   delta.data(), d_dout.data(), d_q.data(),
+                                                   d_k.data(), d_v.data(), d_out.data(), lse.data(), s);
+                };
+                fwdbwd();
+                cuda::synchronize();
+                if (o.validate) all_ok &= validate("fused", d_out, d_dq, d_dk, d_dv, ref, s);
+                const double f = time_ms(fwd, o), fb = time_ms(fwdbwd, o);
+                // cuBLAS keeps its workspace after the plain runs: leave it out of the fused figure.
+                print_row(T, s, "fused", f, fb, used_device_bytes() - baseline - cublas_kept);
+            }
+        }
+        std::printf("\nFLOPs: forward 2·B·NH·T²·hs (causal half of q kᵀ and P v), forward+backward "
+                    "3.5× that.\npeak MiB includes q, k, v, out, dout, dq, dk, dv (8·B·NH·T·hs "
+                    "floats) and each version's scratch.\n");
+        if (!all_ok) {
+            std::printf("validation FAILED: the timings above are not to be trusted\n");
+            return 1;
+        }
+        return 0;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+}
