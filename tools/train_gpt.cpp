@@ -52,6 +52,7 @@ struct Flags {
     std::string prompt;
     std::string device = "cpu";
     bool tf32 = false;
+    std::string attention = "materialised";
     bool no_causal_mask = false;
     int bench = 0;
 };
@@ -111,8 +112,12 @@ void choose_device(Trainer& trainer, const Flags& f) {
 #if ATTN_HAVE_CUDA
     std::string why;
     if (cuda::device_available(&why)) {
-        trainer.use_device(cuda::make_training_device(trainer.model(), f.tf32));
-        std::cout << "device: " << trainer.device()->name() << (f.tf32 ? ", TF32 matmuls" : "") << "\n";
+        cuda::CudaOptions options;
+        options.tf32 = f.tf32;
+        options.attention = f.attention == "fused" ? cuda::AttentionKind::fused
+                                                   : cuda::AttentionKind::materialised;
+        trainer.use_device(cuda::make_training_device(trainer.model(), options));
+        std::cout << "device: " << trainer.device()->name() << "\n";
         return;
     }
     if (f.device == "cuda") throw std::runtime_error("--device cuda: no usable CUDA device (" + why + ")");
@@ -127,6 +132,10 @@ void choose_device(Trainer& trainer, const Flags& f) {
 
 int run(const Flags& f) {
     if (f.tf32 && f.device == "cpu") throw std::invalid_argument("--tf32 needs --device cuda or auto");
+    if (f.attention == "fused" && f.device == "cpu") {
+        throw std::invalid_argument("--attention fused is the GPU's kernel (lesson 13): it needs "
+                                    "--device cuda or auto");
+    }
     if (f.device == "cuda") {  // fail before any work when the GPU cannot be had
 #if ATTN_HAVE_CUDA
         std::string why;
@@ -284,6 +293,10 @@ int main(int argc, char** argv) {
     app.add_option("--device", f.device, "cpu (the default), cuda, or auto (the GPU when there is one)")
         ->check(CLI::IsMember({"cpu", "auto", "cuda"}));
     app.add_flag("--tf32", f.tf32, "on the GPU, let the matrix products use TF32 (faster, less exact)");
+    app.add_option("--attention", f.attention,
+                   "on the GPU: materialised (the default; (T, T) weights stored) or fused "
+                   "(lesson 13's kernels; head size 64 or 128)")
+        ->check(CLI::IsMember({"materialised", "fused"}));
     app.add_option("--bench", f.bench, "time N training steps (no evaluation, no files) and exit")
         ->check(whole_number_at_least(1));
     try {

@@ -4,6 +4,7 @@
 //
 // Row-major (T, hs) per head is column-major (hs, T); the batched products are written for
 // those column-major views, as llm.c's attention does.
+#include "attn/cuda/attention.hpp"
 #include "kernels.cuh"
 
 #include <cmath>
@@ -207,6 +208,62 @@ void launch_attention_backward(float* dqkv, const float* dout, const float* qkv,
     CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace
+
+void fused_attention_forward(float* out, float* lse, const float* qkv, float dropout_p,
+                             std::uint64_t seed, const AttentionScratch& s, int B, int T, int C,
+                             int NH, stream_t stream) {
+    check_sizes(C, NH);
+    const int hs = C / NH;
+    const std::size_t n = static_cast<std::size_t>(B) * T * C;
+    const int block = 256;
+    split_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.q, s.k, s.v, qkv, B, T, NH, hs);
+    CUDA_CHECK(cudaGetLastError());
+    AttentionShape shape;
+    shape.B = static_cast<std::size_t>(B);
+    shape.NH = static_cast<std::size_t>(NH);
+    shape.T = static_cast<std::size_t>(T);
+    shape.hs = static_cast<std::size_t>(hs);
+    shape.causal = true;
+    flash_attention_forward(s.y, lse, s.q, s.k, s.v, shape, stream, {dropout_p, seed});
+    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, C, s.y, B, T, NH, hs, false);
+    CUDA_CHECK(cudaGetLastError());
+}
+
+void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, float dropout_p, std::uint64_t seed,
+                              const AttentionScratch& s, int B, int T, int C, int NH,
+                              stream_t stream) {
+    check_sizes(C, NH);
+    const int hs = C / NH;
+    const std::size_t n = static_cast<std::size_t>(B) * T * C;
+    const int block = 256;
+    // This layer's q, k, v and output again (later layers reused the buffers), and dout,
+    // all split into heads.
+    split_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.q, s.k, s.v, qkv, B, T, NH, hs);
+    CUDA_CHECK(cudaGetLastError());
+    gather_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.y, out, C, B, T, NH, hs);
+    CUDA_CHECK(cudaGetLastError());
+    gather_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.dy, dout, C, B, T, NH, hs);
+    CUDA_CHECK(cudaGetLastError());
+    AttentionShape shape;
+    shape.B = static_cast<std::size_t>(B);
+    shape.NH = static_cast<std::size_t>(NH);
+    shape.T = static_cast<std::size_t>(T);
+    shape.hs = static_cast<std::size_t>(hs);
+    shape.causal = true;
+    flash_attention_backward(s.dq, s.dk, s.dv, s.delta, s.dy, s.q, s.k, s.v, s.y, lse, shape,
+                             stream, {dropout_p, seed});
+    // dqkv (B, T, 3C) += the three gradients, each in its third
+    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv, 3 * C, s.dq, B, T, NH, hs,
+                                                                 true);
+    CUDA_CHECK(cudaGetLastError());
+    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv + C, 3 * C, s.dk, B, T, NH,
+                                                                 hs, true);
+    CUDA_CHECK(cudaGetLastError());
+    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv + 2 * C, 3 * C, s.dv, B, T,
+                                                                 NH, hs, true);
+    CUDA_CHECK(cudaGetLastError());
+}
 
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, std::uint64_t seed, const AttentionScratch& scratch,

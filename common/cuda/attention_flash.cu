@@ -13,12 +13,18 @@
 // dS = P ∘ (dP − D) with D_i = dO_i · O_i (flash_delta_kernel), then dV += Pᵀ dO,
 // dK += dSᵀ Q and dQ += dS K, the last with atomic adds since every key tile adds to it.
 //
+// Dropout on the weights (training): the forward blends V with the dropped, rescaled
+// weights while l sums the undropped ones, so lse stays that of the softmax; the backward
+// regenerates each mask from its seed and index (nothing stored), uses the dropped weights
+// for dV and passes dP through the mask before dS = P ∘ (dP − D). D = dO · O still holds,
+// O being the dropped blend. The mask of weight (i, j) is that of the materialised path.
+//
 // Thread layout, shared by both kernels: thread (tx, ty) owns rows ty + 16r (r < 4) and
 // columns tx + 16c of each tile; the 16 threads of a row group are one half-warp, so row
 // reductions are four __shfl_xor_sync steps. Rows of shared memory are padded by one
 // float so that the column-strided reads hit 32 different banks.
 #include "attn/cuda/attention.hpp"
-#include "check.cuh"
+#include "kernels.cuh"
 
 #include <cmath>
 #include <cstdint>
@@ -72,6 +78,16 @@ __device__ void load_tile(float* dst, int ld, const float* src, int valid, int r
     }
 }
 
+// Dropout's factor for weight (i, j) of head `head`: 0 if dropped, 1/(1 − p) if kept, 1
+// without dropout. The index is the weight's place in a (B·NH, T, T) matrix, as in the
+// materialised softmax kernel.
+__device__ inline float keep_factor(float p, float keep_scale, std::uint64_t seed,
+                                    long long head, int T, int i, int j) {
+    if (p <= 0.0f) return 1.0f;
+    const auto index = static_cast<std::uint64_t>((head * T + i) * static_cast<long long>(T) + j);
+    return detail::hash_uniform(seed, index) < p ? 0.0f : keep_scale;
+}
+
 // Reductions over the 16 lanes of a half-warp (one row group).
 __device__ float row_group_max(float x) {
     for (int offset = 8; offset > 0; offset /= 2) {
@@ -87,7 +103,7 @@ __device__ float row_group_sum(float x) {
 template <int HS>
 static __global__ void __launch_bounds__(kThreads* kThreads)
     flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
-                         int T, bool causal, float scale) {
+                         int T, bool causal, float scale, float drop_p, std::uint64_t seed) {
     constexpr int D = HS / kThreads;  // output columns per thread
     constexpr int ldq = HS + 1, ldk = HS + 1, ldv = HS + 1, ldp = kBc + 1;
     extern __shared__ float smem[];
@@ -97,6 +113,7 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
     float* P_s = V_s + kBc * ldv;    // (kBr, ldp)
 
     const int tx = threadIdx.x, ty = threadIdx.y;
+    const float keep_scale = drop_p > 0.0f ? 1.0f / (1.0f - drop_p) : 1.0f;
     // The heaviest causal tiles (the last queries) are started first, so the short ones
     // fill in the tail.
     const int q_tile = static_cast<int>(gridDim.x - 1 - blockIdx.x);
@@ -175,8 +192,13 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
             m[r] = m_new;
 #pragma unroll
             for (int c = 0; c < D; ++c) acc[r][c] *= rescale;
+            // l has the undropped weights; V is blended with the dropped ones.
 #pragma unroll
-            for (int c = 0; c < kCols; ++c) P_s[(ty + kThreads * r) * ldp + tx + kThreads * c] = s[r][c];
+            for (int c = 0; c < kCols; ++c) {
+                const int j = k0 + tx + kThreads * c;
+                P_s[(ty + kThreads * r) * ldp + tx + kThreads * c] =
+                    s[r][c] * keep_factor(drop_p, keep_scale, seed, head, T, i, j);
+            }
         }
         __syncthreads();  // P complete
 
@@ -223,7 +245,7 @@ template <int HS>
 static __global__ void __launch_bounds__(kThreads* kThreads)
     flash_backward_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
                           const float* k, const float* v, const float* lse, const float* delta,
-                          int T, bool causal, float scale) {
+                          int T, bool causal, float scale, float drop_p, std::uint64_t seed) {
     constexpr int D = HS / kThreads;
     constexpr int ld = HS + 1, ldp = kBc + 1;
     extern __shared__ float smem[];
@@ -238,6 +260,7 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
 
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int tid = ty * kThreads + tx;
+    const float keep_scale = drop_p > 0.0f ? 1.0f / (1.0f - drop_p) : 1.0f;
     const int kt = blockIdx.x;  // causal: the first key tiles see the most queries, start them first
     const long long head = blockIdx.y;
     const long long base = head * T * HS;
@@ -294,7 +317,9 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
                     dp[r][c] = fmaf(od[r], vd[c], dp[r][c]);
                 }
         }
-        // P = e^(scale·s − lse) (recomputed, masked entries 0); scale · dS = scale · P (dP − D).
+        // P = e^(scale·s − lse) (recomputed, masked entries 0); with dropout's factor z,
+        // the blend used P ∘ z, so dV takes P ∘ z and dP is dO Vᵀ ∘ z;
+        // scale · dS = scale · P (dP − D).
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
             const int row = ty + kThreads * r, i = q0 + row;
@@ -303,8 +328,9 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
                 const int col = tx + kThreads * c, j = k0 + col;
                 const bool visible = i < T && j < T && (!causal || j <= i);
                 const float p = visible ? expf(s[r][c] * scale - lse_s[row]) : 0.0f;
-                P_s[row * ldp + col] = p;
-                dS_s[row * ldp + col] = scale * p * (dp[r][c] - D_s[row]);
+                const float z = visible ? keep_factor(drop_p, keep_scale, seed, head, T, i, j) : 0.0f;
+                P_s[row * ldp + col] = p * z;
+                dS_s[row * ldp + col] = scale * p * (dp[r][c] * z - D_s[row]);
             }
         }
         __syncthreads();  // P and dS complete
@@ -375,8 +401,12 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
     }
 }
 
-void check_flash_arguments(const AttentionShape& s, std::initializer_list<const void*> vectors) {
+void check_flash_arguments(const AttentionShape& s, std::initializer_list<const void*> vectors,
+                           const AttentionDropout& dropout) {
     check_attention_shape(s);
+    require(dropout.p >= 0.0f && dropout.p < 1.0f,
+            "flash attention on the GPU: dropout must be in [0, 1), got " +
+                std::to_string(dropout.p));
     require(flash_attention_supports(s.hs),
             "flash attention on the GPU: head size must be 64 or 128, got " + std::to_string(s.hs));
     require(s.B * s.NH <= 65535 && s.T <= (1u << 24),
@@ -406,7 +436,8 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
 
 template <int HS>
 void launch_flash_forward(float* out, float* lse, const float* q, const float* k,
-                          const float* v, const AttentionShape& s, cudaStream_t stream) {
+                          const float* v, const AttentionShape& s, cudaStream_t stream,
+                          const AttentionDropout& drop) {
     constexpr std::size_t bytes = forward_smem_floats<HS>() * sizeof(float);
     static const bool ready = (allow_shared_memory(flash_forward_kernel<HS>, bytes), true);
     (void)ready;
@@ -414,14 +445,16 @@ void launch_flash_forward(float* out, float* lse, const float* q, const float* k
     const dim3 grid(static_cast<unsigned>((T + kBr - 1) / kBr), static_cast<unsigned>(s.B * s.NH));
     const dim3 block(kThreads, kThreads);
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-    flash_forward_kernel<HS><<<grid, block, bytes, stream>>>(out, lse, q, k, v, T, s.causal, scale);
+    flash_forward_kernel<HS><<<grid, block, bytes, stream>>>(out, lse, q, k, v, T, s.causal, scale,
+                                                             drop.p, drop.seed);
     CUDA_CHECK(cudaGetLastError());
 }
 
 template <int HS>
 void launch_flash_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
                            const float* q, const float* k, const float* v, const float* out,
-                           const float* lse, const AttentionShape& s, cudaStream_t stream) {
+                           const float* lse, const AttentionShape& s, cudaStream_t stream,
+                           const AttentionDropout& drop) {
     constexpr std::size_t bytes = backward_smem_floats<HS>() * sizeof(float);
     static const bool ready = (allow_shared_memory(flash_backward_kernel<HS>, bytes), true);
     (void)ready;
@@ -435,7 +468,7 @@ void launch_flash_backward(float* dq, float* dk, float* dv, float* delta, const 
     const dim3 block(kThreads, kThreads);
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
     flash_backward_kernel<HS><<<grid, block, bytes, stream>>>(dq, dk, dv, dout, q, k, v, lse, delta,
-                                                              T, s.causal, scale);
+                                                              T, s.causal, scale, drop.p, drop.seed);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -444,20 +477,22 @@ void launch_flash_backward(float* dq, float* dk, float* dv, float* delta, const 
 bool flash_attention_supports(std::size_t hs) { return hs == 64 || hs == 128; }
 
 void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
-                             const float* v, const AttentionShape& s, void* stream) {
-    check_flash_arguments(s, {q, k, v});
+                             const float* v, const AttentionShape& s, void* stream,
+                             const AttentionDropout& dropout) {
+    check_flash_arguments(s, {q, k, v}, dropout);
     const auto st = static_cast<cudaStream_t>(stream);
-    if (s.hs == 64) launch_flash_forward<64>(out, lse, q, k, v, s, st);
-    else launch_flash_forward<128>(out, lse, q, k, v, s, st);
+    if (s.hs == 64) launch_flash_forward<64>(out, lse, q, k, v, s, st, dropout);
+    else launch_flash_forward<128>(out, lse, q, k, v, s, st, dropout);
 }
 
 void flash_attention_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
                               const float* q, const float* k, const float* v, const float* out,
-                              const float* lse, const AttentionShape& s, void* stream) {
-    check_flash_arguments(s, {q, k, v, dout});
+                              const float* lse, const AttentionShape& s, void* stream,
+                              const AttentionDropout& dropout) {
+    check_flash_arguments(s, {q, k, v, dout}, dropout);
     const auto st = static_cast<cudaStream_t>(stream);
-    if (s.hs == 64) launch_flash_backward<64>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st);
-    else launch_flash_backward<128>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st);
+    if (s.hs == 64) launch_flash_backward<64>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st, dropout);
+    else launch_flash_backward<128>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st, dropout);
 }
 
 }  // namespace attn::cuda

@@ -3,6 +3,7 @@
 // gpt_ops.hpp. Plain C++: the kernels are behind those host functions.
 #include "attn/cuda/gpt.hpp"
 
+#include "attn/cuda/attention.hpp"
 #include "attn/cuda/device.hpp"
 #include "attn/cuda/gpt_ops.hpp"
 #include "check.cuh"
@@ -73,7 +74,9 @@ struct DecayRun {
 // The device's activations, the same tensors as attn::Activations without the dropout
 // masks (recomputed from their seeds), plus the backward pass's scratch buffers.
 struct DeviceActivations {
-    float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *att_dropped, *attproj,
+    // att and att_dropped: the materialised attention's weights; lse: the fused one's
+    // log-sum-exps (B, NH, T) per layer. Each kind allocates only its own.
+    float *encoded, *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *att_dropped, *lse, *attproj,
         *residual2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fch_gelu, *fcproj, *residual3, *lnf,
         *lnf_mean, *lnf_rstd, *logits, *probs, *losses;
     float *dresidual, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits, *dinner;
@@ -81,7 +84,9 @@ struct DeviceActivations {
     AttentionScratch attention;
 };
 
-void carve(Carver& c, DeviceActivations& a, const GPTConfig& cfg, int B, int T, bool dropout) {
+void carve(Carver& c, DeviceActivations& a, const GPTConfig& cfg, int B, int T, bool dropout,
+           AttentionKind kind) {
+    const bool fused = kind == AttentionKind::fused;
     const size_t BT = static_cast<size_t>(B) * T, C = cfg.n_embd, L = cfg.n_layer,
                  V = cfg.vocab_size, NH = cfg.n_head;
     const size_t BTC = BT * C, att = L * B * NH * static_cast<size_t>(T) * T;
@@ -91,8 +96,9 @@ void carve(Carver& c, DeviceActivations& a, const GPTConfig& cfg, int B, int T, 
     a.ln1_rstd = c.take(L * BT);
     a.qkv = c.take(L * 3 * BTC);
     a.atty = c.take(L * BTC);
-    a.att = c.take(att);
-    a.att_dropped = dropout ? c.take(att) : nullptr;
+    a.att = fused ? nullptr : c.take(att);
+    a.att_dropped = dropout && !fused ? c.take(att) : nullptr;
+    a.lse = fused ? c.take(L * BT * NH) : nullptr;
     a.attproj = c.take(L * BTC);
     a.residual2 = c.take(L * BTC);
     a.ln2 = c.take(L * BTC);
@@ -125,7 +131,15 @@ void carve(Carver& c, DeviceActivations& a, const GPTConfig& cfg, int B, int T, 
     a.attention.k = c.take(heads);
     a.attention.v = c.take(heads);
     a.attention.y = c.take(heads);
-    a.attention.scores = c.take(static_cast<size_t>(B) * NH * T * T);
+    if (fused) {
+        a.attention.dy = c.take(heads);
+        a.attention.dq = c.take(heads);
+        a.attention.dk = c.take(heads);
+        a.attention.dv = c.take(heads);
+        a.attention.delta = c.take(BT * NH);
+    } else {
+        a.attention.scores = c.take(static_cast<size_t>(B) * NH * T * T);
+    }
 }
 
 void zero_async(float* p, size_t n, cudaStream_t s) {
@@ -179,10 +193,10 @@ struct CudaGPT::Impl {
         CUDA_CHECK(cudaStreamSynchronize(stream));  // nothing may still use the old buffers
         DeviceActivations sizes{};
         Carver count(nullptr);
-        carve(count, sizes, cfg, newB, newT, dropout);
+        carve(count, sizes, cfg, newB, newT, dropout, options.attention);
         acts_memory.allocate(count.used());
         Carver assign(acts_memory.base());
-        carve(assign, a, cfg, newB, newT, dropout);
+        carve(assign, a, cfg, newB, newT, dropout, options.attention);
         if (h_tokens) CUDA_CHECK(cudaFreeHost(h_tokens));
         if (d_tokens) CUDA_CHECK(cudaFree(d_tokens));
         h_tokens = nullptr;
@@ -202,6 +216,14 @@ CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t see
     std::string why;
     if (!device_available(&why)) throw std::runtime_error("CudaGPT: no usable CUDA device (" + why + ")");
     Impl& d = *impl_;
+    if (options.attention == AttentionKind::fused &&
+        !flash_attention_supports(static_cast<size_t>(config_.n_embd / config_.n_head))) {
+        throw std::invalid_argument(
+            "CudaGPT: the fused attention kernels need a head size of 64 or 128; this model's "
+            "is " + std::to_string(config_.n_embd / config_.n_head) + " (n_embd " +
+            std::to_string(config_.n_embd) + " / n_head " + std::to_string(config_.n_head) +
+            "): use the materialised attention");
+    }
     d.cfg = config_;
     d.options = options;
     d.seed = seed;
@@ -313,8 +335,9 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
         float* ln1 = a.ln1 + l * BTC;
         float* qkv = a.qkv + l * BTC * 3;
         float* atty = a.atty + l * BTC;
-        float* att = a.att + l * att_size;
-        float* att_dropped = dropout ? a.att_dropped + l * att_size : nullptr;
+        float* att = a.att ? a.att + l * att_size : nullptr;
+        float* att_dropped = a.att_dropped && dropout ? a.att_dropped + l * att_size : nullptr;
+        float* lse = a.lse ? a.lse + l * BT * NH : nullptr;
         float* attproj = a.attproj + l * BTC;
         float* residual2 = a.residual2 + l * BTC;
         float* ln2 = a.ln2 + l * BTC;
@@ -332,6 +355,10 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
         case AttentionKind::materialised:
             attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f,
                               d.site_seed(1 + 3 * l), a.attention, B, T, C, NH, blas, s);
+            break;
+        case AttentionKind::fused:
+            fused_attention_forward(atty, lse, qkv, dropout ? pdrop : 0.0f, d.site_seed(1 + 3 * l),
+                                    a.attention, B, T, C, NH, s);
             break;
         }
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
@@ -422,8 +449,9 @@ void CudaGPT::backward() {
         const float* ln1 = a.ln1 + l * BTC;
         const float* qkv = a.qkv + l * BTC * 3;
         const float* atty = a.atty + l * BTC;
-        const float* att = a.att + l * att_size;
-        const float* att_dropped = dropout ? a.att_dropped + l * att_size : nullptr;
+        const float* att = a.att ? a.att + l * att_size : nullptr;
+        const float* att_dropped = a.att_dropped && dropout ? a.att_dropped + l * att_size : nullptr;
+        const float* lse = a.lse ? a.lse + l * BT * NH : nullptr;
         const float* residual2 = a.residual2 + l * BTC;
         const float* ln2 = a.ln2 + l * BTC;
         const float* fch = a.fch + l * BTC * 4;
@@ -463,6 +491,10 @@ void CudaGPT::backward() {
         case AttentionKind::materialised:
             attention_backward(a.dqkv, a.datty, qkv, att, att_dropped, pdrop, a.attention, B, T,
                                C, NH, blas, s);
+            break;
+        case AttentionKind::fused:
+            fused_attention_backward(a.dqkv, a.datty, qkv, atty, lse, pdrop,
+                                     d.site_seed(1 + 3 * l), a.attention, B, T, C, NH, s);
             break;
         }
         // qkv = ln1 · c_attnᵀ + b

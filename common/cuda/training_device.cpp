@@ -13,9 +13,13 @@ namespace {
 
 class CudaTrainingDevice final : public TrainingDevice {
 public:
-    CudaTrainingDevice(const GPT& model, bool tf32) : gpu_(model, options(tf32)) {}
+    CudaTrainingDevice(const GPT& model, const CudaOptions& options)
+        : gpu_(model, options), options_(options) {}
 
-    std::string name() const override { return "CUDA: " + device_summary(); }
+    std::string name() const override {
+        return "CUDA: " + device_summary() + (options_.tf32 ? ", TF32 matmuls" : "") +
+               (options_.attention == AttentionKind::fused ? ", fused attention" : "");
+    }
 
     void push(const GPT& model, const AdamW& optimizer) override {
         gpu_.copy_parameters_from(model);
@@ -44,20 +48,17 @@ public:
     void adamw_step(AdamW& optimizer, float lr) override { gpu_.adamw_step(optimizer, lr); }
 
 private:
-    static CudaOptions options(bool tf32) {
-        CudaOptions o;
-        o.tf32 = tf32;
-        return o;
-    }
     CudaGPT gpu_;
+    CudaOptions options_;
 };
 
 }  // namespace
 
-std::unique_ptr<TrainingDevice> make_training_device(const GPT& model, bool tf32) {
+std::unique_ptr<TrainingDevice> make_training_device(const GPT& model,
+                                                     const CudaOptions& options) {
     std::string why;
     if (!device_available(&why)) throw std::runtime_error("no usable CUDA device: " + why);
-    return std::make_unique<CudaTrainingDevice>(model, tf32);
+    return std::make_unique<CudaTrainingDevice>(model, options);
 }
 
 }  // namespace attn::cuda

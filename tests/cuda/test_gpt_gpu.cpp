@@ -250,6 +250,98 @@ TEST_CASE("the GPU model rejects token ids outside the vocabulary before touchin
 }
 
 namespace {
+// For the fused attention: head size 64 (what its kernels take), and T = 160 spans two
+// whole 64-row tiles and a partial third, so the causal tile skipping, the diagonal tiles
+// and the ragged edge all take part.
+GPTConfig fused_config(float dropout) {
+    GPTConfig c;
+    c.vocab_size = 65;
+    c.block_size = 160;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 128;
+    c.dropout = dropout;
+    return c;
+}
+constexpr int fused_B = 2, fused_T = 160;
+
+std::vector<int> random_tokens(std::size_t n, std::uint64_t seed, int V) {
+    Rng rng(seed);
+    std::vector<int> t(n);
+    for (int& v : t) v = static_cast<int>(rng.uniform() * static_cast<float>(V)) % V;
+    return t;
+}
+
+cuda::CudaOptions fused_options() {
+    cuda::CudaOptions o;
+    o.attention = cuda::AttentionKind::fused;
+    return o;
+}
+}  // namespace
+
+TEST_CASE("with the fused attention, the GPU model's logits, loss and gradients match the CPU's") {
+    GPT cpu(fused_config(0.0f), 7);
+    cuda::CudaGPT gpu(cpu, fused_options());
+    const std::size_t n = static_cast<std::size_t>(fused_B) * fused_T;
+    const std::vector<int> x = random_tokens(n, 21, 65), y = random_tokens(n, 22, 65);
+    const float cpu_loss = cpu.forward(x.data(), y.data(), fused_B, fused_T);
+    const float gpu_loss = gpu.forward(x.data(), y.data(), fused_B, fused_T);
+    CHECK(std::fabs(gpu_loss - cpu_loss) <= fp32_tolerance.relative * cpu_loss);
+    std::vector<float> logits, grads;
+    gpu.copy_logits_to(logits);
+    check_close("logits", logits.data(), cpu.logits().data(), logits.size(), fp32_tolerance);
+    cpu.zero_grad();
+    cpu.backward();
+    gpu.zero_grad();
+    gpu.backward();
+    gpu.copy_gradients_to(grads);
+    // The fused backward adds dQ with atomics (in no fixed order): fp32 rounding of a
+    // different sum order, inside the same tolerance as the materialised path.
+    for (const ParameterInfo& info : cpu.parameter_table()) {
+        check_close(info.name.c_str(), grads.data() + info.offset,
+                    cpu.gradients().data() + info.offset, info.size, fp32_tolerance);
+    }
+}
+
+TEST_CASE("with dropout, the fused and materialised attention draw the same masks") {
+    // Both paths hash (seed, element index) for each weight's mask, so from the same seed
+    // they compute the same function: the losses and gradients agree to fp32 rounding.
+    // A mismatched mask would change the loss by ~1e-2, far outside the tolerance.
+    GPT cpu(fused_config(0.2f), 7);
+    cuda::CudaGPT fused(cpu, fused_options());
+    cuda::CudaGPT materialised(cpu);
+    const std::size_t n = static_cast<std::size_t>(fused_B) * fused_T;
+    const std::vector<int> x = random_tokens(n, 31, 65), y = random_tokens(n, 32, 65);
+    std::vector<float> g_fused, g_mat;
+    for (cuda::CudaGPT* gpu : {&fused, &materialised}) {
+        gpu->train(true);
+        gpu->seed_dropout(99);
+    }
+    const float loss_fused = fused.forward(x.data(), y.data(), fused_B, fused_T);
+    const float loss_mat = materialised.forward(x.data(), y.data(), fused_B, fused_T);
+    CHECK(std::fabs(loss_fused - loss_mat) <= fp32_tolerance.relative * loss_mat);
+    for (cuda::CudaGPT* gpu : {&fused, &materialised}) {
+        gpu->zero_grad();
+        gpu->backward();
+    }
+    fused.copy_gradients_to(g_fused);
+    materialised.copy_gradients_to(g_mat);
+    for (const ParameterInfo& info : cpu.parameter_table()) {
+        check_close(info.name.c_str(), g_fused.data() + info.offset, g_mat.data() + info.offset,
+                    info.size, fp32_tolerance);
+    }
+    // And the masks do something: a second seed gives another loss.
+    fused.seed_dropout(100);
+    CHECK(std::fabs(fused.forward(x.data(), y.data(), fused_B, fused_T) - loss_fused) > 1e-3f);
+}
+
+TEST_CASE("the fused attention refuses a head size its kernels do not take, in one sentence") {
+    GPT cpu(small_config(true), 7);  // head size 16
+    CHECK_THROWS_WITH_AS(cuda::CudaGPT(cpu, fused_options()),
+                         doctest::Contains("head size of 64 or 128"), std::invalid_argument);
+}
+
+namespace {
 // A small corpus and the tiny recipe: seconds on a GPU.
 TextDataset trainer_corpus() {
     std::string text;

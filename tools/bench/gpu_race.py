@@ -38,6 +38,8 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--peak-tflops", type=float, default=989.5)
     p.add_argument("--tf32", action="store_true", help="run ours with TF32 matmuls")
+    p.add_argument("--attention", choices=["materialised", "fused"], default="materialised",
+                   help="ours: the materialised attention or lesson 13's fused kernels")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile (for debugging)")
     return p.parse_args()
 
@@ -160,7 +162,8 @@ def run_ours(a):
     cmd = [exe, "--batch", str(a.batch), "--block", str(a.block), "--layers", str(a.layers),
            "--heads", str(a.heads), "--embd", str(a.embd), "--vocab", str(a.vocab),
            "--dropout", str(a.dropout), "--steps", str(a.steps), "--warmup", str(a.warmup),
-           "--peak-tflops", str(a.peak_tflops)] + (["--tf32"] if a.tf32 else [])
+           "--peak-tflops", str(a.peak_tflops), "--attention", a.attention] + (
+               ["--tf32"] if a.tf32 else [])
     out = subprocess.run(cmd, capture_output=True, text=True)
     sys.stdout.write(out.stdout)
     if out.returncode != 0:

@@ -4,7 +4,7 @@
 //   ours: <ms> ms/iter, <tokens/s> tokens/s, MFU <percent>%
 // Usage: gpu_train_bench [--batch 64] [--block 256] [--layers 6] [--heads 6] [--embd 384]
 //                        [--vocab 65] [--dropout 0.2] [--steps 50] [--warmup 10] [--tf32]
-//                        [--peak-tflops 989.5]
+//                        [--attention materialised|fused] [--peak-tflops 989.5]
 #include "attn/cuda/device.hpp"
 #include "attn/cuda/gpt.hpp"
 #include "attn/gpt.hpp"
@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
         cfg.dropout = 0.2f;
         int B = 64, steps = 50, warmup = 10;
         bool tf32 = false;
+        bool fused = false;
         double peak_tflops = 989.5;  // H100 SXM dense bf16; the H200 is the same chip
         for (int i = 1; i < argc; ++i) {
             const std::string a = argv[i];
@@ -48,6 +49,12 @@ int main(int argc, char** argv) {
             else if (a == "--warmup") warmup = std::atoi(value());
             else if (a == "--peak-tflops") peak_tflops = std::strtod(value(), nullptr);
             else if (a == "--tf32") tf32 = true;
+            else if (a == "--attention") {
+                const std::string kind = value();
+                if (kind != "materialised" && kind != "fused")
+                    throw std::invalid_argument("--attention: materialised or fused, got " + kind);
+                fused = kind == "fused";
+            }
             else throw std::invalid_argument("unknown option " + a);
         }
         if (B <= 0 || steps <= 0 || warmup < 0) throw std::invalid_argument("bad sizes");
@@ -55,6 +62,7 @@ int main(int argc, char** argv) {
         attn::GPT cpu(cfg, 1337);
         attn::cuda::CudaOptions options;
         options.tf32 = tf32;
+        if (fused) options.attention = attn::cuda::AttentionKind::fused;
         attn::cuda::CudaGPT gpu(cpu, options);
         attn::AdamW opt;  // the recipe's β = (0.9, 0.99), weight decay 0.1
         attn::Rng rng(42);
@@ -87,10 +95,12 @@ int main(int argc, char** argv) {
         const double ms = seconds / steps * 1e3;
         const double tokens_per_s = static_cast<double>(B) * T * steps / seconds;
         const double mfu = flops_per_token * tokens_per_s / (peak_tflops * 1e12);
-        std::printf("%s\nconfig: B=%d T=%d L=%d NH=%d C=%d V=%d dropout=%.2f %s, loss after %d steps %.4f\n",
+        std::printf("%s\nconfig: B=%d T=%d L=%d NH=%d C=%d V=%d dropout=%.2f %s, %s attention, "
+                    "loss after %d steps %.4f\n",
                     attn::cuda::device_summary().c_str(), B, T, cfg.n_layer, cfg.n_head,
                     cfg.n_embd, cfg.vocab_size, static_cast<double>(cfg.dropout),
-                    tf32 ? "TF32" : "fp32", warmup + steps, static_cast<double>(loss));
+                    tf32 ? "TF32" : "fp32", fused ? "fused" : "materialised", warmup + steps,
+                    static_cast<double>(loss));
         std::printf("ours: %.2f ms/iter, %.0f tokens/s, MFU %.2f%%\n", ms, tokens_per_s, 100.0 * mfu);
         return 0;
     } catch (const std::exception& e) {

@@ -13,6 +13,7 @@
 #include "attn/flash.hpp"
 
 #include <cstddef>
+#include <cstdint>
 
 namespace attn::cuda {
 
@@ -50,6 +51,15 @@ void plain_attention_backward(float* dq, float* dk, float* dv, float* datt, cons
                               const float* att, const AttentionShape& shape,
                               void* stream = nullptr);
 
+/// Dropout on the attention weights inside the fused kernels. Weight (i, j) of head
+/// `head` (= b·NH + h) is dropped when hash(seed, (head·T + i)·T + j) < p, and the kept
+/// weights are scaled by 1/(1 − p): the same masks, element for element, as the
+/// materialised attention_forward of gpt_ops.hpp draws from the same seed. p = 0: none.
+struct AttentionDropout {
+    float p = 0.0f;          ///< probability of dropping a weight, in [0, 1)
+    std::uint64_t seed = 0;  ///< the mask's seed: the same seed gives the same mask
+};
+
 /// Whether the fused kernels support this head size (64 and 128).
 bool flash_attention_supports(std::size_t hs);
 
@@ -62,10 +72,12 @@ bool flash_attention_supports(std::size_t hs);
 /// @param v      (B, NH, T, hs)
 /// @param shape  the sizes; hs must be 64 or 128
 /// @param stream a cudaStream_t, or null
+/// @param dropout dropout on the weights (none by default); `lse` is that of the weights
+///                before dropout, and `out` blends the values with the dropped weights
 /// @throws std::invalid_argument for an unsupported head size
 void flash_attention_forward(float* out, float* lse, const float* q, const float* k,
                              const float* v, const AttentionShape& shape,
-                             void* stream = nullptr);
+                             void* stream = nullptr, const AttentionDropout& dropout = {});
 
 /// Fused attention backward with recomputation of the probabilities from `lse`.
 /// @param dq     (B, NH, T, hs) written (zeroed, then accumulated atomically)
@@ -80,10 +92,11 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
 /// @param lse    (B, NH, T) the forward's log-sum-exp
 /// @param shape  the sizes; hs must be 64 or 128
 /// @param stream a cudaStream_t, or null
+/// @param dropout the forward pass's dropout (the same p and seed regenerate its masks)
 /// @throws std::invalid_argument for an unsupported head size
 void flash_attention_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
                               const float* q, const float* k, const float* v, const float* out,
                               const float* lse, const AttentionShape& shape,
-                              void* stream = nullptr);
+                              void* stream = nullptr, const AttentionDropout& dropout = {});
 
 }  // namespace attn::cuda

@@ -17,10 +17,12 @@
 
 namespace attn::cuda {
 
-/// Which attention implementation the model calls; the plain materialised one is here, a
-/// fused one can be added as another value without changing the rest of the model.
+/// Which attention implementation the model calls. Both compute the same function, dropout
+/// masks included; they differ in memory and speed (lesson 13).
 enum class AttentionKind {
     materialised,  ///< (T, T) weights stored per layer: attention_forward/backward in gpt_ops.hpp
+    fused,         ///< lesson 13's kernels: no (T, T) buffer, a (B, NH, T) log-sum-exp per
+                   ///< layer; head size 64 or 128 only (the constructor says otherwise)
 };
 
 /// How the GPU model computes.

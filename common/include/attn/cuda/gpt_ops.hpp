@@ -110,13 +110,19 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* inp, const float* weight, float* scratch, int N, int C, int OC,
                      Blas& blas, stream_t stream);
 
-/// The device buffers that the materialised attention needs besides its inputs and outputs.
+/// The device buffers that attention needs besides its inputs and outputs. The
+/// materialised version uses q, k, v, y and scores; the fused one q, k, v, y and the rest.
 struct AttentionScratch {
     float* q = nullptr;       ///< (B, NH, T, hs)
     float* k = nullptr;       ///< (B, NH, T, hs)
     float* v = nullptr;       ///< (B, NH, T, hs)
     float* y = nullptr;       ///< (B, NH, T, hs) heads' outputs before merging (dy in backward)
     float* scores = nullptr;  ///< (B, NH, T, T) pre-softmax scores (their gradient in backward)
+    float* dy = nullptr;      ///< fused: (B, NH, T, hs) the output's gradient, split into heads
+    float* dq = nullptr;      ///< fused: (B, NH, T, hs)
+    float* dk = nullptr;      ///< fused: (B, NH, T, hs)
+    float* dv = nullptr;      ///< fused: (B, NH, T, hs)
+    float* delta = nullptr;   ///< fused: (B, NH, T) the backward's row sums dO · O
 };
 
 /// Floats in each AttentionScratch buffer: the head-major tensors and the scores.
@@ -149,6 +155,30 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                         const float* att_dropped, float dropout_p, const AttentionScratch& scratch,
                         int B, int T, int C, int NH, Blas& blas, stream_t stream);
+
+/// Causal multi-head attention with lesson 13's fused kernels (attention.hpp): the same
+/// function as attention_forward, dropout masks included (same seed, same masks), but the
+/// (T, T) weights are never stored; each row's log-sum-exp is kept for the backward pass.
+/// Head size 64 or 128.
+/// @param out (B, T, C) @param lse (B, NH, T) written @param qkv (B, T, 3C)
+/// @param dropout_p dropout probability on the weights (0: none) @param seed the masks' seed
+/// @param scratch the working buffers (q, k, v, y used) @param B batch @param T time
+/// @param C channels @param NH heads @param stream the stream
+/// @throws std::invalid_argument for a head size the kernels do not support
+void fused_attention_forward(float* out, float* lse, const float* qkv, float dropout_p,
+                             std::uint64_t seed, const AttentionScratch& scratch, int B, int T,
+                             int C, int NH, stream_t stream);
+
+/// Backward of fused_attention_forward: recomputes the weights tile by tile from `lse`.
+/// @param dqkv (B, T, 3C) accumulated @param dout (B, T, C) @param qkv (B, T, 3C)
+/// @param out (B, T, C) the forward's output @param lse (B, NH, T) the forward's log-sum-exp
+/// @param dropout_p @param seed the forward pass's dropout (its masks are regenerated)
+/// @param scratch the working buffers (all but scores) @param B batch @param T time
+/// @param C channels @param NH heads @param stream the stream
+void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, float dropout_p, std::uint64_t seed,
+                              const AttentionScratch& scratch, int B, int T, int C, int NH,
+                              stream_t stream);
 
 /// Exact GELU with erff, as attn::gelu_forward.
 /// @param out (N) @param inp (N) @param N elements @param stream the stream
