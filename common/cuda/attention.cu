@@ -8,6 +8,7 @@
 #include "kernels.cuh"
 
 #include <cmath>
+#include <initializer_list>
 
 namespace attn::cuda {
 namespace {
@@ -111,6 +112,31 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att,
     }
 }
 
+// dqkv (B, T, 3C) += dq, dk, dv (each (B, NH, T, hs)), each in its third.
+void add_head_gradients(float* dqkv, const float* dq, const float* dk, const float* dv, int B,
+                        int T, int NH, int hs, cudaStream_t stream) {
+    const int C = NH * hs, block = 256;
+    const std::size_t n = static_cast<std::size_t>(B) * T * C;
+    int third = 0;
+    for (const float* d : {dq, dk, dv}) {
+        merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv + third * C, 3 * C, d,
+                                                                     B, T, NH, hs, true);
+        CUDA_CHECK(cudaGetLastError());
+        ++third;
+    }
+}
+
+// The (B, NH, T, hs) shape of the fused kernels, causal.
+AttentionShape heads_shape(int B, int T, int NH, int hs) {
+    AttentionShape shape;
+    shape.B = static_cast<std::size_t>(B);
+    shape.NH = static_cast<std::size_t>(NH);
+    shape.T = static_cast<std::size_t>(T);
+    shape.hs = static_cast<std::size_t>(hs);
+    shape.causal = true;
+    return shape;
+}
+
 void check_sizes(int C, int NH) {
     if (NH <= 0 || C % NH != 0) {
         throw std::invalid_argument("attention: C = " + std::to_string(C) +
@@ -196,16 +222,7 @@ void launch_attention_backward(float* dqkv, const float* dout, const float* qkv,
     CUBLAS_CHECK(cublasSgemmStridedBatched(blas.handle(), CUBLAS_OP_N, CUBLAS_OP_T, hs, T, T,
                                            &scale, s.q, hs, head, datt, T, square, &zero, dk, hs,
                                            head, B * NH));
-    // dqkv (B, T, 3C) += the three gradients, each in its third
-    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv, 3 * C, dq, B, T, NH, hs,
-                                                                 true);
-    CUDA_CHECK(cudaGetLastError());
-    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv + C, 3 * C, dk, B, T, NH,
-                                                                 hs, true);
-    CUDA_CHECK(cudaGetLastError());
-    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv + 2 * C, 3 * C, dv, B, T,
-                                                                 NH, hs, true);
-    CUDA_CHECK(cudaGetLastError());
+    add_head_gradients(dqkv, dq, dk, dv, B, T, NH, hs, stream);
 }
 }  // namespace
 
@@ -218,12 +235,7 @@ void fused_attention_forward(float* out, float* lse, const float* qkv, float dro
     const int block = 256;
     split_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.q, s.k, s.v, qkv, B, T, NH, hs);
     CUDA_CHECK(cudaGetLastError());
-    AttentionShape shape;
-    shape.B = static_cast<std::size_t>(B);
-    shape.NH = static_cast<std::size_t>(NH);
-    shape.T = static_cast<std::size_t>(T);
-    shape.hs = static_cast<std::size_t>(hs);
-    shape.causal = true;
+    const AttentionShape shape = heads_shape(B, T, NH, hs);
     flash_attention_forward(s.y, lse, s.q, s.k, s.v, shape, stream, {dropout_p, seed});
     merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, C, s.y, B, T, NH, hs, false);
     CUDA_CHECK(cudaGetLastError());
@@ -245,24 +257,10 @@ void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, 
     CUDA_CHECK(cudaGetLastError());
     gather_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.dy, dout, C, B, T, NH, hs);
     CUDA_CHECK(cudaGetLastError());
-    AttentionShape shape;
-    shape.B = static_cast<std::size_t>(B);
-    shape.NH = static_cast<std::size_t>(NH);
-    shape.T = static_cast<std::size_t>(T);
-    shape.hs = static_cast<std::size_t>(hs);
-    shape.causal = true;
+    const AttentionShape shape = heads_shape(B, T, NH, hs);
     flash_attention_backward(s.dq, s.dk, s.dv, s.delta, s.dy, s.q, s.k, s.v, s.y, lse, shape,
                              stream, {dropout_p, seed});
-    // dqkv (B, T, 3C) += the three gradients, each in its third
-    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv, 3 * C, s.dq, B, T, NH, hs,
-                                                                 true);
-    CUDA_CHECK(cudaGetLastError());
-    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv + C, 3 * C, s.dk, B, T, NH,
-                                                                 hs, true);
-    CUDA_CHECK(cudaGetLastError());
-    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv + 2 * C, 3 * C, s.dv, B, T,
-                                                                 NH, hs, true);
-    CUDA_CHECK(cudaGetLastError());
+    add_head_gradients(dqkv, s.dq, s.dk, s.dv, B, T, NH, hs, stream);
 }
 
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,

@@ -172,7 +172,8 @@ void fused_attention_forward(float* out, float* lse, const float* qkv, float dro
 /// Backward of fused_attention_forward: recomputes the weights tile by tile from `lse`.
 /// @param dqkv (B, T, 3C) accumulated @param dout (B, T, C) @param qkv (B, T, 3C)
 /// @param out (B, T, C) the forward's output @param lse (B, NH, T) the forward's log-sum-exp
-/// @param dropout_p @param seed the forward pass's dropout (its masks are regenerated)
+/// @param dropout_p the forward pass's dropout probability
+/// @param seed the forward pass's mask seed (its masks are regenerated from it)
 /// @param scratch the working buffers (all but scores) @param B batch @param T time
 /// @param C channels @param NH heads @param stream the stream
 void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
