@@ -38,8 +38,19 @@ void Canvas::line(int x0, int y0, int x1, int y1, Rgb c, int thickness) {
 }
 
 int Canvas::text_width(const std::string& s, int scale) {
+    // The right edge of the drawn quads: stb_easy_font_width counts advances only, and
+    // comes out short of what stb_easy_font_print draws for some strings.
+    std::vector<char> buffer(s.size() * 270 + 1000);
     std::string copy = s;
-    return stb_easy_font_width(copy.data()) * scale;
+    const int quads = stb_easy_font_print(0, 0, copy.data(), nullptr, buffer.data(),
+                                          static_cast<int>(buffer.size()));
+    float right = 0.0f;
+    for (int q = 0; q < quads; ++q) {
+        float v2[2];
+        std::memcpy(v2, buffer.data() + q * 64 + 32, sizeof v2);
+        right = std::max(right, v2[0]);
+    }
+    return std::max(static_cast<int>(std::lround(right)), stb_easy_font_width(copy.data())) * scale;
 }
 
 void Canvas::text(int x, int y, const std::string& s, int scale, Rgb c) {

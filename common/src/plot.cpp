@@ -19,7 +19,12 @@ std::vector<double> ticks(double lo, double hi, int target) {
     for (double m : {1.0, 2.0, 5.0, 10.0})
         if (m * mag >= raw) { step = m * mag; break; }
     std::vector<double> t;
-    for (double v = std::ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) t.push_back(v);
+    // Ticks are counted, not accumulated, and one within rounding of zero is zero (no "-0").
+    const double first = std::ceil(lo / step);
+    for (int i = 0; (first + i) * step <= hi + step * 1e-9; ++i) {
+        const double v = (first + i) * step;
+        t.push_back(std::fabs(v) < step * 1e-9 ? 0.0 : v);
+    }
     return t;
 }
 
@@ -70,9 +75,10 @@ void line_plot_png(const std::filesystem::path& path, const std::vector<PlotSeri
     }
     c.line(left, top, left, H - bottom, ink);
     c.line(left, H - bottom, W - right, H - bottom, ink);
-    c.text((W - detail::Canvas::text_width(title, s)) / 2, 14, title, s, ink);
+    // The title centred on the first line, the y axis's label on its own line beneath it.
+    c.text((W - detail::Canvas::text_width(title, s)) / 2, 6, title, s, ink);
     c.text((W - detail::Canvas::text_width(x_label, s)) / 2, H - 32, x_label, s, ink);
-    c.text(8, top - 28, y_label, s, ink);
+    c.text(8, top - 22, y_label, s, ink);
 
     int legend_y = top + 8;
     for (std::size_t k = 0; k < series.size(); ++k) {
