@@ -155,6 +155,31 @@ std::uint64_t mix(std::uint64_t x) {
 }
 }  // namespace
 
+// The buffers of one cached generation step (one token), and the key/value cache.
+struct DecodeBuffers {
+    float *keys, *values;  // (L, NH, block_size, hs) each
+    float *x, *residual2, *ln, *mean, *rstd, *qkv, *atty, *proj, *fch, *fch_gelu, *logits;
+    int* token;  // (1) on the device
+};
+
+void carve(Carver& c, DecodeBuffers& b, const GPTConfig& cfg) {
+    const size_t C = cfg.n_embd, cache = static_cast<size_t>(cfg.n_layer) * cfg.block_size * C;
+    b.keys = c.take(cache);
+    b.values = c.take(cache);
+    b.x = c.take(C);
+    b.residual2 = c.take(C);
+    b.ln = c.take(C);
+    b.mean = c.take(1);
+    b.rstd = c.take(1);
+    b.qkv = c.take(3 * C);
+    b.atty = c.take(C);
+    b.proj = c.take(C);
+    b.fch = c.take(4 * C);
+    b.fch_gelu = c.take(4 * C);
+    b.logits = c.take(static_cast<size_t>(cfg.vocab_size));
+    b.token = reinterpret_cast<int*>(c.take(1));  // a float's room holds an int
+}
+
 struct CudaGPT::Impl {
     GPTConfig cfg;
     CudaOptions options;
@@ -172,6 +197,19 @@ struct CudaGPT::Impl {
     int* d_tokens = nullptr;   // (2, B, T): inputs then targets
     int* h_tokens = nullptr;   // pinned staging for the upload
     cudaEvent_t uploaded = nullptr;
+    DeviceArena decode_memory;  // allocated by the first decode_step or prefill
+    DecodeBuffers dec{};
+
+    void ensure_decode_buffers() {
+        if (decode_memory.base()) return;
+        Carver count(nullptr);
+        DecodeBuffers sizes{};
+        carve(count, sizes, cfg);
+        decode_memory.allocate(count.used());
+        Carver assign(decode_memory.base());
+        carve(assign, dec, cfg);
+    }
+    int decoded = 0;  // positions in the key/value cache
     int B = 0, T = 0;
     bool has_targets = false, dropout_applied = false, dropout_allocated = false;
     std::uint64_t seed = 0, forward_calls = 0;
@@ -604,6 +642,103 @@ void CudaGPT::copy_logits_to(std::vector<float>& out) const {
     const Impl& d = *impl_;
     out.resize(static_cast<size_t>(d.B) * d.T * config_.vocab_size);
     if (!out.empty()) download(out.data(), d.a.logits, out.size(), d.stream);
+}
+
+void CudaGPT::copy_logits_row_to(std::vector<float>& out, int b, int t) const {
+    const Impl& d = *impl_;
+    if (b < 0 || b >= d.B || t < 0 || t >= d.T) {
+        throw std::invalid_argument("CudaGPT::copy_logits_row_to: (" + std::to_string(b) + ", " +
+                                    std::to_string(t) + ") is outside the last forward call's (" +
+                                    std::to_string(d.B) + ", " + std::to_string(d.T) + ")");
+    }
+    const size_t V = config_.vocab_size;
+    out.resize(V);
+    download(out.data(), d.a.logits + (static_cast<size_t>(b) * d.T + t) * V, V, d.stream);
+}
+
+void CudaGPT::decode_step(std::vector<float>& logits, int token, int pos) {
+    Impl& d = *impl_;
+    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
+              NH = config_.n_head, block = config_.block_size, hs = C / NH;
+    if (token < 0 || token >= V) {
+        throw std::invalid_argument("CudaGPT::decode_step: token " + std::to_string(token) +
+                                    " is outside [0, " + std::to_string(V) + ")");
+    }
+    if (pos < 0 || pos >= block || (pos != 0 && pos != d.decoded)) {
+        throw std::invalid_argument("CudaGPT::decode_step: position " + std::to_string(pos) +
+                                    " must be 0 or the " + std::to_string(d.decoded) +
+                                    " positions cached so far, and below block_size = " +
+                                    std::to_string(block));
+    }
+    d.ensure_decode_buffers();
+    const DecodeBuffers& b = d.dec;
+    const ParameterTensors& p = d.p;
+    cudaStream_t s = d.stream;
+    Blas& blas = *d.blas;
+    const size_t layer_cache = static_cast<size_t>(block) * C;  // NH·block·hs per layer
+
+    // x = wte[token] + wpe[pos]: the encoder for one token, its position table shifted.
+    CUDA_CHECK(cudaMemcpyAsync(b.token, &token, sizeof(int), cudaMemcpyHostToDevice, s));
+    encoder_forward(b.x, b.token, p.wte, p.wpe + static_cast<size_t>(pos) * C, 1, 1, C, s);
+    for (int l = 0; l < L; ++l) {
+        const size_t lc = static_cast<size_t>(l) * C;
+        float* keys = b.keys + l * layer_cache;
+        float* values = b.values + l * layer_cache;
+        layernorm_forward(b.ln, b.mean, b.rstd, b.x, p.ln1w + lc, p.ln1b ? p.ln1b + lc : nullptr,
+                          1, 1, C, s);
+        matmul_forward(b.qkv, b.ln, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, 1, C,
+                       3 * C, blas, s);
+        // Append: head h's key (hs floats at qkv[C + h·hs]) to row pos of its (block, hs) slab.
+        const size_t row = static_cast<size_t>(hs) * sizeof(float);
+        const size_t slab = static_cast<size_t>(block) * row;
+        CUDA_CHECK(cudaMemcpy2DAsync(keys + static_cast<size_t>(pos) * hs, slab, b.qkv + C, row,
+                                     row, NH, cudaMemcpyDeviceToDevice, s));
+        CUDA_CHECK(cudaMemcpy2DAsync(values + static_cast<size_t>(pos) * hs, slab, b.qkv + 2 * C,
+                                     row, row, NH, cudaMemcpyDeviceToDevice, s));
+        cached_attention_forward(b.atty, b.qkv, keys, values, pos + 1, block, C, NH, s);
+        matmul_forward(b.proj, b.atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
+                       1, C, C, blas, s);
+        residual_forward(b.residual2, b.x, b.proj, static_cast<size_t>(C), s);
+        layernorm_forward(b.ln, b.mean, b.rstd, b.residual2, p.ln2w + lc,
+                          p.ln2b ? p.ln2b + lc : nullptr, 1, 1, C, s);
+        matmul_forward(b.fch, b.ln, p.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, 1, C,
+                       4 * C, blas, s);
+        gelu_forward(b.fch_gelu, b.fch, 4 * static_cast<size_t>(C), s);
+        matmul_forward(b.proj, b.fch_gelu, p.fcprojw + lc * 4 * C,
+                       p.fcprojb ? p.fcprojb + lc : nullptr, 1, 4 * C, C, blas, s);
+        residual_forward(b.x, b.residual2, b.proj, static_cast<size_t>(C), s);
+    }
+    layernorm_forward(b.ln, b.mean, b.rstd, b.x, p.lnfw, p.lnfb, 1, 1, C, s);
+    matmul_forward(b.logits, b.ln, p.wte, nullptr, 1, C, V, blas, s);
+    d.decoded = pos + 1;
+    logits.resize(static_cast<size_t>(V));
+    download(logits.data(), b.logits, logits.size(), s);
+}
+
+void CudaGPT::prefill(std::vector<float>& logits, const int* tokens, int T) {
+    train(false);
+    forward_async(tokens, nullptr, 1, T);
+    Impl& d = *impl_;
+    d.ensure_decode_buffers();
+    const int C = config_.n_embd, NH = config_.n_head, L = config_.n_layer,
+              block = config_.block_size, hs = C / NH;
+    const size_t row = static_cast<size_t>(hs) * sizeof(float);
+    const size_t layer_cache = static_cast<size_t>(block) * C;
+    // qkv of layer l is (T, 3, NH, hs); head h's keys are rows of hs floats, 3C apart,
+    // copied to the (block, hs) slab of (layer l, head h). Likewise the values.
+    for (int l = 0; l < L; ++l) {
+        const float* qkv = d.a.qkv + static_cast<size_t>(l) * T * 3 * C;
+        for (int h = 0; h < NH; ++h) {
+            const size_t slab = l * layer_cache + static_cast<size_t>(h) * block * hs;
+            CUDA_CHECK(cudaMemcpy2DAsync(d.dec.keys + slab, row, qkv + C + h * hs, 3 * C * sizeof(float),
+                                         row, static_cast<size_t>(T), cudaMemcpyDeviceToDevice, d.stream));
+            CUDA_CHECK(cudaMemcpy2DAsync(d.dec.values + slab, row, qkv + 2 * C + h * hs,
+                                         3 * C * sizeof(float), row, static_cast<size_t>(T),
+                                         cudaMemcpyDeviceToDevice, d.stream));
+        }
+    }
+    d.decoded = T;
+    copy_logits_row_to(logits, 0, T - 1);
 }
 
 void CudaGPT::synchronize() const { CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }

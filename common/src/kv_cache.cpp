@@ -225,34 +225,12 @@ std::string generate_cached(GPT& model, const CharVocab& vocab, const std::strin
                             const SampleOptions& options) {
     const GPTConfig& cfg = model.config();
     const int V = cfg.vocab_size, block = cfg.block_size;
-    // The same checks, in the same order, as generate_text.
-    require(static_cast<int>(vocab.size()) == V, "the vocabulary has " +
-                                                     std::to_string(vocab.size()) +
-                                                     " characters, the model " + std::to_string(V));
-    require(options.max_new_tokens >= 0, "the sample length must not be negative");
+    // The same checks, in the same order, as generate_text, then this path's own.
+    std::vector<int> ids = start_tokens(vocab, V, prompt, options);
     require(cfg.causal, "generate_cached: the model is not causal, so its keys and values "
                         "cannot be cached (use generate_text)");
     Rng rng(options.seed);
-    {
-        Rng probe(0);
-        (void)sample_token(std::vector<float>(static_cast<size_t>(V), 0.0f), options.temperature,
-                           options.top_k, probe);
-    }
-    std::vector<int> ids;
     std::string text = prompt;
-    if (prompt.empty()) {
-        int start = 0;
-        for (int i = 0; i < V; ++i) {
-            if (vocab.at(i) == "\n") start = i;
-        }
-        ids.push_back(start);
-    } else {
-        try {
-            ids = vocab.encode(prompt);
-        } catch (const std::invalid_argument& e) {
-            throw std::invalid_argument(std::string("the prompt: ") + e.what());
-        }
-    }
     model.train(false);
     KVCache cache(cfg);
     DecodeScratch scratch;

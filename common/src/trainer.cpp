@@ -488,23 +488,20 @@ int sample_token(const std::vector<float>& logits, float temperature, int top_k,
     return last_possible;  // u rounded up to total
 }
 
-std::string generate_text(GPT& model, const CharVocab& vocab, const std::string& prompt,
-                          const SampleOptions& options) {
-    const int V = model.config().vocab_size, block = model.config().block_size;
+std::vector<int> start_tokens(const CharVocab& vocab, int V, const std::string& prompt,
+                              const SampleOptions& options) {
     if (static_cast<int>(vocab.size()) != V) {
         throw std::invalid_argument("the vocabulary has " + std::to_string(vocab.size()) +
                                     " characters, the model " + std::to_string(V));
     }
     if (options.max_new_tokens < 0) throw std::invalid_argument("the sample length must not be negative");
     // Checked before the first forward pass, so bad options fail at once.
-    Rng rng(options.seed);
     {
         Rng probe(0);
         (void)sample_token(std::vector<float>(static_cast<std::size_t>(V), 0.0f),
                            options.temperature, options.top_k, probe);
     }
     std::vector<int> ids;
-    std::string text = prompt;
     if (prompt.empty()) {
         int start = 0;
         for (int i = 0; i < V; ++i) {
@@ -518,6 +515,15 @@ std::string generate_text(GPT& model, const CharVocab& vocab, const std::string&
             throw std::invalid_argument(std::string("the prompt: ") + e.what());
         }
     }
+    return ids;
+}
+
+std::string generate_text(GPT& model, const CharVocab& vocab, const std::string& prompt,
+                          const SampleOptions& options) {
+    const int V = model.config().vocab_size, block = model.config().block_size;
+    std::vector<int> ids = start_tokens(vocab, V, prompt, options);
+    Rng rng(options.seed);
+    std::string text = prompt;
     model.train(false);
     std::vector<float> last(static_cast<std::size_t>(V));
     for (int n = 0; n < options.max_new_tokens; ++n) {

@@ -11,6 +11,12 @@
 #include "attn/print.hpp"
 #include "attn/trainer.hpp"
 
+#ifdef ATTN_HAVE_CUDA
+#include "attn/cuda/device.hpp"
+#include "attn/cuda/generate.hpp"
+#include "attn/cuda/gpt.hpp"
+#endif
+
 #include <cblas.h>  // openblas_set_num_threads
 
 #include <algorithm>
@@ -33,6 +39,38 @@ double seconds(F&& f) {
 }
 
 const char* yes_no(bool b) { return b ? "yes" : "NO"; }
+
+// The same race on the GPU, when there is one: the uncached path (a whole forward pass per
+// token) against the device's key/value cache, both on the same copy of the model.
+void measure_on_gpu(const GPT& model, const CharVocab& vocab) {
+#ifdef ATTN_HAVE_CUDA
+    std::string why;
+    if (!cuda::device_available(&why)) {
+        std::printf("On the GPU: no usable CUDA device here (%s).\n", why.c_str());
+        return;
+    }
+    cuda::CudaGPT gpu(model);
+    std::printf("On the GPU (%s), top-k 10\n", cuda::device_summary().c_str());
+    std::printf("%8s %12s %12s %10s %10s\n", "tokens", "uncached", "cached", "speed-up", "same text");
+    //! [measure_gpu]
+    for (int n : {256, 1024}) {
+        SampleOptions o;
+        o.max_new_tokens = n;
+        o.top_k = 10;
+        std::string slow, fast;
+        (void)cuda::generate_text(gpu, vocab, "", SampleOptions{8, 1.0f, 10, 1}, true);  // warm-up
+        const double t_uncached = seconds([&] { slow = cuda::generate_text(gpu, vocab, "", o, false); });
+        const double t_cached = seconds([&] { fast = cuda::generate_text(gpu, vocab, "", o, true); });
+        std::printf("%8d %10.3f s %10.3f s %9.1fx %10s\n", n, t_uncached, t_cached,
+                    t_uncached / t_cached, yes_no(slow == fast));
+    }
+    //! [measure_gpu]
+#else
+    (void)model;
+    (void)vocab;
+    std::printf("On the GPU: this build has no CUDA (nvcc was not found when it was configured).\n");
+#endif
+}
 
 }  // namespace
 
@@ -133,7 +171,7 @@ int main(int argc, char** argv) {
             if (n == 1024) generated = data.vocab.encode(fast);
         }
         //! [measure]
-        std::printf("(CPU only: the same measurement on a GPU needs a CUDA device and a cached GPU path.)\n");
+        measure_on_gpu(timing_model, data.vocab);
 
         print_heading("Milliseconds per token, position by position");
         // Every cached step is timed; uncached steps (one forward pass over the context) at the

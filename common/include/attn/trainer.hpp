@@ -226,6 +226,19 @@ struct SampleOptions {
 /// outside 0…V
 int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng);
 
+/// The checks and the first tokens that every generator (uncached, cached, on the GPU)
+/// starts from, so that they fail alike and produce the same text.
+/// @param vocab the vocabulary, of `vocab_size` characters
+/// @param vocab_size the model's V
+/// @param prompt the text to continue; empty starts from a newline (or token 0 if the
+///        vocabulary has none)
+/// @param options checked: a non-negative length, a valid temperature and top-k
+/// @return the prompt's token ids
+/// @throws std::invalid_argument for a vocabulary of another size, a character outside it,
+/// or bad options (see sample_token)
+std::vector<int> start_tokens(const CharVocab& vocab, int vocab_size, const std::string& prompt,
+                              const SampleOptions& options);
+
 /// Generates text after a prompt, as nanoGPT's `generate`: the context is cropped to the
 /// last block_size tokens, the model runs in evaluation mode (and is left in it).
 /// @param model the model

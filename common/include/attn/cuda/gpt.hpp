@@ -124,6 +124,30 @@ public:
     /// The logits of the last forward call, (B, T, V) flat (waits).
     /// @param out resized to B·T·V
     void copy_logits_to(std::vector<float>& out) const;
+    /// One position's logits from the last forward call (waits).
+    /// @param out resized to V @param b batch row @param t position, both of that call
+    void copy_logits_row_to(std::vector<float>& out, int b, int t) const;
+
+    /// One step of generation with a key/value cache on the device (lesson 14), in
+    /// evaluation mode (no dropout, whatever train() says): the token at position `pos`
+    /// goes through every layer alone, its key and value are appended to the device's
+    /// cache, and its query attends over positions 0..pos. The cache lives until the
+    /// model does and starts again at pos = 0. Waits for the logits.
+    /// @param logits resized to V: the logits for position pos
+    /// @param token the token's id, in [0, V)
+    /// @param pos its position: 0 (a new sequence) or the number of positions cached so far,
+    ///        and below block_size
+    /// @throws std::invalid_argument for a token or position outside those bounds
+    void decode_step(std::vector<float>& logits, int token, int pos);
+
+    /// Fills the device's key/value cache from a whole context (the "prefill"): one forward
+    /// pass over `T` tokens in evaluation mode, whose keys and values are copied into the
+    /// cache, which then holds positions 0..T−1. Leaves the model in evaluation mode.
+    /// @param logits resized to V: the logits of the last position
+    /// @param tokens (T) token ids in [0, V)
+    /// @param T the context length, 1 ≤ T ≤ block_size
+    /// @throws std::invalid_argument as forward()
+    void prefill(std::vector<float>& logits, const int* tokens, int T);
 
     /// Waits until every enqueued operation has finished.
     void synchronize() const;

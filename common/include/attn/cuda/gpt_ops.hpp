@@ -181,6 +181,20 @@ void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, 
                               const AttentionScratch& scratch, int B, int T, int C, int NH,
                               stream_t stream);
 
+/// One new token's attention over one layer's cached keys and values, as
+/// attn::attention_step_forward (lesson 14): per head h, softmax(q_h · K_hᵀ/√hs) over the T
+/// cached positions blends V_h. One block per head.
+/// @param out (C) the heads' outputs side by side @param q (C) the token's query (the
+/// first C values of its c_attn output) @param key_cache (NH, capacity, hs)
+/// @param value_cache (NH, capacity, hs) @param T positions to attend over (the new one
+/// included), 1 ≤ T ≤ capacity and T ≤ 12256 (its weights stay in 48 KiB of shared memory)
+/// @param capacity rows per head in the caches @param C channels @param NH heads
+/// @param stream the stream
+/// @throws std::invalid_argument for sizes outside those bounds
+void cached_attention_forward(float* out, const float* q, const float* key_cache,
+                              const float* value_cache, int T, int capacity, int C, int NH,
+                              stream_t stream);
+
 /// Exact GELU with erff, as attn::gelu_forward.
 /// @param out (N) @param inp (N) @param N elements @param stream the stream
 void gelu_forward(float* out, const float* inp, std::size_t N, stream_t stream);
