@@ -123,6 +123,7 @@ void choose_device(Trainer& trainer, const Flags& f) {
     if (f.device == "cuda") throw std::runtime_error("--device cuda: no usable CUDA device (" + why + ")");
     std::cerr << "train_gpt: --device auto: no usable CUDA device (" << why << "); training on the CPU\n";
 #else
+    (void)trainer;
     if (f.device == "cuda")
         throw std::runtime_error("--device cuda: this build has no CUDA (nvcc was not found when it "
                                  "was configured)");
