@@ -80,7 +80,6 @@ void line_plot_png(const std::filesystem::path& path, const std::vector<PlotSeri
     c.text((W - detail::Canvas::text_width(x_label, s)) / 2, H - 32, x_label, s, ink);
     c.text(8, top - 22, y_label, s, ink);
 
-    int legend_y = top + 8;
     for (std::size_t k = 0; k < series.size(); ++k) {
         const auto colour = palette[k % 5];
         const auto& sr = series[k];
@@ -93,9 +92,28 @@ void line_plot_png(const std::filesystem::path& path, const std::vector<PlotSeri
             else if (sr.x.size() == 1) c.rect(x - 3, y - 3, x + 4, y + 4, colour);
             lx = x, ly = y, have = true;
         }
-        const int lw = detail::Canvas::text_width(sr.name, s);
-        c.rect(W - right - lw - 44, legend_y + 5, W - right - lw - 14, legend_y + 9, colour);
-        c.text(W - right - lw - 6, legend_y, sr.name, s, ink);
+    }
+
+    // The legend goes in the top corner, right or left, that covers fewer of the points.
+    int name_width = 0;
+    for (const auto& sr : series) name_width = std::max(name_width, detail::Canvas::text_width(sr.name, s));
+    const int box_w = name_width + 50, box_h = 24 * static_cast<int>(series.size()) + 8;
+    const auto covered = [&](int x_lo) {
+        int n = 0;
+        for (const auto& sr : series)
+            for (std::size_t i = 0; i < sr.x.size(); ++i) {
+                if (!std::isfinite(sr.x[i]) || !std::isfinite(sr.y[i])) continue;
+                const int x = px(sr.x[i]), y = py(sr.y[i]);
+                n += x >= x_lo && x < x_lo + box_w && y >= top && y < top + box_h;
+            }
+        return n;
+    };
+    const int right_x = W - right - box_w, left_x = left + 10;
+    const int box_x = covered(left_x) < covered(right_x) ? left_x : right_x;
+    int legend_y = top + 8;
+    for (std::size_t k = 0; k < series.size(); ++k) {
+        c.rect(box_x + 6, legend_y + 5, box_x + 36, legend_y + 9, palette[k % 5]);
+        c.text(box_x + 44, legend_y, series[k].name, s, ink);
         legend_y += 24;
     }
     c.save(path);
