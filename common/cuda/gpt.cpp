@@ -210,7 +210,8 @@ struct CudaGPT::Impl {
         carve(assign, dec, cfg);
     }
     int decoded = 0;  // positions in the key/value cache
-    int B = 0, T = 0;
+    int B = 0, T = 0;          // the last forward call's sizes
+    int cap_B = 0, cap_T = 0;  // the sizes the activations were allocated for (T ≤ cap_T)
     bool has_targets = false, dropout_applied = false, dropout_allocated = false;
     std::uint64_t seed = 0, forward_calls = 0;
 
@@ -242,8 +243,8 @@ struct CudaGPT::Impl {
         const size_t BT = static_cast<size_t>(newB) * newT;
         CUDA_CHECK(cudaMallocHost(&h_tokens, 2 * BT * sizeof(int)));
         CUDA_CHECK(cudaMalloc(&d_tokens, 2 * BT * sizeof(int)));
-        B = newB;
-        T = newT;
+        cap_B = newB;
+        cap_T = newT;
         dropout_allocated = dropout;
     }
 };
@@ -341,7 +342,13 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
     }
     const float pdrop = config_.dropout;
     const bool dropout = training_ && pdrop > 0.0f;
-    if (B != d.B || T != d.T || (dropout && !d.dropout_allocated)) d.allocate(B, T, dropout);
+    // Activations are laid out for the call's T but allocated for the whole block, so that
+    // a growing context (generation) or a shorter batch reuses them instead of reallocating.
+    if (B != d.cap_B || T > d.cap_T || (dropout && !d.dropout_allocated)) {
+        d.allocate(B, std::max(T, config_.block_size), dropout);
+    }
+    d.B = B;
+    d.T = T;
 
     // Upload: the pinned staging buffer may still be read by the previous copy.
     CUDA_CHECK(cudaEventSynchronize(d.uploaded));
