@@ -43,6 +43,41 @@ struct Problem {
     }
 };
 
+// Checks a backward pass's dq, dk, dv for p against central differences of the float64
+// forward pass. L = Σ dout ∘ out, so ∂L/∂x is the backward's gradient; with h = 1e-5 the
+// difference quotient is good to about 1e-10 (truncation O(h²), rounding 1e-16/h).
+template <class G>
+void check_finite_differences(const Problem& p, const std::vector<G>& dq,
+                              const std::vector<G>& dk, const std::vector<G>& dv,
+                              double tolerance) {
+    const std::size_t n = p.shape.qkv_size();
+    const auto q = to_double(p.q.data(), n), k = to_double(p.k.data(), n),
+               v = to_double(p.v.data(), n), dout = to_double(p.dout.data(), n);
+    auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
+                    const std::vector<double>& vv) {
+        std::vector<double> out(n);
+        attention_reference_forward(out.data(), nullptr, qq.data(), kk.data(), vv.data(), p.shape);
+        double sum = 0;
+        for (std::size_t i = 0; i < n; ++i) sum += dout[i] * out[i];
+        return sum;
+    };
+    const double h = 1e-5;
+    for (int which = 0; which < 3; ++which) {
+        const std::vector<G>& grad = which == 0 ? dq : which == 1 ? dk : dv;
+        for (std::size_t i = 0; i < n; ++i) {
+            auto qq = q, kk = k, vv = v;
+            std::vector<double>& x = which == 0 ? qq : which == 1 ? kk : vv;
+            x[i] += h;
+            const double up = loss(qq, kk, vv);
+            x[i] -= 2 * h;
+            const double down = loss(qq, kk, vv);
+            CAPTURE(which);
+            CAPTURE(i);
+            CHECK(std::fabs((up - down) / (2 * h) - static_cast<double>(grad[i])) <= tolerance);
+        }
+    }
+}
+
 }  // namespace
 
 TEST_CASE("the online-softmax update reproduces numbers worked by hand") {
@@ -147,38 +182,13 @@ TEST_CASE("the float64 reference backward agrees with finite differences") {
         CAPTURE(causal);
         const AttentionShape shape{1, 2, 6, 4, causal};
         const Problem p(shape, 5);
-        const auto q = to_double(p.q.data(), p.q.size()), k = to_double(p.k.data(), p.k.size()),
-                   v = to_double(p.v.data(), p.v.size()),
-                   dout = to_double(p.dout.data(), p.dout.size());
-        std::vector<double> dq(q.size()), dk(q.size()), dv(q.size());
+        const std::size_t n = shape.qkv_size();
+        const auto q = to_double(p.q.data(), n), k = to_double(p.k.data(), n),
+                   v = to_double(p.v.data(), n), dout = to_double(p.dout.data(), n);
+        std::vector<double> dq(n), dk(n), dv(n);
         attention_reference_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
                                      k.data(), v.data(), shape);
-        // L = Σ dout ∘ out, so ∂L/∂x = the backward's gradient. Central differences in
-        // float64 with h = 1e-5: truncation error O(h²) ≈ 1e-10, rounding ≈ 1e-16/h = 1e-11.
-        auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
-                        const std::vector<double>& vv) {
-            std::vector<double> out(qq.size());
-            attention_reference_forward(out.data(), nullptr, qq.data(), kk.data(), vv.data(),
-                                        shape);
-            double sum = 0;
-            for (std::size_t i = 0; i < out.size(); ++i) sum += dout[i] * out[i];
-            return sum;
-        };
-        const double h = 1e-5;
-        for (int which = 0; which < 3; ++which) {
-            const std::vector<double>& grad = which == 0 ? dq : which == 1 ? dk : dv;
-            for (std::size_t i = 0; i < q.size(); ++i) {
-                auto qq = q, kk = k, vv = v;
-                std::vector<double>& x = which == 0 ? qq : which == 1 ? kk : vv;
-                x[i] += h;
-                const double up = loss(qq, kk, vv);
-                x[i] -= 2 * h;
-                const double down = loss(qq, kk, vv);
-                CAPTURE(which);
-                CAPTURE(i);
-                CHECK(std::fabs((up - down) / (2 * h) - grad[i]) <= 1e-8);
-            }
-        }
+        check_finite_differences(p, dq, dk, dv, 1e-8);
     }
 }
 
@@ -241,32 +251,8 @@ TEST_CASE("tiled backward agrees with finite differences of the float64 forward"
                             {4, 3});
     attention_flash_backward(dq.data(), dk.data(), dv.data(), p.dout.data(), p.q.data(),
                              p.k.data(), p.v.data(), out.data(), lse.data(), shape, {4, 3});
-    const auto q = to_double(p.q.data(), n), k = to_double(p.k.data(), n),
-               v = to_double(p.v.data(), n), dout = to_double(p.dout.data(), n);
-    auto loss = [&](const std::vector<double>& qq, const std::vector<double>& kk,
-                    const std::vector<double>& vv) {
-        std::vector<double> o(n);
-        attention_reference_forward(o.data(), nullptr, qq.data(), kk.data(), vv.data(), shape);
-        double sum = 0;
-        for (std::size_t i = 0; i < n; ++i) sum += dout[i] * o[i];
-        return sum;
-    };
-    const double h = 1e-5;
-    for (int which = 0; which < 3; ++which) {
-        const std::vector<float>& grad = which == 0 ? dq : which == 1 ? dk : dv;
-        for (std::size_t i = 0; i < n; ++i) {
-            auto qq = q, kk = k, vv = v;
-            std::vector<double>& x = which == 0 ? qq : which == 1 ? kk : vv;
-            x[i] += h;
-            const double up = loss(qq, kk, vv);
-            x[i] -= 2 * h;
-            const double down = loss(qq, kk, vv);
-            CAPTURE(which);
-            CAPTURE(i);
-            // The difference quotient is good to 1e-10; the float32 gradient to ~1e-6.
-            CHECK(std::fabs((up - down) / (2 * h) - grad[i]) <= 1e-5);
-        }
-    }
+    // The float32 gradient is good to ~1e-6.
+    check_finite_differences(p, dq, dk, dv, 1e-5);
 }
 
 TEST_CASE("zero sizes and zero tiles are rejected with std::invalid_argument") {

@@ -57,6 +57,30 @@ __global__ void gather_heads_kernel(float* y, const float* inp, int inp_stride, 
     y[i] = inp[(static_cast<std::size_t>(b) * T + t) * inp_stride + h * hs + d];
 }
 
+// Launchers of the three reshapes above, one thread per element of (B, T, C).
+constexpr int reshape_block = 256;
+unsigned int reshape_grid(int B, int T, int NH, int hs) {
+    return ceil_div(static_cast<std::size_t>(B) * T * NH * hs, reshape_block);
+}
+void split_heads(const AttentionScratch& s, const float* qkv, int B, int T, int NH, int hs,
+                 cudaStream_t stream) {
+    split_heads_kernel<<<reshape_grid(B, T, NH, hs), reshape_block, 0, stream>>>(s.q, s.k, s.v, qkv,
+                                                                                B, T, NH, hs);
+    CUDA_CHECK(cudaGetLastError());
+}
+void merge_heads(float* out, int out_stride, const float* y, int B, int T, int NH, int hs,
+                 bool accumulate, cudaStream_t stream) {
+    merge_heads_kernel<<<reshape_grid(B, T, NH, hs), reshape_block, 0, stream>>>(
+        out, out_stride, y, B, T, NH, hs, accumulate);
+    CUDA_CHECK(cudaGetLastError());
+}
+void gather_heads(float* y, const float* inp, int inp_stride, int B, int T, int NH, int hs,
+                  cudaStream_t stream) {
+    gather_heads_kernel<<<reshape_grid(B, T, NH, hs), reshape_block, 0, stream>>>(
+        y, inp, inp_stride, B, T, NH, hs);
+    CUDA_CHECK(cudaGetLastError());
+}
+
 // One warp per row t of one head's scores (already scaled): the causal softmax over
 // columns 0..t, zeros above the diagonal; with dropout, the dropped copy too.
 __global__ void causal_softmax_kernel(float* att, float* att_dropped, const float* scores,
@@ -115,14 +139,10 @@ __global__ void causal_softmax_backward_kernel(float* datt, const float* att,
 // dqkv (B, T, 3C) += dq, dk, dv (each (B, NH, T, hs)), each in its third.
 void add_head_gradients(float* dqkv, const float* dq, const float* dk, const float* dv, int B,
                         int T, int NH, int hs, cudaStream_t stream) {
-    const int C = NH * hs, block = 256;
-    const std::size_t n = static_cast<std::size_t>(B) * T * C;
+    const int C = NH * hs;
     int third = 0;
     for (const float* d : {dq, dk, dv}) {
-        merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(dqkv + third * C, 3 * C, d,
-                                                                     B, T, NH, hs, true);
-        CUDA_CHECK(cudaGetLastError());
-        ++third;
+        merge_heads(dqkv + C * third++, 3 * C, d, B, T, NH, hs, true, stream);
     }
 }
 
@@ -149,10 +169,7 @@ void launch_attention_forward(float* out, float* att, float* att_dropped, const 
                               int B, int T, int C, int NH, Blas& blas, cudaStream_t stream) {
     check_sizes(C, NH);
     const int hs = C / NH;
-    const std::size_t n = static_cast<std::size_t>(B) * T * C;
-    const int block = 256;
-    split_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.q, s.k, s.v, qkv, B, T, NH, hs);
-    CUDA_CHECK(cudaGetLastError());
+    split_heads(s, qkv, B, T, NH, hs, stream);
 
     blas.set_stream(stream);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs)), one = 1.0f, zero = 0.0f;
@@ -170,8 +187,7 @@ void launch_attention_forward(float* out, float* att, float* att_dropped, const 
     CUBLAS_CHECK(cublasSgemmStridedBatched(blas.handle(), CUBLAS_OP_N, CUBLAS_OP_N, hs, T, T, &one,
                                            s.v, hs, head, weights, T, square, &zero, s.y, hs,
                                            head, B * NH));
-    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, C, s.y, B, T, NH, hs, false);
-    CUDA_CHECK(cudaGetLastError());
+    merge_heads(out, C, s.y, B, T, NH, hs, false, stream);
 }
 
 void launch_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
@@ -180,14 +196,10 @@ void launch_attention_backward(float* dqkv, const float* dout, const float* qkv,
                                cudaStream_t stream) {
     check_sizes(C, NH);
     const int hs = C / NH;
-    const std::size_t n = static_cast<std::size_t>(B) * T * C;
-    const int block = 256;
     // q, k, v of this layer again (a later layer's forward pass reused the buffers), and
     // dout split into heads: dy (B, NH, T, hs) in s.y.
-    split_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.q, s.k, s.v, qkv, B, T, NH, hs);
-    CUDA_CHECK(cudaGetLastError());
-    gather_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.y, dout, C, B, T, NH, hs);
-    CUDA_CHECK(cudaGetLastError());
+    split_heads(s, qkv, B, T, NH, hs, stream);
+    gather_heads(s.y, dout, C, B, T, NH, hs, stream);
 
     blas.set_stream(stream);
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs)), one = 1.0f, zero = 0.0f;
@@ -231,14 +243,10 @@ void fused_attention_forward(float* out, float* lse, const float* qkv, float dro
                              int NH, stream_t stream) {
     check_sizes(C, NH);
     const int hs = C / NH;
-    const std::size_t n = static_cast<std::size_t>(B) * T * C;
-    const int block = 256;
-    split_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.q, s.k, s.v, qkv, B, T, NH, hs);
-    CUDA_CHECK(cudaGetLastError());
+    split_heads(s, qkv, B, T, NH, hs, stream);
     const AttentionShape shape = heads_shape(B, T, NH, hs);
     flash_attention_forward(s.y, lse, s.q, s.k, s.v, shape, stream, {dropout_p, seed});
-    merge_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, C, s.y, B, T, NH, hs, false);
-    CUDA_CHECK(cudaGetLastError());
+    merge_heads(out, C, s.y, B, T, NH, hs, false, stream);
 }
 
 void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
@@ -247,16 +255,11 @@ void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, 
                               stream_t stream) {
     check_sizes(C, NH);
     const int hs = C / NH;
-    const std::size_t n = static_cast<std::size_t>(B) * T * C;
-    const int block = 256;
     // This layer's q, k, v and output again (later layers reused the buffers), and dout,
     // all split into heads.
-    split_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.q, s.k, s.v, qkv, B, T, NH, hs);
-    CUDA_CHECK(cudaGetLastError());
-    gather_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.y, out, C, B, T, NH, hs);
-    CUDA_CHECK(cudaGetLastError());
-    gather_heads_kernel<<<ceil_div(n, block), block, 0, stream>>>(s.dy, dout, C, B, T, NH, hs);
-    CUDA_CHECK(cudaGetLastError());
+    split_heads(s, qkv, B, T, NH, hs, stream);
+    gather_heads(s.y, out, C, B, T, NH, hs, stream);
+    gather_heads(s.dy, dout, C, B, T, NH, hs, stream);
     const AttentionShape shape = heads_shape(B, T, NH, hs);
     flash_attention_backward(s.dq, s.dk, s.dv, s.delta, s.dy, s.q, s.k, s.v, s.y, lse, shape,
                              stream, {dropout_p, seed});

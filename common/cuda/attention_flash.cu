@@ -36,10 +36,7 @@ namespace attn::cuda {
 
 namespace {
 
-// attn::require without xtensor's headers, which nvcc need not see.
-void require(bool condition, const std::string& what) {
-    if (!condition) throw std::invalid_argument(what);
-}
+using detail::require;
 
 constexpr int kBr = 64;               // query rows per tile
 constexpr int kBc = 64;               // keys per tile

@@ -13,30 +13,18 @@
 // row-major product it is. cuBLAS's default math mode is full float32 (no TF32), which the
 // comparisons against float64 rely on.
 #include "attn/cuda/attention.hpp"
-#include "check.cuh"
-
-#include <cublas_v2.h>
+#include "kernels.cuh"
 
 #include <cmath>
-#include <stdexcept>
 #include <string>
 
 namespace attn::cuda {
 
 namespace {
 
-// attn::require without xtensor's headers, which nvcc need not see.
-void require(bool condition, const std::string& what) {
-    if (!condition) throw std::invalid_argument(what);
-}
-
-void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
-    if (status != CUBLAS_STATUS_SUCCESS) {
-        throw std::runtime_error(std::string(file) + ":" + std::to_string(line) + ": " + call +
-                                 ": " + cublasGetStatusString(status));
-    }
-}
-#define CUBLAS_CHECK(call) cublas_check((call), #call, __FILE__, __LINE__)
+using detail::require;
+using detail::warp_max;
+using detail::warp_sum;
 
 // One cuBLAS handle for the process, made on first use (it lives until exit).
 cublasHandle_t cublas_handle() {
@@ -49,18 +37,6 @@ cublasHandle_t cublas_handle() {
 }
 
 constexpr int kWarpsPerBlock = 8;
-
-__device__ float warp_max(float x) {
-    for (int offset = 16; offset > 0; offset /= 2) {
-        x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, offset));
-    }
-    return x;
-}
-
-__device__ float warp_sum(float x) {
-    for (int offset = 16; offset > 0; offset /= 2) x += __shfl_xor_sync(0xffffffffu, x, offset);
-    return x;
-}
 
 // att (rows, T), rows = B·NH·T, in place: each row's softmax over its visible keys (0..i
 // for query i when causal), masked entries set to exactly 0. One warp per row.

@@ -31,6 +31,11 @@ namespace attn::cuda {
 
 namespace attn::cuda::detail {
 
+// attn::require without xtensor's headers, which nvcc need not see.
+inline void require(bool condition, const std::string& what) {
+    if (!condition) throw std::invalid_argument(what);
+}
+
 constexpr int warp_size = 32;
 
 inline unsigned int ceil_div(std::size_t n, std::size_t d) {
