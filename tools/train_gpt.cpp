@@ -11,6 +11,7 @@
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/run_control.hpp"
+#include "attn/threads.hpp"
 #include "attn/trainer.hpp"
 #if ATTN_HAVE_CUDA
 #include "attn/cuda/device.hpp"
@@ -27,8 +28,6 @@
 #include <optional>
 #include <sstream>
 #include <unistd.h>
-
-extern "C" int openblas_get_num_threads(void);
 
 using namespace attn;
 namespace fs = std::filesystem;
@@ -55,6 +54,8 @@ struct Flags {
     std::string attention = "materialised";
     bool no_causal_mask = false;
     int bench = 0;
+    int threads = 0;  // 0: the library's policy (OMP_NUM_THREADS, else the CPUs)
+    bool threads_info = false;
 };
 
 // The corpus: --data, or the course's default (tiny shakespeare, else a fallback).
@@ -99,10 +100,11 @@ int bench(Trainer& trainer, int steps) {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double ms = 1e3 * s / steps;
     const double tokens = static_cast<double>(c.batch_size) * c.block_size * steps / s;
-    std::printf("bench: recipe %s (%d layers, %d heads, %d channels, B=%d, T=%d), %d steps, "
-                "%d BLAS threads: %.1f ms/step, %.0f tokens/s\n",
-                c.recipe.c_str(), c.n_layer, c.n_head, c.n_embd, c.batch_size, c.block_size, steps,
-                openblas_get_num_threads(), ms, tokens);
+    std::printf("bench: recipe %s (%d layers, %d heads, %d channels, block %d, vocabulary %d, "
+                "bias %s, dropout %g), B=%d, T=%d, %d steps: %.1f ms/step, %.0f tokens/s\n",
+                c.recipe.c_str(), c.n_layer, c.n_head, c.n_embd, c.block_size,
+                trainer.model().config().vocab_size, c.bias ? "on" : "off",
+                static_cast<double>(c.dropout), c.batch_size, c.block_size, steps, ms, tokens);
     return 0;
 }
 
@@ -132,6 +134,10 @@ void choose_device(Trainer& trainer, const Flags& f) {
 }
 
 int run(const Flags& f) {
+    if (f.threads > 0) set_num_threads(f.threads, "--threads");
+    // The thread settings in force, once, before any work.
+    std::cout << describe_threads() << "\n";
+    if (f.threads_info) return 0;
     if (f.tf32 && f.device == "cpu") throw std::invalid_argument("--tf32 needs --device cuda or auto");
     if (f.attention == "fused" && f.device == "cpu") {
         throw std::invalid_argument("--attention fused is the GPU's kernel (lesson 13): it needs "
@@ -237,6 +243,12 @@ int run(const Flags& f) {
     std::printf("finished %lld steps in %s: train loss %.4f, val loss %.4f (best %.4f)\n",
                 static_cast<long long>(trainer->step()), format_duration(summary.seconds).c_str(),
                 last.train_loss, last.val_loss, trainer->best_val_loss());
+    if (!summary.steps.empty()) {
+        const double n = static_cast<double>(summary.steps.size());
+        std::printf("training steps alone: %.1f ms/step, %.0f tokens/s (the rest: evaluation and "
+                    "checkpoints)\n",
+                    1e3 * summary.step_seconds / n, n * c.batch_size * c.block_size / summary.step_seconds);
+    }
     std::cout << "checkpoint " << (out / "checkpoint").string() << ", metrics "
               << (out / "metrics.jsonl").string() << ", loss curve " << (out / "loss.png").string()
               << "\n";
@@ -300,6 +312,11 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"materialised", "fused"}));
     app.add_option("--bench", f.bench, "time N training steps (no evaluation, no files) and exit")
         ->check(whole_number_at_least(1));
+    app.add_option("--threads", f.threads,
+                   "CPU threads for the library's loops and matrix products (default: "
+                   "OMP_NUM_THREADS, else every CPU this process may use)")
+        ->check(whole_number_at_least(1));
+    app.add_flag("--threads-info", f.threads_info, "print the thread settings in force and exit");
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {

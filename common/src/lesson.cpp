@@ -1,5 +1,8 @@
 #include "attn/lesson.hpp"
 
+#include "attn/threads.hpp"
+
+#include <cstdlib>
 #include <exception>
 #include <iostream>
 #include <string_view>
@@ -10,20 +13,39 @@ int run_lesson(int argc, char** argv, const std::string& title,
                const std::function<void(const LessonOptions&)>& body) {
     const std::string program = std::filesystem::path(argv[0]).filename().string();
     LessonOptions options;
+    const std::string usage = "usage: " + program + " [--figures DIR] [--threads N] [--threads-info]";
+    bool threads_info = false;
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (arg == "--help" || arg == "-h") {
-            std::cout << title << "\n\nusage: " << program << " [--figures DIR]\n"
-                      << "  --figures DIR  also write the lesson's pictures (PNG) into DIR\n";
+            std::cout << title << "\n\n" << usage << "\n"
+                      << "  --figures DIR   also write the lesson's pictures (PNG) into DIR\n"
+                      << "  --threads N     CPU threads for the library (default: OMP_NUM_THREADS,\n"
+                      << "                  else every CPU this process may use)\n"
+                      << "  --threads-info  print the thread settings in force and exit\n";
             return 0;
         }
         if (arg == "--figures" && i + 1 < argc) {
             options.figures = argv[++i];
+        } else if (arg == "--threads" && i + 1 < argc) {
+            char* end = nullptr;
+            const long n = std::strtol(argv[++i], &end, 10);
+            if (*end != '\0' || n < 1 || n > 4096) {
+                std::cerr << program << ": --threads expects a whole number of at least 1, got '"
+                          << argv[i] << "'\n";
+                return 2;
+            }
+            set_num_threads(static_cast<int>(n), "--threads");
+        } else if (arg == "--threads-info") {
+            threads_info = true;
         } else {
-            std::cerr << program << ": unknown option '" << arg
-                      << "' (usage: " << program << " [--figures DIR])\n";
+            std::cerr << program << ": unknown option '" << arg << "' (" << usage << ")\n";
             return 2;
         }
+    }
+    if (threads_info) {
+        std::cout << describe_threads() << "\n";
+        return 0;
     }
     try {
         if (!options.figures.empty()) std::filesystem::create_directories(options.figures);

@@ -4,30 +4,107 @@
 
 #include <cblas.h>
 #include <omp.h>
+#include <sched.h>
 
+#include <cstdlib>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
 namespace attn {
 
 namespace {
-// Runs once, before main: OpenBLAS's own pool would otherwise spin beside OpenMP's threads
-// on the same cores, each waiting for the other to give the cores back.
-const bool openblas_single_threaded = [] {
-    openblas_set_num_threads(1);
-    return true;
-}();
+
+// Where each setting came from (empty until the policy or set_num_threads has run). A
+// function-local static: the policy runs from another file's initializer, before this
+// file's own namespace-scope objects would be constructed.
+struct PolicyState {
+    std::mutex mutex;
+    std::string threads_from, blas_from;
+};
+PolicyState& state() {
+    static PolicyState s;
+    return s;
+}
+
+// A positive whole number from the environment, or 0 when unset or not one.
+int positive_env(const char* name) {
+    const char* text = std::getenv(name);
+    if (text == nullptr || *text == '\0') return 0;
+    char* end = nullptr;
+    const long n = std::strtol(text, &end, 10);
+    return *end == '\0' && n >= 1 && n <= 4096 ? static_cast<int>(n) : 0;
+}
+
+int usable_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (sched_getaffinity(0, sizeof set, &set) == 0) return CPU_COUNT(&set);
+    return omp_get_num_procs();
+}
+
+// OpenBLAS's pool: as OPENBLAS_NUM_THREADS says, else one thread (the caller's).
+void apply_blas_side() {
+    const int blas = positive_env("OPENBLAS_NUM_THREADS");
+    openblas_set_num_threads(blas > 0 ? blas : 1);
+    state().blas_from = blas > 0 ? "OPENBLAS_NUM_THREADS" : "default";
+}
+
 }  // namespace
 
-void set_num_threads(int n) {
+void apply_thread_policy() {
+    std::lock_guard<std::mutex> lock(state().mutex);
+    apply_blas_side();
+    if (state().threads_from.empty()) {
+        // OpenMP's default already is OMP_NUM_THREADS, else the CPUs in the affinity mask.
+        state().threads_from = positive_env("OMP_NUM_THREADS") > 0 ? "OMP_NUM_THREADS" : "CPUs";
+    }
+}
+
+void set_num_threads(int n, const std::string& from) {
     if (n < 1) {
         throw std::invalid_argument("set_num_threads: expected at least 1 thread, got " +
                                     std::to_string(n));
     }
-    openblas_set_num_threads(1);
+    std::lock_guard<std::mutex> lock(state().mutex);
+    apply_blas_side();
     omp_set_num_threads(n);
+    state().threads_from = from;
 }
 
 int num_threads() { return omp_get_max_threads(); }
+
+ThreadConfig thread_config() {
+    ThreadConfig c;
+    c.threads = omp_get_max_threads();
+    c.blas_threads = openblas_get_num_threads();
+    c.cpus = usable_cpus();
+    std::lock_guard<std::mutex> lock(state().mutex);
+    c.threads_from = state().threads_from.empty() ? "not applied" : state().threads_from;
+    c.blas_from = state().blas_from.empty() ? "not applied" : state().blas_from;
+    return c;
+}
+
+std::string describe_threads() {
+    const ThreadConfig c = thread_config();
+    const auto plural = [](int n, const char* word) {
+        return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+    };
+    std::string line = "threads: " + std::to_string(c.threads) + " (";
+    if (c.threads_from == "CPUs") {
+        line += "the " + plural(c.cpus, "CPU") + " this process may use";
+    } else if (c.threads_from == "OMP_NUM_THREADS") {
+        line += "OMP_NUM_THREADS";
+    } else {
+        line += c.threads_from;
+    }
+    line += "); OpenBLAS " + plural(c.blas_threads, "thread") + " per product (" +
+            (c.blas_from == "default" ? std::string("the library's default") : c.blas_from) + ")";
+    if (c.threads * c.blas_threads > c.cpus) {
+        line += "; warning: " + std::to_string(c.threads * c.blas_threads) +
+                " threads at once on " + plural(c.cpus, "CPU") + " compete for them";
+    }
+    return line;
+}
 
 }  // namespace attn

@@ -602,6 +602,7 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
         const auto t0 = clock::now();
         const StepRecord r = trainer.train_step();
         const double dt = std::chrono::duration<double>(clock::now() - t0).count();
+        summary.step_seconds += dt;
         summary.steps.push_back(r);
         if (metrics.is_open()) {
             metrics << json{{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},

@@ -7,6 +7,7 @@
 #include "attn/lesson.hpp"
 #include "attn/print.hpp"
 #include "attn/run_control.hpp"
+#include "attn/threads.hpp"
 #include "attn/trainer.hpp"
 
 #include <cmath>
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
         }
 
         print_heading("Training");
+        std::printf("%s\n", describe_threads().c_str());
         std::printf("%lld parameters; at initialisation the loss should be about ln %zu = %.4f\n",
                     static_cast<long long>(trainer.model().config().num_parameters()),
                     data.vocab.size(), std::log(static_cast<double>(data.vocab.size())));
@@ -77,8 +79,12 @@ int main(int argc, char** argv) {
         const double tokens = static_cast<double>(run.steps.size()) * config.batch_size * config.block_size;
         std::printf("\nfinal: train loss %.4f, val loss %.4f (nanoGPT reports about 1.88 for this recipe)\n",
                     last.train_loss, last.val_loss);
-        std::printf("wall time %s for %zu steps, %.0f tokens/s on this machine\n",
-                    format_duration(run.seconds).c_str(), run.steps.size(), tokens / run.seconds);
+        std::printf("wall time %s for %zu steps and %zu evaluations: %.0f tokens/s overall\n",
+                    format_duration(run.seconds).c_str(), run.steps.size(), run.evals.size(),
+                    tokens / run.seconds);
+        std::printf("the training steps alone: %.1f ms/step, %.0f tokens/s on this machine\n",
+                    1e3 * run.step_seconds / static_cast<double>(run.steps.size()),
+                    tokens / run.step_seconds);
         if (!opts.figures.empty()) {
             plot_losses(opts.figures / "lesson11_loss.png", run.steps, run.evals,
                         "CPU recipe, " + corpus.stem().string());

@@ -21,7 +21,8 @@ namespace {
 struct Options {
     attn::GPTConfig config;
     int batch_size = 12;
-    int threads = 1;
+    int threads = 0;  // 0: the library's policy (OMP_NUM_THREADS, else the CPUs)
+    bool threads_info = false;
     int steps = 50;
     int warmup = 5;
     std::uint64_t seed = 1337;
@@ -48,9 +49,13 @@ Options parse(int argc, char** argv) {
     o.config.bias = true;
     for (int i = 1; i < argc; ++i) {
         const std::string flag = argv[i];
+        if (flag == "--threads-info") {
+            o.threads_info = true;
+            continue;
+        }
         if (flag == "--help" || flag == "-h") {
             std::printf(
-                "usage: bench_train_cpu [--threads N] [--steps N] [--warmup N] [--n_layer N]\n"
+                "usage: bench_train_cpu [--threads N] [--threads-info] [--steps N] [--warmup N] [--n_layer N]\n"
                 "       [--n_head N] [--n_embd N] [--block_size N] [--batch_size N]\n"
                 "       [--vocab_size N] [--bias 0|1] [--seed N]\n");
             std::exit(0);
@@ -70,8 +75,9 @@ Options parse(int argc, char** argv) {
         else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(v);
         else throw std::invalid_argument("unknown option " + flag + " (see --help)");
     }
-    if (o.threads < 1 || o.steps < 1 || o.warmup < 0 || o.batch_size < 1) {
-        throw std::invalid_argument("--threads, --steps and --batch_size must be positive");
+    if (o.threads < 0 || o.steps < 1 || o.warmup < 0 || o.batch_size < 1) {
+        throw std::invalid_argument(
+            "--steps and --batch_size must be positive, --threads at least 0 (0: the default)");
     }
     return o;
 }
@@ -91,7 +97,11 @@ double ms_since(Clock::time_point start) {
 
 int main(int argc, char** argv) try {
     const Options o = parse(argc, argv);
-    attn::set_num_threads(o.threads);
+    if (o.threads > 0) attn::set_num_threads(o.threads, "--threads");
+    if (o.threads_info) {
+        std::printf("%s\n", attn::describe_threads().c_str());
+        return 0;
+    }
 
     attn::GPT model(o.config, o.seed);
     attn::AdamW optimizer;  // nanoGPT's betas (0.9, 0.99) and weight decay 0.1
@@ -135,13 +145,13 @@ int main(int argc, char** argv) try {
     const double ms = median(step_ms);
     const double tokens_per_s = static_cast<double>(B) * T / (ms / 1000.0);
     std::printf(
-        "{\"impl\": \"attn\", \"threads\": %d, \"steps\": %d, \"warmup\": %d,"
+        "{\"impl\": \"attn\", \"threads\": %d, \"blas_threads\": %d, \"steps\": %d, \"warmup\": %d,"
         " \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"block_size\": %d,"
         " \"batch_size\": %d, \"vocab_size\": %d, \"bias\": %s,"
         " \"ms_per_step\": %.3f, \"ms_min\": %.3f, \"tokens_per_s\": %.1f,"
         " \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"clip_ms\": %.3f, \"adamw_ms\": %.3f,"
         " \"last_loss\": %.6f}\n",
-        o.threads, o.steps, o.warmup, o.config.n_layer, o.config.n_head, o.config.n_embd,
+        attn::num_threads(), attn::thread_config().blas_threads, o.steps, o.warmup, o.config.n_layer, o.config.n_head, o.config.n_embd,
         o.config.block_size, B, V, o.config.bias ? "true" : "false", ms,
         *std::min_element(step_ms.begin(), step_ms.end()), tokens_per_s, median(forward_ms),
         median(backward_ms), median(clip_ms), median(adamw_ms), static_cast<double>(loss));

@@ -1,26 +1,31 @@
 #!/usr/bin/python3
-"""Times one CPU training step of the same GPT in PyTorch and in the course library.
+"""Times one CPU training step of the course's train_gpt against PyTorch, same model, same machine.
 
-A step is what a training loop does per batch: forward, backward, gradient clipping to
-norm 1.0 and AdamW (lr 1e-3, betas (0.9, 0.99), weight decay 0.1 on tensors of 2 or more
-dimensions). Both sides use the same sizes, the same batch shape and the same number of
-threads. The PyTorch model is written here in the shape of nanoGPT's model.py
-(embeddings, pre-norm blocks, causal attention by masked_fill and softmax, exact GELU,
-tied LM head), so this script needs only PyTorch, not nanoGPT.
+The course's side is the program learners run: `train_gpt --recipe cpu --bench N
+--threads T`, with its defaults (the thread policy of attn/threads.hpp, the recipe's
+sizes). Its bench line names the model (layers, heads, channels, block, vocabulary, bias,
+dropout, batch), and the PyTorch model is built from that line, so both sides always time
+the same configuration. A step is what a training loop does per batch: forward, backward,
+gradient clipping to norm 1.0 and AdamW (betas (0.9, 0.99), weight decay 0.1 on tensors of
+2 or more dimensions). The PyTorch model is written here in the shape of nanoGPT's
+model.py (embeddings, pre-norm blocks, causal attention by masked_fill and softmax, exact
+GELU, tied LM head), so this script needs only PyTorch, not nanoGPT.
 
 torch runs its element-wise operations on OpenMP threads and its matrix products on
-OpenBLAS's own threads; the two pools can get in each other's way. With more than one
-thread, each round times PyTorch twice, with OpenBLAS on the same number of threads and
-on one, and the faster of the two is the PyTorch figure the ratio uses.
+OpenBLAS's own threads, and the two pools can get in each other's way. Each round times
+PyTorch as it comes (torch.set_num_threads(T), OpenBLAS on its default of one thread per
+CPU) and with OpenBLAS on T and on 1 thread: "default" is the first, "best" the fastest.
 
-Rounds alternate between the two programs, so that a burst of load on a shared machine
-hits both; each round reports the median of its timed steps, and the table shows the
-median over rounds.
+With --harness, each round also times bench_train_cpu (the library's step on a fixed
+batch, with a per-phase breakdown) on the same sizes, to show that it and train_gpt agree.
+
+Rounds alternate between the programs, so that a burst of load on a shared machine hits
+all of them; each round reports per-step times, and the table shows medians over rounds.
 
     /usr/bin/python3 tools/bench/cpu_train_bench.py --threads 1 2 --rounds 5
 
-Run it with Debian's /usr/bin/python3 (python3-torch). Build bench_train_cpu first
-(`cmake --build build --target bench_train_cpu`).
+Run it with Debian's /usr/bin/python3 (python3-torch), after building train_gpt (and
+bench_train_cpu for --harness): `cmake --build build --target train_gpt bench_train_cpu`.
 """
 
 import argparse
@@ -29,6 +34,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -118,18 +124,18 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
 
 
-def make_torch_step(args):
+def make_torch_step(cfg):
     torch.manual_seed(1337)
-    model = GPT(args.vocab_size, args.block_size, args.n_layer, args.n_head, args.n_embd,
-                args.bias)
+    model = GPT(cfg["vocab"], cfg["block"], cfg["layers"], cfg["heads"], cfg["channels"],
+                cfg["bias"])
     model.train()
     # nanoGPT's configure_optimizers: decay the tensors of 2 or more dimensions only
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=1e-3, betas=(0.9, 0.99))
-    x = torch.randint(args.vocab_size, (args.batch_size, args.block_size))
-    y = torch.randint(args.vocab_size, (args.batch_size, args.block_size))
+    x = torch.randint(cfg["vocab"], (cfg["B"], cfg["T"]))
+    y = torch.randint(cfg["vocab"], (cfg["B"], cfg["T"]))
 
     def step():
         loss = model(x, y)
@@ -150,12 +156,17 @@ def openblas():
         return None
 
 
+OPENBLAS = openblas()
+# OpenBLAS's own default, read before anything changes it: one thread per CPU.
+OPENBLAS_DEFAULT = OPENBLAS.openblas_get_num_threads() if OPENBLAS is not None else None
+
+
 def time_torch(step, threads, blas_threads, args):
-    """Median ms per step with `threads` OpenMP threads and `blas_threads` OpenBLAS threads."""
+    """Median ms per step with `threads` torch threads and `blas_threads` OpenBLAS threads."""
     torch.set_num_threads(threads)
     if OPENBLAS is not None:
         OPENBLAS.openblas_set_num_threads(blas_threads)
-    for _ in range(args.warmup):
+    for _ in range(3):  # the same warm-up as train_gpt --bench
         step()
     times = []
     for _ in range(args.steps):
@@ -165,78 +176,115 @@ def time_torch(step, threads, blas_threads, args):
     return statistics.median(times)
 
 
-def time_ours(threads, args):
-    cmd = [args.bench_exe, "--threads", str(threads), "--steps", str(args.steps),
-           "--warmup", str(args.warmup), "--n_layer", str(args.n_layer),
-           "--n_head", str(args.n_head), "--n_embd", str(args.n_embd),
-           "--block_size", str(args.block_size), "--batch_size", str(args.batch_size),
-           "--vocab_size", str(args.vocab_size), "--bias", "1" if args.bias else "0"]
+BENCH_LINE = re.compile(
+    r"bench: recipe (?P<recipe>\S+) \((?P<layers>\d+) layers, (?P<heads>\d+) heads, "
+    r"(?P<channels>\d+) channels, block (?P<block>\d+), vocabulary (?P<vocab>\d+), "
+    r"bias (?P<bias>on|off), dropout (?P<dropout>[0-9.e-]+)\), B=(?P<B>\d+), T=(?P<T>\d+), "
+    r"(?P<steps>\d+) steps: (?P<ms>[0-9.]+) ms/step")
+
+
+def run_train_gpt(threads, args):
+    """train_gpt --bench as a learner runs it: the threads line and the parsed bench line."""
+    cmd = [args.train_gpt, "--recipe", args.recipe, "--bench", str(args.steps),
+           "--threads", str(threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    threads_line = next((l for l in out.splitlines() if l.startswith("threads: ")), "")
+    m = BENCH_LINE.search(out)
+    if m is None:
+        sys.exit(f"cpu_train_bench: no bench line in the output of {' '.join(cmd)}:\n{out}")
+    cfg = {k: int(v) for k, v in m.groupdict().items() if k not in ("recipe", "bias", "dropout", "ms")}
+    cfg.update(recipe=m["recipe"], bias=m["bias"] == "on", dropout=float(m["dropout"]),
+               ms=float(m["ms"]), threads_line=threads_line)
+    return cfg
+
+
+def run_harness(threads, cfg, args):
+    cmd = [args.harness_exe, "--threads", str(threads), "--steps", str(args.steps),
+           "--warmup", "3", "--n_layer", str(cfg["layers"]), "--n_head", str(cfg["heads"]),
+           "--n_embd", str(cfg["channels"]), "--block_size", str(cfg["T"]),
+           "--batch_size", str(cfg["B"]), "--vocab_size", str(cfg["vocab"]),
+           "--bias", "1" if cfg["bias"] else "0"]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out)
 
 
-OPENBLAS = openblas()
-
-
 def main():
     here = os.path.dirname(os.path.abspath(__file__))
-    default_exe = os.path.join(here, "..", "..", "build", "tools", "bench", "bench_train_cpu")
+    build = os.path.normpath(os.path.join(here, "..", "..", "build"))
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     p.add_argument("--rounds", type=int, default=5, help="alternating rounds per thread count")
-    p.add_argument("--steps", type=int, default=30, help="timed steps per round")
-    p.add_argument("--warmup", type=int, default=5, help="untimed steps before each round")
-    p.add_argument("--n_layer", type=int, default=4)
-    p.add_argument("--n_head", type=int, default=4)
-    p.add_argument("--n_embd", type=int, default=128)
-    p.add_argument("--block_size", type=int, default=64)
-    p.add_argument("--batch_size", type=int, default=12)
-    p.add_argument("--vocab_size", type=int, default=65)
-    p.add_argument("--bias", type=int, default=1, choices=[0, 1])
-    p.add_argument("--bench-exe", default=os.path.normpath(default_exe))
+    p.add_argument("--steps", type=int, default=30, help="timed steps per round and program")
+    p.add_argument("--recipe", default="cpu", help="train_gpt's recipe (dropout-free ones)")
+    p.add_argument("--train-gpt", default=os.path.join(build, "tools", "train_gpt"))
+    p.add_argument("--harness", action="store_true",
+                   help="also time bench_train_cpu, to compare it with train_gpt")
+    p.add_argument("--harness-exe", default=os.path.join(build, "tools", "bench", "bench_train_cpu"))
     p.add_argument("--json", help="also write every round's numbers to this file")
     args = p.parse_args()
-    if not os.path.exists(args.bench_exe):
-        sys.exit(f"cpu_train_bench: {args.bench_exe} not found; build the bench_train_cpu "
-                 "target first or pass --bench-exe")
+    for exe, needed in ((args.train_gpt, True), (args.harness_exe, args.harness)):
+        if needed and not os.path.exists(exe):
+            sys.exit(f"cpu_train_bench: {exe} not found; build it first "
+                     "(cmake --build build --target train_gpt bench_train_cpu)")
 
-    step = make_torch_step(args)
-    tokens = args.batch_size * args.block_size
+    first = run_train_gpt(args.threads[0], args)
+    if first["dropout"] != 0:
+        sys.exit(f"cpu_train_bench: recipe {first['recipe']} trains with dropout "
+                 f"{first['dropout']}; the PyTorch side here has none: use a dropout-free recipe")
+    step = make_torch_step(first)
+    tokens = first["B"] * first["T"]
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
-          f"torch {torch.__version__}; n_layer {args.n_layer}, n_head {args.n_head}, "
-          f"n_embd {args.n_embd}, block {args.block_size}, batch {args.batch_size}, "
-          f"vocab {args.vocab_size}, bias {bool(args.bias)}; median of {args.steps} steps "
-          f"per round, {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}", flush=True)
-    record = []
-    rows = []
+          f"torch {torch.__version__}, OpenBLAS default {OPENBLAS_DEFAULT} threads; recipe "
+          f"{first['recipe']}: {first['layers']} layers, {first['heads']} heads, "
+          f"{first['channels']} channels, block {first['block']}, vocab {first['vocab']}, "
+          f"bias {first['bias']}, B={first['B']}, T={first['T']}; {args.steps} steps per "
+          f"round and program, {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}",
+          flush=True)
+    record, rows = [], []
     for threads in args.threads:
-        torch_ms, ours_ms, ratios = [], [], []
+        cols = {"ours": [], "harness": [], "torch_default": [], "torch_best": []}
         for r in range(args.rounds):
-            blas_choices = [threads, 1] if threads > 1 and OPENBLAS is not None else [threads]
+            ours = run_train_gpt(threads, args)
+            if r == 0:
+                print(f"#   train_gpt --threads {threads}: {ours['threads_line']}", flush=True)
+            blas_choices = sorted({threads, 1} | ({OPENBLAS_DEFAULT} if OPENBLAS_DEFAULT else set()))
             by_blas = {n: time_torch(step, threads, n, args) for n in blas_choices}
-            t = min(by_blas.values())
-            o = time_ours(threads, args)
-            torch_ms.append(t)
-            ours_ms.append(o["ms_per_step"])
-            ratios.append(t / o["ms_per_step"])
-            record.append({"threads": threads, "round": r, "torch_ms": t,
-                           "torch_ms_by_openblas_threads": by_blas, "ours": o})
+            default = by_blas[OPENBLAS_DEFAULT] if OPENBLAS_DEFAULT else by_blas[threads]
+            best = min(by_blas.values())
+            harness = run_harness(threads, ours, args) if args.harness else None
+            cols["ours"].append(ours["ms"])
+            cols["torch_default"].append(default)
+            cols["torch_best"].append(best)
+            if harness:
+                cols["harness"].append(harness["ms_per_step"])
+            record.append({"threads": threads, "round": r, "train_gpt_ms": ours["ms"],
+                           "torch_ms_by_openblas_threads": by_blas, "harness": harness})
             detail = ", ".join(f"OpenBLAS {n}: {ms:.1f}" for n, ms in by_blas.items())
-            print(f"#   threads {threads} round {r}: torch {t:7.2f} ms ({detail}), ours "
-                  f"{o['ms_per_step']:7.2f} ms (fwd {o['forward_ms']:.1f}, bwd "
-                  f"{o['backward_ms']:.1f}, clip {o['clip_ms']:.2f}, adamw "
-                  f"{o['adamw_ms']:.2f}), ratio {t / o['ms_per_step']:.2f}", flush=True)
+            extra = f", bench_train_cpu {harness['ms_per_step']:.1f} ms" if harness else ""
+            print(f"#   threads {threads} round {r}: train_gpt {ours['ms']:7.2f} ms{extra}; "
+                  f"torch ({detail}) ms", flush=True)
         print(f"#   load average now {os.getloadavg()[0]:.2f}", flush=True)
-        rows.append((threads, statistics.median(torch_ms), statistics.median(ours_ms),
-                     statistics.median(ratios)))
+        rows.append((threads, {k: statistics.median(v) for k, v in cols.items() if v},
+                     statistics.median(t / o for t, o in zip(cols["torch_default"], cols["ours"])),
+                     statistics.median(t / o for t, o in zip(cols["torch_best"], cols["ours"]))))
 
     print()
-    print(f"| threads | PyTorch ms/step | PyTorch tokens/s | ours ms/step | ours tokens/s "
-          f"| speed-up (median of {args.rounds} round ratios) |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for threads, t, o, ratio in rows:
-        print(f"| {threads} | {t:.1f} | {tokens / t * 1000:.0f} | {o:.1f} | "
-              f"{tokens / o * 1000:.0f} | {ratio:.2f}x |")
+    head = "| threads | train_gpt ms/step | train_gpt tokens/s |"
+    if args.harness:
+        head += " bench_train_cpu ms/step |"
+    head += (" PyTorch default ms/step | PyTorch best ms/step | speed-up vs default | "
+             "speed-up vs best |")
+    print(head)
+    print("|" + "---:|" * (head.count("|") - 1))
+    for threads, med, vs_default, vs_best in rows:
+        line = f"| {threads} | {med['ours']:.1f} | {tokens / med['ours'] * 1000:.0f} |"
+        if args.harness:
+            line += f" {med['harness']:.1f} |"
+        line += (f" {med['torch_default']:.1f} | {med['torch_best']:.1f} | {vs_default:.2f}x | "
+                 f"{vs_best:.2f}x |")
+        print(line)
+    print(f"\n(speed-ups: medians over the {args.rounds} rounds of PyTorch's ms/step over "
+          "train_gpt's in the same round)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)

@@ -14,7 +14,8 @@ struct LessonOptions {
     std::filesystem::path figures;
 };
 
-/// Runs a lesson's body: parses `--figures DIR` and `--help`, and turns any exception into
+/// Runs a lesson's body: parses `--figures DIR`, `--threads N` (attn/threads.hpp),
+/// `--threads-info` and `--help`, and turns any exception into
 /// one line on stderr and exit status 1 (bad flags: status 2), so a learner never sees a
 /// crash or a stack of templates.
 ///

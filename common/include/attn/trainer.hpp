@@ -277,6 +277,7 @@ struct RunSummary {
     std::vector<StepRecord> steps;   ///< every step taken in this call
     std::vector<EvalRecord> evals;   ///< every evaluation made in this call
     double seconds = 0.0;            ///< wall time of the call
+    double step_seconds = 0.0;       ///< of which the training steps (no evaluation, no files)
 };
 
 /// Trains until max_iters or a stop request, evaluating at step 0, every eval_interval
