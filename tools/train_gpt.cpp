@@ -20,14 +20,17 @@
 
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <numeric>
 #include <optional>
 #include <sstream>
 #include <unistd.h>
+#include <vector>
 
 using namespace attn;
 namespace fs = std::filesystem;
@@ -95,16 +98,23 @@ CLI::Validator whole_number_at_least(long long least) {
 int bench(Trainer& trainer, int steps) {
     const TrainConfig& c = trainer.config();
     for (int i = 0; i < 3; ++i) trainer.train_step();  // warm-up: first-touch allocations
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < steps; ++i) trainer.train_step();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double ms = 1e3 * s / steps;
-    const double tokens = static_cast<double>(c.batch_size) * c.block_size * steps / s;
+    std::vector<double> ms(static_cast<std::size_t>(steps));
+    for (double& m : ms) {
+        const auto t0 = std::chrono::steady_clock::now();
+        trainer.train_step();
+        m = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    }
+    const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / steps;
+    std::sort(ms.begin(), ms.end());  // the median: one step delayed by another process moves it least
+    const double median = steps % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
+    const double tokens = static_cast<double>(c.batch_size) * c.block_size * 1e3 / median;
     std::printf("bench: recipe %s (%d layers, %d heads, %d channels, block %d, vocabulary %d, "
-                "bias %s, dropout %g), B=%d, T=%d, %d steps: %.1f ms/step, %.0f tokens/s\n",
+                "bias %s, dropout %g), B=%d, T=%d, %d steps: %.1f ms/step (median; mean %.1f), "
+                "%.0f tokens/s\n",
                 c.recipe.c_str(), c.n_layer, c.n_head, c.n_embd, c.block_size,
                 trainer.model().config().vocab_size, c.bias ? "on" : "off",
-                static_cast<double>(c.dropout), c.batch_size, c.block_size, steps, ms, tokens);
+                static_cast<double>(c.dropout), c.batch_size, c.block_size, steps, median, mean,
+                tokens);
     return 0;
 }
 
