@@ -56,6 +56,7 @@ struct Flags {
     bool tf32 = false;
     std::string attention = "materialised";
     bool no_causal_mask = false;
+    std::string position;  // empty: the recipe's (learned)
     int bench = 0;
     int threads = 0;  // 0: the library's policy (OMP_NUM_THREADS, else the CPUs)
     bool threads_info = false;
@@ -121,6 +122,14 @@ int bench(Trainer& trainer, int steps) {
 // --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one).
 void choose_device(Trainer& trainer, const Flags& f) {
     if (f.device == "cpu") return;
+    const Position position = trainer.model().config().position;
+    if (position != Position::learned) {  // the GPU model has wpe only (lesson 15)
+        const std::string why = std::string("the GPU model has learned positions only, this one ") +
+                                position_name(position);
+        if (f.device == "cuda") throw std::runtime_error("--device cuda: " + why);
+        std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
+        return;
+    }
 #if ATTN_HAVE_CUDA
     std::string why;
     if (cuda::device_available(&why)) {
@@ -153,6 +162,10 @@ int run(const Flags& f) {
         throw std::invalid_argument("--attention fused is the GPU's kernel (lesson 13): it needs "
                                     "--device cuda or auto");
     }
+    if (f.device == "cuda" && !f.position.empty() && f.position != "learned") {
+        throw std::invalid_argument("--device cuda: the GPU model has learned positions only, "
+                                    "not --position " + f.position + ": train it on the CPU");
+    }
     if (f.device == "cuda") {  // fail before any work when the GPU cannot be had
 #if ATTN_HAVE_CUDA
         std::string why;
@@ -175,6 +188,7 @@ int run(const Flags& f) {
     if (f.dropout) config.dropout = *f.dropout;
     if (f.seed) config.seed = *f.seed;
     if (f.no_causal_mask) config.causal = false;
+    if (!f.position.empty()) config.position = parse_position(f.position);
     config.validate();
 
     const fs::path corpus = corpus_of(f);
@@ -227,6 +241,7 @@ int run(const Flags& f) {
               << trainer->data().val.size() << " val tokens\n"
               << "model: " << c.n_layer << " layers, " << c.n_head << " heads, " << c.n_embd
               << " channels, block " << c.block_size << (c.causal ? ", " : ", NO causal mask, ")
+              << (c.position == Position::learned ? "" : std::string(position_name(c.position)) + ", ")
               << trainer->model().config().num_parameters() << " parameters; batch " << c.batch_size
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
@@ -305,6 +320,10 @@ int main(int argc, char** argv) {
         ->excludes(resume);
     app.add_flag("--no-causal-mask", f.no_causal_mask,
                  "train without the causal mask: every position sees the future (lesson 08)")
+        ->excludes(resume)->excludes(init);
+    app.add_option("--position", f.position,
+                   "where position enters: learned (the default, nanoGPT's), rope or alibi (lesson 15)")
+        ->check(CLI::IsMember({"learned", "rope", "alibi"}))
         ->excludes(resume)->excludes(init);
     app.add_option("--dump-grads", f.dump_grads,
                    "write one step's gradients on the first batch (and the weights and batch) and exit")

@@ -252,6 +252,11 @@ struct CudaGPT::Impl {
 CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t seed)
     : impl_(std::make_unique<Impl>()), config_(model.config()),
       num_parameters_(model.parameters().size()) {
+    if (config_.position != Position::learned) {
+        throw std::invalid_argument(std::string("CudaGPT: the GPU model has learned positions "
+                                                "only; this model's are ") +
+                                    position_name(config_.position) + ": train it on the CPU");
+    }
     std::string why;
     if (!device_available(&why)) throw std::runtime_error("CudaGPT: no usable CUDA device (" + why + ")");
     Impl& d = *impl_;

@@ -18,6 +18,9 @@ using std::size_t;
 
 // The cache must have been made for this model: same layers, heads and head size.
 void require_fits(const KVCache& cache, const GPTConfig& config, const char* who) {
+    require(config.position == Position::learned,
+            std::string(who) + ": the cache supports learned positions only, this model has " +
+                position_name(config.position) + ": generate without the cache");
     require(config.causal, std::string(who) +
                                ": the model is not causal, so an earlier position's key and value "
                                "would change with every new token and cannot be cached");

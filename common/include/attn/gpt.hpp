@@ -2,7 +2,8 @@
 /// @brief nanoGPT's GPT language model on the CPU: parameters in one flat buffer, activations
 /// preallocated, forward and hand-written backward pass, AdamW and gradient clipping.
 ///
-/// The model: token + learned position embeddings; n_layer pre-norm blocks, each
+/// The model: token + learned position embeddings (or, by GPTConfig::position, rotary
+/// embeddings or ALiBi inside attention instead); n_layer pre-norm blocks, each
 /// `x = x + attn(ln_1(x))`, `x = x + mlp(ln_2(x))` with causal multi-head attention (fused
 /// `c_attn` (3C, C), output projection `c_proj` (C, C)) and an MLP (`c_fc` (4C, C), exact
 /// GELU, `c_proj` (C, 4C)); a final LayerNorm; the LM head shares its weight with `wte`.
@@ -18,6 +19,22 @@
 
 namespace attn {
 
+/// Where the model learns the order of its tokens.
+enum class Position {
+    learned,  ///< nanoGPT's learned absolute embedding `wpe` (block_size, C), added to `wte`
+    rope,     ///< rotary embeddings (Su et al. 2021): q and k rotated by position; no `wpe`
+    alibi,    ///< ALiBi (Press et al. 2021): a per-head bias m·(j − i) on the scores; no `wpe`
+};
+
+/// The scheme's name as `train_gpt --position` and `config.json` spell it.
+/// @param p the scheme @return "learned", "rope" or "alibi"
+const char* position_name(Position p);
+
+/// The scheme of a name: "learned", "rope" or "alibi".
+/// @param name the name @return the scheme
+/// @throws std::invalid_argument for any other name, listing the three
+Position parse_position(const std::string& name);
+
 /// The model's sizes, with nanoGPT's names.
 struct GPTConfig {
     int vocab_size = 65;   ///< V, the number of token ids
@@ -28,6 +45,9 @@ struct GPTConfig {
     float dropout = 0.0f;  ///< dropout probability in training mode, in [0, 1)
     bool bias = true;      ///< whether the Linear layers and LayerNorms have biases
     bool causal = true;    ///< whether attention is causally masked (false: to see why it must be)
+    /// Where position enters: learned (nanoGPT's `wpe`, T ≤ block_size) or rope / alibi (no
+    /// `wpe`; any T, block_size is then only the training context)
+    Position position = Position::learned;
 
     /// Throws std::invalid_argument naming the first size that is not usable.
     void validate() const;
@@ -49,7 +69,7 @@ struct ParameterInfo {
 /// model has none (GPTConfig::bias false).
 struct ParameterTensors {
     float* wte = nullptr;       ///< (V, C) token embedding, also the LM head
-    float* wpe = nullptr;       ///< (block_size, C) position embedding
+    float* wpe = nullptr;       ///< (block_size, C) position embedding; nullptr unless learned
     float* ln1w = nullptr;      ///< (L, C)
     float* ln1b = nullptr;      ///< (L, C)
     float* qkvw = nullptr;      ///< (L, 3C, C) `attn.c_attn.weight`
@@ -139,7 +159,8 @@ public:
     /// @param inputs (B, T) token ids in [0, V)
     /// @param targets (B, T) the next tokens, or nullptr to compute the logits only
     /// @param B batch size
-    /// @param T sequence length, 1 ≤ T ≤ block_size
+    /// @param T sequence length, 1 ≤ T ≤ block_size with learned positions, any T ≥ 1 with
+    ///        rope or alibi
     /// @return the mean cross-entropy over B·T positions, or NaN when targets is nullptr
     float forward(const int* inputs, const int* targets, int B, int T);
 
@@ -203,6 +224,7 @@ private:
     std::vector<int> inputs_;   // (B, T) of the last forward call
     std::vector<int> targets_;  // (B, T) of the last forward call
     Rng dropout_rng_;
+    std::vector<float> alibi_slopes_;  // (NH) with Position::alibi, else empty
     int B_ = 0, T_ = 0;
     bool training_ = true;
     bool has_targets_ = false;

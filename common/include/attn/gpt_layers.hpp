@@ -15,6 +15,8 @@
 
 #include "attn/random.hpp"
 
+#include <vector>
+
 namespace attn {
 
 /// Token plus position embedding: `out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]`.
@@ -92,9 +94,12 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 /// @param rng the source of the dropout mask; unused (may be nullptr) when dropout_p is 0
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
 /// @param causal false attends to every position, future ones included (no mask)
+/// @param alibi_slopes (NH) ALiBi's slope m per head: `m·(j − i)` is added to the score of
+///        query i and key j before the softmax; nullptr for none. The bias is a constant, so
+///        attention_backward needs no change for it.
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, Rng* rng, int B, int T, int C, int NH,
-                       bool causal = true);
+                       bool causal = true, const float* alibi_slopes = nullptr);
 
 /// Backward of attention_forward.
 /// @param dqkv (B, T, 3C) accumulated
@@ -110,6 +115,40 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const float* att_dropped, float dropout_p, int B,
                         int T, int C, int NH, bool causal = true);
+
+/// ALiBi's slopes for NH heads (Press et al. 2021, "Train Short, Test Long"): for NH a power
+/// of two, the geometric sequence `m_h = 2^(−8(h+1)/NH)`, h = 0 … NH−1 (1/2, 1/4, … for 8
+/// heads); otherwise the slopes of the power of two n below NH, then every other slope of 2n
+/// heads, as the paper's code does.
+/// @param NH heads, at least 1
+/// @return (NH) the slopes, largest first
+std::vector<float> alibi_slopes(int NH);
+
+/// The rotation angle of RoPE's channel pair i at position `pos`: `pos · base^(−2i/hs)`
+/// (Su et al. 2021), computed in double.
+/// @param pos the position  @param i the pair, 0 ≤ i < hs/2  @param hs head size
+/// @param base 10000 in RoFormer and Llama
+/// @return the angle in radians
+double rope_angle(int pos, int i, int hs, double base = 10000.0);
+
+/// Rotary position embedding, in place on the q and k parts of `qkv`: in every head, the
+/// channel pairs (2i, 2i+1) of q and k at position p = pos0 + t are rotated by the angle
+/// rope_angle(p, i, hs): `(x₀, x₁) ← (x₀·cos − x₁·sin, x₀·sin + x₁·cos)`. v is unchanged.
+/// Then `q_i·k_j` depends on the positions only through i − j. Llama and GPT-NeoX pair
+/// channel i with i + hs/2 instead: the same rotation with the channels permuted.
+/// @param qkv (B, T, 3C) changed in place
+/// @param B batch size  @param T sequence length  @param C channels  @param NH heads
+///        (the head size hs = C/NH must be even)
+/// @param pos0 the position of the first token (0 in training)
+void rope_forward(float* qkv, int B, int T, int C, int NH, int pos0 = 0);
+
+/// Backward of rope_forward, in place: a rotation's transpose is the rotation by −angle, so
+/// `(d₀, d₁) ← (d₀·cos + d₁·sin, −d₀·sin + d₁·cos)` on the q and k parts of `dqkv`.
+/// @param dqkv (B, T, 3C) the gradient with respect to the rotated q and k on entry, to
+///        the unrotated ones on exit
+/// @param B batch size  @param T sequence length  @param C channels  @param NH heads
+/// @param pos0 as given to rope_forward
+void rope_backward(float* dqkv, int B, int T, int C, int NH, int pos0 = 0);
 
 /// Exact GELU, as `torch.nn.GELU()`: `out = ½·x·(1 + erf(x/√2))`.
 /// @param out (N) @param inp (N) @param N number of elements

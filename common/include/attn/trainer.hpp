@@ -39,6 +39,7 @@ struct TrainConfig {
     /// The causal mask; false lets every position see the whole window, future included
     /// (the model then "cheats": low training loss, useless generation).
     bool causal = true;
+    Position position = Position::learned;  ///< where position enters (gpt.hpp's Position)
     // The optimisation.
     int batch_size = 12;                ///< B, sequences per step
     std::int64_t max_iters = 2000;      ///< steps in the whole run

@@ -64,6 +64,7 @@ void save_checkpoint(const fs::path& dir, const GPT& model, const CheckpointInfo
               {"vocab", info.vocab},
               {"step", info.step}};
     if (!c.causal) j["causal"] = false;  // only then: nanoGPT's config has no such key
+    if (c.position != Position::learned) j["position"] = position_name(c.position);  // likewise
     const fs::path config_file = dir / "config.json";
     std::ofstream out(config_file);
     out << j.dump(2) << "\n";
@@ -102,6 +103,9 @@ GPTConfig load_config(const fs::path& dir, CheckpointInfo* info) {
     c.bias = j.contains("bias") ? config_field<bool>(j, "bias", file) : true;
     c.causal = j.contains("causal") ? config_field<bool>(j, "causal", file) : true;
     try {
+        // absent: nanoGPT's learned positions
+        if (j.contains("position"))
+            c.position = parse_position(config_field<std::string>(j, "position", file));
         c.validate();
     } catch (const std::invalid_argument& e) {
         throw CheckpointError(file.string() + ": " + e.what());

@@ -3,6 +3,7 @@
 #include "attn/gpt_layers.hpp"
 
 #include "attn/fast_math.hpp"
+#include "attn/tensor.hpp"
 #include "../simd_clones.hpp"
 
 #include <cblas.h>
@@ -11,6 +12,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstring>
+#include <string>
 
 namespace attn {
 
@@ -25,6 +27,10 @@ void encoder_forward(float* out, const int* inp, const float* wte, const float* 
         for (int t = 0; t < T; ++t) {
             float* out_bt = out + (static_cast<size_t>(b) * T + t) * C;  // (C)
             const float* wte_ix = wte + static_cast<size_t>(inp[b * T + t]) * C;
+            if (!wpe) {  // no position embedding (rope, alibi)
+                std::copy(wte_ix, wte_ix + C, out_bt);
+                continue;
+            }
             const float* wpe_t = wpe + static_cast<size_t>(t) * C;
             for (int i = 0; i < C; ++i) out_bt[i] = wte_ix[i] + wpe_t[i];
         }
@@ -37,12 +43,11 @@ void encoder_backward(float* dwte, float* dwpe, const float* dout, const int* in
         for (int t = 0; t < T; ++t) {
             const float* dout_bt = dout + (static_cast<size_t>(b) * T + t) * C;
             float* dwte_ix = dwte + static_cast<size_t>(inp[b * T + t]) * C;
-            float* dwpe_t = dwpe + static_cast<size_t>(t) * C;
             // forward: out_bt[i] = wte_ix[i] + wpe_t[i]
-            for (int i = 0; i < C; ++i) {
-                dwte_ix[i] += dout_bt[i];
-                dwpe_t[i] += dout_bt[i];
-            }
+            for (int i = 0; i < C; ++i) dwte_ix[i] += dout_bt[i];
+            if (!dwpe) continue;
+            float* dwpe_t = dwpe + static_cast<size_t>(t) * C;
+            for (int i = 0; i < C; ++i) dwpe_t[i] += dout_bt[i];
         }
     }
 }
@@ -133,7 +138,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 
 ATTN_SIMD_CLONES
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
-                       float dropout_p, Rng* rng, int B, int T, int C, int NH, bool causal) {
+                       float dropout_p, Rng* rng, int B, int T, int C, int NH, bool causal,
+                       const float* alibi_slopes) {
     const int hs = C / NH;
     const int C3 = 3 * C;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -149,6 +155,14 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
             // scores (T, T) = q · kᵀ / √hs; the entries above the diagonal are overwritten below
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3,
                         0.0f, a, T);
+            // ALiBi: scores[t, j] += m·(j − t), a penalty growing with the distance
+            if (alibi_slopes) {
+                const float m = alibi_slopes[h];
+                for (int t = 0; t < T; ++t) {
+                    float* row = a + static_cast<size_t>(t) * T;
+                    for (int j = 0; j < T; ++j) row[j] += m * static_cast<float>(j - t);
+                }
+            }
             // causal mask and softmax: row t attends to positions 0..t only
             for (int t = 0; t < T; ++t) {
                 float* row = a + static_cast<size_t>(t) * T;
@@ -239,6 +253,65 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                         1.0f, dk, C3);
         }
     }
+}
+
+std::vector<float> alibi_slopes(int NH) {
+    require(NH >= 1, "alibi_slopes: NH must be at least 1, got " + std::to_string(NH));
+    // the slopes of n heads, n a power of two: start^1, start^2, …, start = 2^(−8/n)
+    auto power_of_two = [](int n) {
+        std::vector<float> m(static_cast<size_t>(n));
+        for (int h = 0; h < n; ++h) m[h] = static_cast<float>(std::exp2(-8.0 * (h + 1) / n));
+        return m;
+    };
+    int n = 1;
+    while (2 * n <= NH) n *= 2;
+    std::vector<float> m = power_of_two(n);
+    const std::vector<float> twice = power_of_two(2 * n);
+    for (int h = 0; static_cast<int>(m.size()) < NH; h += 2) m.push_back(twice[h]);
+    return m;
+}
+
+double rope_angle(int pos, int i, int hs, double base) {
+    return static_cast<double>(pos) * std::pow(base, -2.0 * i / hs);
+}
+
+namespace {
+// Rotates every pair (2i, 2i+1) of q and k by sign·angle(pos0 + t, i), in place.
+void rope_rotate(float* qkv, int B, int T, int C, int NH, int pos0, float sign) {
+    require(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0,
+            "rope: the head size C/NH must be even, got C " + std::to_string(C) + " and NH " +
+                std::to_string(NH));
+    const int hs = C / NH;
+    const size_t C3 = 3 * static_cast<size_t>(C);
+    for (int t = 0; t < T; ++t) {
+        for (int i = 0; i < hs / 2; ++i) {
+            const double angle = rope_angle(pos0 + t, i, hs);
+            const float c = static_cast<float>(std::cos(angle));
+            const float s = sign * static_cast<float>(std::sin(angle));
+            for (int b = 0; b < B; ++b) {
+                float* row = qkv + (static_cast<size_t>(b) * T + t) * C3;  // (3C)
+                // q is channels [0, C), k is [C, 2C); head h's pair i at h·hs + 2i
+                for (int part = 0; part < 2; ++part) {
+                    for (int h = 0; h < NH; ++h) {
+                        float* x = row + part * C + h * hs + 2 * i;
+                        const float x0 = x[0], x1 = x[1];
+                        x[0] = x0 * c - x1 * s;
+                        x[1] = x0 * s + x1 * c;
+                    }
+                }
+            }
+        }
+    }
+}
+}  // namespace
+
+void rope_forward(float* qkv, int B, int T, int C, int NH, int pos0) {
+    rope_rotate(qkv, B, T, C, NH, pos0, 1.0f);
+}
+
+void rope_backward(float* dqkv, int B, int T, int C, int NH, int pos0) {
+    // forward: y = R(angle)·x, so dx = R(angle)ᵀ·dy = R(−angle)·dy
+    rope_rotate(dqkv, B, T, C, NH, pos0, -1.0f);
 }
 
 // GELU's erf and exp are the branch-free ones of fast_math.hpp, so these loops vectorise:

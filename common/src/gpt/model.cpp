@@ -42,6 +42,23 @@ ParameterTensors shifted(const ParameterTensors& p, const float* from, float* to
 }
 }  // namespace
 
+const char* position_name(Position p) {
+    switch (p) {
+        case Position::rope: return "rope";
+        case Position::alibi: return "alibi";
+        case Position::learned: break;
+    }
+    return "learned";
+}
+
+Position parse_position(const std::string& name) {
+    if (name == "learned") return Position::learned;
+    if (name == "rope") return Position::rope;
+    if (name == "alibi") return Position::alibi;
+    throw std::invalid_argument("unknown position scheme '" + name +
+                                "' (the schemes are: learned, rope, alibi)");
+}
+
 void GPTConfig::validate() const {
     require(vocab_size > 0,
             "GPT config: vocab_size must be positive, got " + std::to_string(vocab_size));
@@ -54,13 +71,17 @@ void GPTConfig::validate() const {
                 std::to_string(n_embd) + " and n_head " + std::to_string(n_head));
     require(dropout >= 0.0f && dropout < 1.0f,
             "GPT config: dropout must be in [0, 1), got " + std::to_string(dropout));
+    require(position != Position::rope || (n_embd / n_head) % 2 == 0,
+            "GPT config: rope rotates pairs of channels, so the head size n_embd/n_head must be "
+            "even, got " + std::to_string(n_embd / n_head));
 }
 
 std::size_t GPTConfig::num_parameters() const {
     const size_t V = vocab_size, C = n_embd, L = n_layer, Tb = block_size;
     size_t per_layer = 2 * C + 3 * C * C + C * C + 2 * C + 4 * C * C + 4 * C * C;
     if (bias) per_layer += 3 * C + C + 4 * C + C;
-    return V * C + Tb * C + L * per_layer + C + (bias ? C : 0);
+    const size_t wpe = position == Position::learned ? Tb * C : 0;
+    return V * C + wpe + L * per_layer + C + (bias ? C : 0);
 }
 
 GPT::GPT(const GPTConfig& config, std::uint64_t seed)
@@ -80,7 +101,8 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
     };
     const std::vector<Kind> embeddings = {
         {"transformer.wte.weight", &ParameterTensors::wte, {V, C}, true},
-        {"transformer.wpe.weight", &ParameterTensors::wpe, {Tb, C}, true}};
+        {"transformer.wpe.weight", &ParameterTensors::wpe, {Tb, C},
+         config_.position == Position::learned}};
     const std::vector<Kind> per_layer = {
         {"ln_1.weight", &ParameterTensors::ln1w, {C}, true},
         {"ln_1.bias", &ParameterTensors::ln1b, {C}, bias},
@@ -127,8 +149,9 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
     auto add = [&](const std::string& name, const Kind& k, size_t offset) {
         table_.push_back({name, k.shape, offset, product(k.shape), k.shape.size() >= 2});
     };
-    for (size_t i = 0; i < embeddings.size(); ++i)
-        add(embeddings[i].suffix, embeddings[i], placed[i].offset);
+    for (size_t i = 0; i < embeddings.size(); ++i) {
+        if (embeddings[i].present) add(embeddings[i].suffix, embeddings[i], placed[i].offset);
+    }
     for (size_t l = 0; l < L; ++l) {
         for (size_t i = 0; i < per_layer.size(); ++i) {
             const Kind& k = per_layer[i];
@@ -161,6 +184,7 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
         const float stddev = residual ? std_residual : 0.02f;
         for (size_t i = 0; i < p.size; ++i) w[i] = stddev * rng.normal();
     }
+    if (config_.position == Position::alibi) alibi_slopes_ = alibi_slopes(config_.n_head);
 }
 
 void GPT::allocate_activations(int B, int T) {
@@ -227,9 +251,13 @@ float GPT::forward(const std::vector<int>& inputs, const std::vector<int>& targe
 float GPT::forward(const int* inputs, const int* targets, int B, int T) {
     const int V = config_.vocab_size;
     require(B > 0, "GPT::forward: B must be positive, got " + std::to_string(B));
-    require(T > 0 && T <= config_.block_size,
-            "GPT::forward: T must be in [1, block_size = " + std::to_string(config_.block_size) +
-                "], got " + std::to_string(T));
+    require(T > 0, "GPT::forward: T must be positive, got " + std::to_string(T));
+    // Only a learned embedding has a last row; rope and alibi compute any position.
+    require(T <= config_.block_size || config_.position != Position::learned,
+            "GPT::forward: a model with learned positions has embeddings for positions 0 to " +
+                std::to_string(config_.block_size - 1) + " only (block_size " +
+                std::to_string(config_.block_size) + "), so T = " + std::to_string(T) +
+                " is too long; rope and alibi models can read longer contexts");
     const size_t BT = static_cast<size_t>(B) * T;
     for (size_t i = 0; i < BT; ++i) {
         require(inputs[i] >= 0 && inputs[i] < V,
@@ -282,7 +310,7 @@ void GPT::forward_slice(int b0, int B) {
     const int N = B * T;  // rows of the slice
     const int* inputs = inputs_.data() + row0;
 
-    // x = drop(wte[idx] + wpe[pos])                                     (B, T, C)
+    // x = drop(wte[idx] + wpe[pos]), or drop(wte[idx]) without wpe       (B, T, C)
     float* encoded = a.encoded.data() + row0 * C;
     encoder_forward(encoded, inputs, p.wte, p.wpe, B, T, C);
     if (dropout)
@@ -311,8 +339,10 @@ void GPT::forward_slice(int b0, int B) {
                           p.ln1w + lc, p.ln1b ? p.ln1b + lc : nullptr, B, T, C);
         matmul_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C,
                        3 * C);
+        if (config_.position == Position::rope) rope_forward(qkv, B, T, C, NH);
         attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &dropout_rng_, B, T,
-                          C, NH, config_.causal);
+                          C, NH, config_.causal,
+                          alibi_slopes_.empty() ? nullptr : alibi_slopes_.data());
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
         if (dropout)
@@ -476,6 +506,8 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
         clear(dqkv, 3 * NC);
         attention_backward(dqkv, datt, datty, qkv, att, att_dropped, pdrop, B, T, C, NH,
                            config_.causal);
+        // qkv = rope(qkv) (the activation holds the rotated q and k that attention read)
+        if (config_.position == Position::rope) rope_backward(dqkv, B, T, C, NH);
         // qkv = ln1 · c_attnᵀ + b
         clear(dln, NC);
         matmul_backward(dln, g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr, dqkv, ln1,
@@ -486,7 +518,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
                            T, C);
     }
 
-    // encoded = drop(wte[idx] + wpe[pos])
+    // encoded = drop(wte[idx] + wpe[pos]) (g.wpe is nullptr without learned positions)
     if (dropout) dropout_backward(dresidual, a.encoded_mask.data() + row0 * C, N * C);
     // The inputs were not kept: the token ids are needed to scatter into wte.
     encoder_backward(g.wte, g.wpe, dresidual, inputs_.data() + row0, B, T, C);
