@@ -13,13 +13,14 @@ int run_lesson(int argc, char** argv, const std::string& title,
                const std::function<void(const LessonOptions&)>& body) {
     const std::string program = std::filesystem::path(argv[0]).filename().string();
     LessonOptions options;
-    const std::string usage = "usage: " + program + " [--figures DIR] [--threads N] [--threads-info]";
+    const std::string usage = "usage: " + program + " [--figures DIR] [--full] [--threads N] [--threads-info]";
     bool threads_info = false;
     for (int i = 1; i < argc; ++i) {
         const std::string_view arg = argv[i];
         if (arg == "--help" || arg == "-h") {
             std::cout << title << "\n\n" << usage << "\n"
                       << "  --figures DIR   also write the lesson's pictures (PNG) into DIR\n"
+                      << "  --full          the full experiment, where the lesson runs a short one\n"
                       << "  --threads N     CPU threads for the library (default: OMP_NUM_THREADS,\n"
                       << "                  else every CPU this process may use)\n"
                       << "  --threads-info  print the thread settings in force and exit\n";
@@ -36,6 +37,8 @@ int run_lesson(int argc, char** argv, const std::string& title,
                 return 2;
             }
             set_num_threads(static_cast<int>(n), "--threads");
+        } else if (arg == "--full") {
+            options.full = true;
         } else if (arg == "--threads-info") {
             threads_info = true;
         } else {

@@ -12,6 +12,8 @@ namespace attn {
 struct LessonOptions {
     /// Where the lesson writes its pictures (PNG); empty when none were asked for.
     std::filesystem::path figures;
+    /// `--full`: run the full experiment where a lesson runs a shorter one by default.
+    bool full = false;
 };
 
 /// Runs a lesson's body: parses `--figures DIR`, `--threads N` (attn/threads.hpp),

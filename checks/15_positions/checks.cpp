@@ -1,0 +1,98 @@
+// Checks for exercise 15: RoPE's rotation and its backward.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/npy.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xview.hpp>
+
+#include <filesystem>
+#include <stdexcept>
+
+using attn::Tensor2;
+using exercise::rope_rotate;
+using exercise::rope_rotate_backward;
+
+namespace {
+// One rotation computed by PyTorch (tools/reference/make_position_fixtures.py): x (5, 8) at
+// positions 3..7, its rotation, and the gradient of sum(rotation * dy) by autograd.
+const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "positions" / "rotation";
+constexpr int fixture_pos0 = 3;
+
+float sum_of_products(const Tensor2& a, const Tensor2& b) {
+    float s = 0.0f;
+    for (std::size_t i = 0; i < a.size(); ++i) s += a.flat(i) * b.flat(i);
+    return s;
+}
+}  // namespace
+
+TEST_CASE("at position 0 every angle is 0, so nothing moves, forward or backward") {
+    const Tensor2 x = {{0.5f, -1.0f, 2.0f, 3.0f}};
+    CHECK_CLOSE(rope_rotate(x, 0), x, 0.0);
+    CHECK_CLOSE(rope_rotate_backward(x, 0), x, 0.0);
+}
+
+TEST_CASE("two rows rotated as worked by hand, the pairs adjacent") {
+    // hs = 4: pair 0 turns by p radians, pair 1 by p · 10000^(−2/4) = p / 100.
+    // Row 0 at position 1: (1, 0) by 1 rad → (cos 1, sin 1) = (0.5403023, 0.8414710);
+    //                      (0, 1) by 0.01 → (−sin 0.01, cos 0.01) = (−0.0099998, 0.9999500).
+    // Row 1 at position 2: (0, 1) by 2 rad → (−sin 2, cos 2) = (−0.9092974, −0.4161468);
+    //                      (1, 0) by 0.02 → (cos 0.02, sin 0.02) = (0.9998000, 0.0199987).
+    const Tensor2 x = {{1, 0, 0, 1}, {0, 1, 1, 0}};
+    const Tensor2 expected = {{0.5403023f, 0.8414710f, -0.0099998f, 0.9999500f},
+                              {-0.9092974f, -0.4161468f, 0.9998000f, 0.0199987f}};
+    CHECK_CLOSE(rope_rotate(x, 1), expected, 1e-6);  // values given to 7 digits
+}
+
+TEST_CASE("the backward pass of one row, worked by hand, turns the other way") {
+    // dy = (1, 0, 0, 1) at position 1: pair 0 by −1 rad → (cos 1, −sin 1); pair 1 (0, 1) by
+    // −0.01 → (sin 0.01, cos 0.01).
+    const Tensor2 dy = {{1, 0, 0, 1}};
+    const Tensor2 expected = {{0.5403023f, -0.8414710f, 0.0099998f, 0.9999500f}};
+    CHECK_CLOSE(rope_rotate_backward(dy, 1), expected, 1e-6);
+}
+
+TEST_CASE("rope_rotate matches PyTorch's rotation at positions 3 to 7") {
+    const Tensor2 x = attn::load_npy<2>(fixtures / "x.npy");
+    // float32 on both sides, angles from double: a few ulps of values of size ~1
+    CHECK_CLOSE(rope_rotate(x, fixture_pos0), attn::load_npy<2>(fixtures / "rotated.npy"), 1e-5);
+}
+
+TEST_CASE("rope_rotate_backward matches PyTorch's autograd at positions 3 to 7") {
+    const Tensor2 dy = attn::load_npy<2>(fixtures / "dy.npy");
+    CHECK_CLOSE(rope_rotate_backward(dy, fixture_pos0), attn::load_npy<2>(fixtures / "dx.npy"),
+                1e-5);
+}
+
+TEST_CASE("the backward pass is the forward's transpose: sum(dy * R x) = sum(Rᵀ dy * x)") {
+    attn::Rng rng(15);
+    const Tensor2 x = rng.normal_tensor<2>({7, 16}), dy = rng.normal_tensor<2>({7, 16});
+    const float forward_side = sum_of_products(dy, rope_rotate(x, 5));
+    const float backward_side = sum_of_products(rope_rotate_backward(dy, 5), x);
+    // sums of 112 products of size ~1 in float: rounding ~1e-5; a wrong sign is off by O(1)
+    CHECK(backward_side == doctest::Approx(forward_side).epsilon(1e-4));
+    // and the rotation keeps each vector's length
+    CHECK(sum_of_products(rope_rotate(x, 5), rope_rotate(x, 5)) ==
+          doctest::Approx(sum_of_products(x, x)).epsilon(1e-5));
+}
+
+TEST_CASE("a query and a key score the same when both move by the same offset") {
+    attn::Rng rng(3);
+    const Tensor2 q = rng.normal_tensor<2>({1, 8}), k = rng.normal_tensor<2>({1, 8});
+    // q at position 9, k at 4: offset 5. Then both moved by 20.
+    const float near = sum_of_products(rope_rotate(q, 9), rope_rotate(k, 4));
+    const float far = sum_of_products(rope_rotate(q, 29), rope_rotate(k, 24));
+    CHECK(far == doctest::Approx(near).epsilon(1e-5));
+    // a different offset gives a different score
+    CHECK(sum_of_products(rope_rotate(q, 9), rope_rotate(k, 6)) != doctest::Approx(near).epsilon(1e-3));
+}
+
+TEST_CASE("an odd head size or a negative position throws std::invalid_argument") {
+    const Tensor2 odd = xt::zeros<float>({2, 3}), even = xt::zeros<float>({2, 4});
+    CHECK_THROWS_AS(rope_rotate(odd, 0), std::invalid_argument);
+    CHECK_THROWS_AS(rope_rotate(even, -1), std::invalid_argument);
+    CHECK_THROWS_AS(rope_rotate_backward(odd, 0), std::invalid_argument);
+    CHECK_THROWS_AS(rope_rotate_backward(even, -1), std::invalid_argument);
+}
