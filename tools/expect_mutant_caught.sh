@@ -16,8 +16,14 @@ if [ $status = 0 ]; then
 fi
 if [ $status -gt 128 ]; then
   echo "caught (crash, signal $((status - 128))): $mistake"
-else
-  failed=$(printf '%s\n' "$output" | sed -n 's/^\[doctest\] test cases:.*| *\([0-9]*\) failed.*/\1/p')
-  echo "caught by ${failed:-some} failing check(s): $mistake"
+  exit 0
 fi
-exit 0
+failed=$(printf '%s\n' "$output" | sed -n 's/^\[doctest\] test cases:.*| *\([0-9]*\) failed.*/\1/p')
+if [ "${failed:-0}" -gt 0 ]; then
+  echo "caught by $failed failing check(s): $mistake"
+  exit 0
+fi
+# Not a check's verdict (the program did not start, or doctest refused its arguments).
+printf '%s\n' "$output" | tail -5
+echo "$program exited with status $status without a failing check"
+exit 1
