@@ -16,3 +16,11 @@ if(ATTN_SANITIZE)
                       -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
 endif()
+
+# xtensor's own checks (indices in bounds, shapes named in broadcast errors), for the
+# learner's debug checks (./workbook check NN --debug); every target, so that no two
+# translation units see different definitions of xtensor's inline functions.
+option(ATTN_XTENSOR_ASSERT "Build with xtensor's assertions (XTENSOR_ENABLE_ASSERT)" OFF)
+if(ATTN_XTENSOR_ASSERT)
+  add_compile_definitions(XTENSOR_ENABLE_ASSERT)
+endif()

@@ -54,6 +54,21 @@ TEST_CASE("attention of a small example matches values worked by hand") {
                                static_cast<float>(10 / (e + 1))}}), 1e-5);
 }
 
+TEST_CASE("a scale can be given with nullptr for the weights, with or without a mask") {
+    // Scores q·k are 2 and 0; at scale 0.5 they are 1 and 0, as in the example above.
+    Tensor2 q = {{2, 0, 0, 0}};
+    Tensor2 k = {{1, 0, 0, 0}, {0, 1, 0, 0}};
+    Tensor2 v = {{10, 0}, {0, 10}};
+    const double e = std::exp(1.0);
+    const Tensor2 expected = {{static_cast<float>(10 * e / (e + 1)), static_cast<float>(10 / (e + 1))}};
+    CHECK_CLOSE(scaled_dot_product_attention(q, k, v, {}, nullptr, 0.5f), expected, 1e-5);
+    const Mask<2> all = xt::ones<bool>({1, 2});
+    CHECK_CLOSE(scaled_dot_product_attention(q, k, v, all, nullptr, 0.5f), expected, 1e-5);
+    // The mask hides key 1: all weight goes to value 0 at any scale.
+    const Mask<2> first = {{true, false}};
+    CHECK_CLOSE(scaled_dot_product_attention(q, k, v, first, nullptr, 3.0f), Tensor2({{10, 0}}), 0.0);
+}
+
 TEST_CASE("attention matches PyTorch with 0 to 3 batch axes and masks and T_q != T_k") {
     check_against_pytorch<2>("d2_plain", false);
     check_against_pytorch<3>("d3_tq_ne_tk", false);

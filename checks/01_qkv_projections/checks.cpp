@@ -18,6 +18,8 @@ TEST_CASE("projections of a small input match values worked by hand") {
     Tensor2 w_query = {{1, 0, 0}, {0, 1, 0}};  // keeps the first two channels
     Tensor2 w_key = {{1, 1, 1}, {0, 0, 1}};    // sum of channels, last channel
     Tensor2 w_value = {{2, 0, 0}};             // twice the first channel (hs_v = 1)
+    INFO("q = x·W_qᵀ keeps channels 0 and 1: [1, 0], [0, 1]; k = x·W_kᵀ is (sum, last): "
+         "[3, 2], [0, -1]; v = x·W_vᵀ is twice channel 0: [2], [0]");
     const auto qkv = project_qkv(x, w_query, w_key, w_value);
     CHECK_CLOSE(qkv.q, Tensor3({{{1, 0}, {0, 1}}}), 1e-6);
     CHECK_CLOSE(qkv.k, Tensor3({{{3, 2}, {0, -1}}}), 1e-6);

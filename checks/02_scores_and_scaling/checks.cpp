@@ -19,6 +19,7 @@ TEST_CASE("scores of a small input match values worked by hand") {
     Tensor3 k = {{{1, 1}, {2, 0}, {0, 3}}};
     // q0·k = (1, 2, 0), q1·k = (1, 0, 3).
     const Tensor3 expected = Tensor3({{{1, 2, 0}, {1, 0, 3}}}) / std::sqrt(2.0f);
+    INFO("q0·k = (1, 2, 0) and q1·k = (1, 0, 3), each divided by √hs = √2");
     CHECK_CLOSE(scaled_scores(q, k), expected, 1e-6);
 }
 

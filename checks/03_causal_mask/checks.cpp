@@ -83,5 +83,10 @@ TEST_CASE("bad input is rejected with std::invalid_argument") {
                         std::invalid_argument);
         CHECK_THROWS_AS(exercise::masked_fill(scores, Mask<2>(xt::ones<bool>({3, 2}))),
                         std::invalid_argument);
+        // Scores (2, 3, 4) take a (3, 4) mask; a (4, 3) one has as many entries.
+        INFO("the mask must have the shape of the scores' last two axes, (3, 4), not (4, 3)");
+        Tensor3 wide = xt::zeros<float>({2, 3, 4});
+        CHECK_THROWS_AS(exercise::masked_fill(wide, Mask<2>(xt::ones<bool>({4, 3}))),
+                        std::invalid_argument);
     }
 }

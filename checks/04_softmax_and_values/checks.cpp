@@ -22,6 +22,7 @@ TEST_CASE("softmax of small rows matches values worked by hand") {
     // Row 0: e^0, e^1, e^2 over 1 + e + e² (calculator). Row 1: e^0 and e^ln3 = 3 over 4.
     Tensor3 logits = {{{1, 2, 3}, {0, std::log(3.0f), -inf}}};
     const Tensor3 expected = {{{0.0900306f, 0.2447285f, 0.6652410f}, {0.25f, 0.75f, 0.0f}}};
+    INFO("softmax([1, 2, 3]) = [1, e, e²]/(1 + e + e²); softmax([0, ln 3, -inf]) = [1/4, 3/4, 0]");
     // Float32 exponentials and one division: a few ulps of numbers below 1.
     CHECK_CLOSE(softmax_last_axis(logits), expected, 1e-6);
 }
@@ -33,6 +34,19 @@ TEST_CASE("logits of plus or minus 1000 neither overflow nor give 0/0") {
     // softmax([0, 0, -1]), worked by hand.
     const Tensor3 expected = {{{e / (e + 1), 1 / (e + 1), 0},
                                {1 / (2 + 1 / e), 1 / (2 + 1 / e), (1 / e) / (2 + 1 / e)}}};
+    CHECK_CLOSE(softmax_last_axis(logits), expected, 1e-6);
+}
+
+TEST_CASE("the shift is the row's maximum wherever it is, even after a masked first entry") {
+    const float e = std::exp(1.0f);
+    // Maxima in the middle and at the end, and a first entry of -inf: shifting by the first
+    // logit instead of the maximum gives e^2000 (NaN) or a row taken for fully masked (zeros).
+    Tensor3 logits = {{{-1000, 1000, 999}, {-inf, 1, 2}, {-2, -1000, 1000}}};
+    INFO("softmax([-1000, 1000, 999]) = [0, e/(e+1), 1/(e+1)], softmax([-inf, 1, 2]) = "
+         "[0, 1/(e+1), e/(e+1)], softmax([-2, -1000, 1000]) = [0, 0, 1]: shift by the row's maximum");
+    const Tensor3 expected = {{{0, e / (e + 1), 1 / (e + 1)},
+                               {0, 1 / (e + 1), e / (e + 1)},
+                               {0, 0, 1}}};
     CHECK_CLOSE(softmax_last_axis(logits), expected, 1e-6);
 }
 

@@ -38,6 +38,8 @@ void check_fixture(const std::string& name, bool has_mask) {
 
 TEST_CASE("a small example matches values worked by hand") {
     // Scores q·k/√4 are 1 and 0: weights e/(e+1) and 1/(e+1) blend the two values.
+    INFO("scores should be q·k/√d_k = 2/√4 = 1 and 0, so the weights e/(e+1) = 0.731 and "
+         "1/(e+1) = 0.269 blend the two values");
     Tensor2 q = {{2, 0, 0, 0}};
     Tensor2 k = {{1, 0, 0, 0}, {0, 1, 0, 0}};
     Tensor2 v = {{10, 0}, {0, 10}};
@@ -115,11 +117,31 @@ TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
         CHECK_THROWS_AS(attention<3>(q, k, rng.normal_tensor<3>({2, 4, 3})), std::invalid_argument);
     }
     SUBCASE("the batch axes differ") {
+        // Each of q, k and v differing alone.
+        INFO("q, k and v must have the same batch axes: compare each of k and v with q");
         CHECK_THROWS_AS(attention<3>(rng.normal_tensor<3>({3, 4, 8}), k, v), std::invalid_argument);
+        CHECK_THROWS_AS(attention<3>(q, rng.normal_tensor<3>({1, 5, 8}), v), std::invalid_argument);
+        CHECK_THROWS_AS(attention<3>(q, k, rng.normal_tensor<3>({1, 5, 3})), std::invalid_argument);
+        // A larger v too: without its comparison, copying it writes past the end of a buffer
+        // (AddressSanitizer names the line: ./workbook check 06 --debug).
+        CHECK_THROWS_AS(attention<3>(q, k, rng.normal_tensor<3>({3, 5, 3})), std::invalid_argument);
+    }
+    SUBCASE("one batch axis of four differs") {
+        INFO("q, k and v must have the same batch axes: compare every one of them");
+        Tensor4 q4 = rng.normal_tensor<4>({2, 3, 4, 8}), k4 = rng.normal_tensor<4>({2, 3, 5, 8}),
+                v4 = rng.normal_tensor<4>({2, 3, 5, 3});
+        CHECK_THROWS_AS(attention<4>(q4, rng.normal_tensor<4>({2, 1, 5, 8}), v4), std::invalid_argument);
+        CHECK_THROWS_AS(attention<4>(q4, k4, rng.normal_tensor<4>({2, 1, 5, 3})), std::invalid_argument);
+        CHECK_THROWS_AS(attention<4>(q4, k4, rng.normal_tensor<4>({1, 3, 5, 3})), std::invalid_argument);
+        CHECK_THROWS_AS(attention<4>(q4, rng.normal_tensor<4>({1, 3, 5, 8}), v4), std::invalid_argument);
     }
     SUBCASE("a mask of the wrong shape") {
         attn::Mask<2> mask = xt::ones<bool>({4, 4});
         CHECK_THROWS_AS(attention<3>(q, k, v, &mask), std::invalid_argument);
+        // (T_k, T_q) has the right number of entries but not the right shape.
+        INFO("the mask must be (T_q, T_k) = (4, 5); a (5, 4) mask has as many entries");
+        attn::Mask<2> transposed = xt::ones<bool>({5, 4});
+        CHECK_THROWS_AS(attention<3>(q, k, v, &transposed), std::invalid_argument);
     }
 }
 

@@ -75,6 +75,8 @@ TEST_CASE("a two-token example matches gradients worked by hand") {
     const float ln3 = std::log(3.0f);
     const Tensor2 q = {{1.0f}, {1.0f}}, k = {{0.0f}, {ln3}}, v = {{1.0f}, {5.0f}};
     const Tensor2 w = {{1.0f, 0.0f}, {0.25f, 0.75f}}, dout = {{0.0f}, {1.0f}};
+    INFO("by hand: dv = wᵀ·dout = [1/4, 3/4], dq[1] = ds[1]·k = 3/4·ln 3, "
+         "dk = ds[1]ᵀ·q[1] = [-3/4, 3/4] with ds[1] = w·(dw − Σ w·dw) = [-3/4, 3/4]");
     const auto g = exercise::attention_backward(dout, q, k, v, w);
     CHECK_CLOSE(g.dv, Tensor2({{0.25f}, {0.75f}}), 1e-6);
     CHECK_CLOSE(g.dq, Tensor2({{0.0f}, {0.75f * ln3}}), 1e-6);
@@ -132,6 +134,20 @@ TEST_CASE("LayerNorm's gradients agree with finite differences of the forward pa
     CHECK(ex <= fd_tol);
     CHECK(ew <= fd_tol);
     CHECK(eb <= fd_tol);
+}
+
+TEST_CASE("LayerNorm keeps its epsilon: a row of tiny variance") {
+    // x = [d, -d] with d = 0.001: mean 0, var = d² = 1e-6, rstd = 1/√(1e-6 + 1e-5) = 301.51134,
+    // n = d·rstd = [0.3015113, -0.3015113]. weight 1, dout [1, 0]: dn = [1, 0], mean(dn) = 1/2,
+    // mean(dn·n) = 0.3015113/2, dx = rstd·(dn − 1/2 − n·mean(dn·n)) = ±rstd/2·(1 − n²)
+    // = ±137.05061 (calculator). Without the epsilon rstd is 1000, n = ±1 and dx = 0.
+    INFO("rstd = 1/√(var + 1e-5) = 301.51 here (var = 1e-6): dx should be ±137.05, "
+         "dweight [0.3015, -0]; leaving out the 1e-5 gives rstd = 1000");
+    const Tensor2 x = {{0.001f, -0.001f}}, dout = {{1.0f, 0.0f}};
+    const auto g = exercise::layernorm_backward(dout, x, Tensor1({1.0f, 1.0f}));
+    // rstd is O(300): float rounding of the terms stays below 1e-3 of 137.
+    CHECK_CLOSE(g.dx, Tensor2({{137.05061f, -137.05061f}}), 1e-3);
+    CHECK_CLOSE(g.dweight, Tensor1({0.3015113f, 0.0f}), 1e-6);
 }
 
 TEST_CASE("LayerNorm's input gradient sums to zero over each row") {

@@ -41,6 +41,8 @@ TEST_CASE("two steps agree with values worked by hand") {
     // step 1: m = 0.1, v = 0.01, m̂ = 1, v̂ = 1, θ = 0.9
     // step 2: m = 0.09 − 0.1 = −0.01, v = 0.0099 + 0.01 = 0.0199,
     //         m̂ = −0.01/0.19 = −0.0526316, v̂ = 0.0199/0.0199 = 1, θ = 0.9 + 0.00526316
+    INFO("by hand: step 1 m = 0.1, v = 0.01, θ = 0.9; step 2 m = -0.01, v = 0.0199, "
+         "m̂ = -0.01/(1 - 0.9²) = -0.0526316, v̂ = 0.0199/(1 - 0.99²) = 1, θ = 0.90526316");
     Vec param{1.0f}, m{0.0f}, v{0.0f};
     adamw_step(param, Vec{1.0f}, m, v, 1, no_decay(0.1f), false);
     adamw_step(param, Vec{-1.0f}, m, v, 2, no_decay(0.1f), false);

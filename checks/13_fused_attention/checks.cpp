@@ -46,11 +46,14 @@ TEST_CASE("two tiles reproduce numbers worked by hand") {
     RowState state = empty_state(2);
     online_softmax_update(state, Tensor1({1.0f, 2.0f}), Tensor2({{1, 0}, {0, 1}}));
     // m = 2, l = e^-1 + 1, acc = e^-1·[1, 0] + [0, 1]
+    INFO("after tile [1, 2]: m = 2, l = e^-1 + 1 = 1.3678794, acc = e^-1·[1, 0] + [0, 1]");
     CHECK(state.max == 2.0f);
     CHECK(state.sum == doctest::Approx(1.3678794).epsilon(1e-6));
     CHECK_CLOSE(state.acc, Tensor1({0.3678794f, 1.0f}), 1e-6);
     online_softmax_update(state, Tensor1({3.0f}), Tensor2({{2, 2}}));
     // m = 3: l = 1.3678794·e^-1 + 1, acc = e^-1·[0.3678794, 1] + [2, 2]
+    INFO("after tile [3]: m = 3, l = 1.3678794·e^-1 + 1 = 1.5032147, "
+         "acc = e^-1·[0.3678794, 1] + [2, 2] (both rescaled by e^(2 - 3))");
     CHECK(state.max == 3.0f);
     CHECK(state.sum == doctest::Approx(1.5032147).epsilon(1e-6));
     CHECK_CLOSE(state.acc, Tensor1({2.1353353f, 2.3678794f}), 1e-6);
@@ -108,6 +111,30 @@ TEST_CASE("large scores do not overflow") {
     // e^1000 overflows float; with the running max the weights are 1/(1+e) and e/(1+e).
     CHECK(std::isfinite(state.sum));
     CHECK(state.acc(0) / state.sum == doctest::Approx(0.7310586).epsilon(1e-6));
+}
+
+TEST_CASE("a later tile with smaller scores keeps the running maximum") {
+    {
+        // Tiles [100] then [-100]: m stays 100, the second key's weight e^-200 rounds to 0.
+        INFO("after tiles [100] and [-100], m should still be 100 (the largest score so far), l = 1 "
+             "and acc/l = the first value; a maximum over the new tile alone rescales by e^200 = inf");
+        RowState state = empty_state(1);
+        online_softmax_update(state, Tensor1({100.0f}), Tensor2({{1}}));
+        online_softmax_update(state, Tensor1({-100.0f}), Tensor2({{0}}));
+        CHECK(state.max == 100.0f);
+        CHECK(state.sum == doctest::Approx(1.0).epsilon(1e-6));
+        CHECK(state.acc(0) / state.sum == doctest::Approx(1.0).epsilon(1e-6));
+    }
+    {
+        // The same with a falling maximum over several keys: tiles [3, 1] then [2, 0].
+        INFO("after tiles [3, 1] and [2, 0], m should be 3 and l = 1 + e^-2 + e^-1 + e^-3 = 1.5530018");
+        RowState two = empty_state(1);
+        online_softmax_update(two, Tensor1({3.0f, 1.0f}), Tensor2({{1}, {0}}));
+        online_softmax_update(two, Tensor1({2.0f, 0.0f}), Tensor2({{0}, {0}}));
+        CHECK(two.max == 3.0f);
+        // l = 1 + e^-2 + e^-1 + e^-3 = 1.5530018 (calculator)
+        CHECK(two.sum == doctest::Approx(1.5530018).epsilon(1e-6));
+    }
 }
 
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {

@@ -31,12 +31,25 @@ TEST_CASE("a second token blends two values with weights worked by hand") {
     // q = (1, 1), k1 = (0, 0), v1 = (0, 2). Scores: q·k0/√2 = 0.7071068, q·k1/√2 = 0.
     // Weights: e^0.7071068 = 2.0281150, so w0 = 2.0281150 / 3.0281150 = 0.6697615 and
     // w1 = 0.3302385. Output: w0·v0 + w1·v1 = (0.6697615, 0.6604769).
+    INFO("scores q·k/√2 should be 0.7071068 and 0: weights 0.6697615 and 0.3302385, "
+         "output w0·v0 + w1·v1 = (0.6697615, 0.6604769)");
     Tensor2 keys = {{1, 0}, {0, 0}, {0, 0}}, values = {{1, 0}, {0, 0}, {0, 0}};
     const Tensor1 out = append_and_attend(keys, values, 1, Tensor1{1, 1}, Tensor1{0, 0},
                                           Tensor1{0, 2});
     // values given to 7 digits
     CHECK_CLOSE(out, Tensor1({0.6697615f, 0.6604769f}), 1e-6);
     CHECK_CLOSE(xt::row(values, 1), Tensor1({0, 2}), 0.0);
+}
+
+TEST_CASE("scores near 100 neither overflow nor give NaN") {
+    // hs = 1, so the scale is 1. Scores q·k are 4·25 = 100 and 4·24.75 = 99: e^100 overflows
+    // float, e^(s - 100) does not. Weights e/(e+1) = 0.7310586 and 1/(e+1) = 0.2689414.
+    INFO("scores 100 and 99 should give weights e/(e+1) and 1/(e+1): subtract the largest score "
+         "before exp (e^100 overflows float)");
+    Tensor2 keys = {{25}, {0}}, values = {{1, 0}, {0, 0}};
+    const Tensor1 out = append_and_attend(keys, values, 1, Tensor1{4}, Tensor1{24.75f},
+                                          Tensor1{0, 1});
+    CHECK_CLOSE(out, Tensor1({0.7310586f, 0.2689414f}), 1e-6);
 }
 
 TEST_CASE("only row pos is written and rows after pos are never read") {
@@ -120,5 +133,7 @@ TEST_CASE("bad shapes and positions are rejected with std::invalid_argument") {
         CHECK_THROWS_AS(append_and_attend(keys, short_values, 0, q, k, v), std::invalid_argument);
     }
     // nothing was written by the rejected calls
+    INFO("a rejected call must leave both caches unchanged: validate everything before writing");
     CHECK_CLOSE(keys, xt::zeros<float>({4, 3}), 0.0);
+    CHECK_CLOSE(values, xt::zeros<float>({4, 2}), 0.0);
 }

@@ -1,6 +1,17 @@
 #include "attn/check.hpp"
 
+#include <iostream>
+
 namespace attn::check {
+
+namespace {
+// doctest reports to std::cout: unbuffered, a crash later in the run (a learner's
+// out-of-bounds write) cannot swallow the failures reported before it.
+const bool cout_unbuffered = [] {
+    std::cout.setf(std::ios::unitbuf);
+    return true;
+}();
+}  // namespace
 
 std::string index_string(std::size_t flat, const std::vector<std::size_t>& shape) {
     std::vector<std::size_t> idx(shape.size());

@@ -61,7 +61,8 @@ MaskLayout layout_of(const AttentionMask& mask, const std::vector<std::size_t>& 
 
 template <std::size_t N>
 Tensor<N> scaled_dot_product_attention(const Tensor<N>& q, const Tensor<N>& k, const Tensor<N>& v,
-                                       const AttentionMask& mask, Tensor<N>* weights,
+                                       const AttentionMask& mask,
+                                       typename detail::non_deduced<Tensor<N>>::type* weights,
                                        std::optional<float> scale) {
     static_assert(N >= 2, "attention needs at least (T, d)");
     const std::vector<std::size_t> qs(q.shape().begin(), q.shape().end()),

@@ -13,6 +13,18 @@
 
 namespace attn {
 
+/// @cond INTERNAL
+namespace detail {
+// T in a context where template arguments are not deduced: the rank N of
+// scaled_dot_product_attention comes from q, k and v alone, so `nullptr` can be passed for
+// the weights (which cannot deduce N) when only a scale is given.
+template <class T>
+struct non_deduced {
+    using type = T;
+};
+}  // namespace detail
+/// @endcond
+
 /// A read-only view of a boolean mask of any rank, as scaled_dot_product_attention() takes
 /// it. True means "may attend".
 ///
@@ -61,9 +73,11 @@ private:
 /// @param k         (…, T_k, d_k) keys
 /// @param v         (…, T_k, d_v) values
 /// @param mask      broadcastable to (…, T_q, T_k); true means "may attend"; default: none
-/// @param weights   if not null, receives the attention weights (…, T_q, T_k)
+/// @param weights   if not null, receives the attention weights (…, T_q, T_k); pass
+///                  `nullptr` to give a scale without asking for the weights
 /// @param scale     the factor on the scores; default 1/√d_k (lesson 08 passes 1 to
-///                  remove the scaling)
+///                  remove the scaling), e.g. `scaled_dot_product_attention(q, k, v, mask,
+///                  nullptr, 1.0f)` or `(q, k, v, {}, nullptr, 1.0f)` without a mask
 /// @return (…, T_q, d_v)
 /// A query that the mask lets attend to no key at all gets all-zero weights and a zero
 /// output, as attn::softmax gives a fully masked row (lesson 03), never NaN.
@@ -72,7 +86,7 @@ private:
 template <std::size_t N>
 Tensor<N> scaled_dot_product_attention(const Tensor<N>& q, const Tensor<N>& k, const Tensor<N>& v,
                                        const AttentionMask& mask = {},
-                                       Tensor<N>* weights = nullptr,
+                                       typename detail::non_deduced<Tensor<N>>::type* weights = nullptr,
                                        std::optional<float> scale = std::nullopt);
 
 /// @cond INTERNAL

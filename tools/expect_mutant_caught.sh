@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Usage: expect_mutant_caught.sh CHECK_PROGRAM MUTANT_SOURCE
+#
+# CHECK_PROGRAM is an exercise's checks linked with MUTANT_SOURCE, a solution with one
+# mistake a learner makes. Passes when at least one check fails (or the program crashes);
+# fails, naming the mistake, when every check passes: the checks would let it through.
+set -u
+program=$1 source=$2
+mistake=$(sed -n '1s|^// mistake: *||p' "$source")
+[ -n "$mistake" ] || { echo "$source: the first line must be '// mistake: <what is wrong>'"; exit 1; }
+output=$("$program" --no-intro --no-version 2>&1)
+status=$?
+if [ $status = 0 ]; then
+  echo "every check passes on ${source##*/checks/}: \"$mistake\" is not caught"
+  exit 1
+fi
+if [ $status -gt 128 ]; then
+  echo "caught (crash, signal $((status - 128))): $mistake"
+  exit 0
+fi
+failed=$(printf '%s\n' "$output" | sed -n 's/^\[doctest\] test cases:.*| *\([0-9]*\) failed.*/\1/p')
+if [ "${failed:-0}" -gt 0 ]; then
+  echo "caught by $failed failing check(s): $mistake"
+  exit 0
+fi
+# Not a check's verdict (the program did not start, or doctest refused its arguments).
+printf '%s\n' "$output" | tail -5
+echo "$program exited with status $status without a failing check"
+exit 1
