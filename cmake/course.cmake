@@ -37,8 +37,10 @@ function(course_lesson name)
     add_executable(check_${nn} ${solution_sources})
     file(GLOB exercise_sources CONFIGURE_DEPENDS "${src}/exercises/${name}/*.cpp")
     add_executable(check_${nn}_exercise ${exercise_sources})
+    target_link_libraries(check_${nn} PRIVATE attn_warnings)
+    target_link_libraries(check_${nn}_exercise PRIVATE attn_exercise_warnings)  # never -Werror
     foreach(t check_${nn} check_${nn}_exercise)
-      target_link_libraries(${t} PRIVATE checks_${nn}_obj check_support_main attn_warnings)
+      target_link_libraries(${t} PRIVATE checks_${nn}_obj check_support_main)
       target_precompile_headers(${t} REUSE_FROM check_support_main)
     endforeach()
 
