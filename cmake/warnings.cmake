@@ -1,8 +1,13 @@
 # Warnings on, for the course's own code only (imported targets' headers are system headers).
+set(attn_warning_flags -Wall -Wextra -Wpedantic -Wshadow -Wconversion -Wno-sign-conversion)
 add_library(attn_warnings INTERFACE)
 target_compile_options(attn_warnings INTERFACE
-  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wshadow -Wconversion
-                            -Wno-sign-conversion>)
+  "$<$<COMPILE_LANGUAGE:CXX>:${attn_warning_flags}>")
+# The learner's exercises get the same warnings, shown but never fatal: a half-written
+# exercise (a parameter not used yet) must still compile so that its checks can run.
+add_library(attn_exercise_warnings INTERFACE)
+target_compile_options(attn_exercise_warnings INTERFACE
+  "$<$<COMPILE_LANGUAGE:CXX>:${attn_warning_flags}>")
 option(ATTN_WERROR "Treat warnings as errors" OFF)
 if(ATTN_WERROR)
   # A stale precompiled header only costs time: it must not fail the build.
