@@ -5,7 +5,8 @@ Run with Debian's python3 (python3-numpy and python3-torch):
 
     /usr/bin/python3 tools/reference/make_head_fixtures.py
 
-For each case, a PyTorch head with the same structure as nanoGPT's `Head` (three bias-free
+For each case, a PyTorch head with the same structure as the `Head` of Karpathy's "Let's build
+GPT" lecture code (karpathy/ng-video-lecture, gpt.py) (three bias-free
 projections, a causal `tril` buffer built at the block size and sliced to T, dropout on the
 weights) runs in evaluation mode on random weights and inputs. The files of case NAME:
 

@@ -102,7 +102,8 @@ Tensor3 softmax(const Tensor3& logits);
 /// @throws std::invalid_argument when p is outside [0, 1)
 Tensor3 dropout(const Tensor3& x, float p, Rng& rng);
 
-/// One head of causal self-attention, the same computation as nanoGPT's `Head`:
+/// One head of causal self-attention, the same computation as the `Head` of the "Let's build GPT"
+/// lecture code (karpathy/ng-video-lecture, gpt.py):
 /// out = dropout(softmax(mask(Q·Kᵀ/√hs))) · V with Q, K, V three bias-free projections of x.
 struct Head {
     Linear key;               ///< W_k (hs, C), no bias
