@@ -4,7 +4,8 @@
 // high-water mark, reset after the inputs are made).
 //
 //   bench_attention_cpu --impl tiled --T 1024 --hs 64 --heads 4 --causal 1 --pass forward
-//   bench_attention_cpu --sgemm 64      the single-thread sgemm rate of this machine
+//   bench_attention_cpu --sgemm 64x128x64   the single-thread rate of sgemm C = A·Bᵀ with
+//                                          (M, K) A, (N, K) B, as for S = Q·Kᵀ
 #include "attn/flash.hpp"
 #include "attn/random.hpp"
 #include "attn/threads.hpp"
@@ -32,7 +33,7 @@ struct Options {
     int threads = 1;
     int reps = 5;
     int warmup = 1;
-    int sgemm = 0;  // > 0: time sgemm of this size instead
+    int M = 0, N = 0, K = 0;  // --sgemm MxNxK: time sgemm of this size instead
 };
 
 long parse_long(const std::string& flag, const char* text) {
@@ -52,7 +53,7 @@ Options parse(int argc, char** argv) {
             std::printf("usage: bench_attention_cpu [--impl tiled|plain|flash] "
                         "[--pass forward|backward]\n"
                         "       [--B N] [--heads N] [--T N] [--hs N] [--causal 0|1] [--threads N]\n"
-                        "       [--reps N] [--warmup N] | --sgemm N\n");
+                        "       [--reps N] [--warmup N] | --sgemm MxNxK\n");
             std::exit(0);
         }
         if (i + 1 >= argc) throw std::invalid_argument(flag + " expects a value");
@@ -67,7 +68,11 @@ Options parse(int argc, char** argv) {
         else if (flag == "--threads") o.threads = static_cast<int>(parse_long(flag, value));
         else if (flag == "--reps") o.reps = static_cast<int>(parse_long(flag, value));
         else if (flag == "--warmup") o.warmup = static_cast<int>(parse_long(flag, value));
-        else if (flag == "--sgemm") o.sgemm = static_cast<int>(parse_long(flag, value));
+        else if (flag == "--sgemm") {
+            if (std::sscanf(value, "%dx%dx%d", &o.M, &o.N, &o.K) != 3 || o.M < 1 || o.N < 1 ||
+                o.K < 1)
+                throw std::invalid_argument("--sgemm expects MxNxK, got '" + std::string(value) + "'");
+        }
         else throw std::invalid_argument("unknown option " + flag + " (see --help)");
     }
     if (o.impl != "tiled" && o.impl != "plain" && o.impl != "flash")
@@ -110,30 +115,31 @@ std::vector<double> time_runs(const std::function<void()>& run, int warmup, int 
 }
 
 int time_sgemm(const Options& o) {
-    // One thread, square n × n products: the rate the tile products are compared with.
-    const std::size_t n = static_cast<std::size_t>(o.sgemm);
-    const int in = o.sgemm;
+    // C (M, N) = A (M, K) · Bᵀ, B (N, K): the rate the tile products are compared with.
+    const std::size_t m = static_cast<std::size_t>(o.M), n = static_cast<std::size_t>(o.N),
+                      k = static_cast<std::size_t>(o.K);
     Rng rng(1);
-    std::vector<float> a(n * n), b(n * n), c(n * n);
+    std::vector<float> a(m * k), b(n * k), c(m * n);
     for (auto& x : a) x = rng.normal();
     for (auto& x : b) x = rng.normal();
-    const int calls = std::max(1, static_cast<int>(4e8 / (2.0 * static_cast<double>(n * n * n))));
+    const double flops = 2.0 * static_cast<double>(m * n * k);
+    const int calls = std::max(1, static_cast<int>(2e8 / flops));  // ~0.2 GFLOP per repetition
     const auto ms = time_runs(
         [&] {
             for (int i = 0; i < calls; ++i) {
-                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, in, in, in, 1.0f, a.data(), in,
-                            b.data(), in, 0.0f, c.data(), in);
+                cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, o.M, o.N, o.K, 1.0f, a.data(),
+                            o.K, b.data(), o.K, 0.0f, c.data(), o.N);
             }
         },
         o.warmup, o.reps);
-    const double gflops = 2.0 * static_cast<double>(n * n * n) * calls / (median(ms) * 1e6);
-    std::printf("{\"sgemm\": %d, \"gflops\": %.2f}\n", o.sgemm, gflops);
+    std::printf("{\"sgemm\": \"%dx%dx%d\", \"threads\": %d, \"gflops\": %.2f}\n", o.M, o.N,
+                o.K, o.threads, flops * calls / (median(ms) * 1e6));
     return 0;
 }
 
 int run(const Options& o) {
     set_num_threads(o.threads);
-    if (o.sgemm > 0) return time_sgemm(o);
+    if (o.M > 0) return time_sgemm(o);
     const AttentionShape& s = o.shape;
     const std::size_t n = s.qkv_size();
     Rng rng(7);
