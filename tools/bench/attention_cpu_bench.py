@@ -15,7 +15,9 @@ cpu_train_bench.py. Rounds alternate between the programs, so that load from oth
 processes falls on all of them; the table shows the median over rounds of each one's ms
 and of the per-round ratios. GFLOP/s count the unmasked work only: 2·hs FLOPs per visible
 (query, key) pair per product, two products forward, six forward + backward (S, P·V; dV,
-dP, dQ, dK), whatever each program recomputes. Peak memory is the resident set the pass
+dP, dQ, dK), whatever each program recomputes. Each time is given twice: wall clock, and
+the CPU time of the process (all threads; on a machine busy with other work, the better
+measure of one thread's cost). Peak memory is the resident set the pass
 added on top of its inputs (the kernel's high-water mark, reset after the inputs are made).
 
     /usr/bin/python3 tools/bench/attention_cpu_bench.py --threads 1 --rounds 3
@@ -57,7 +59,13 @@ def status_kib(field):
     return -1
 
 
+LIBC = ctypes.CDLL(None)
+
+
 def reset_peak():
+    # glibc keeps freed blocks resident for reuse, so that a problem after a larger one
+    # would add nothing to the resident set: malloc_trim gives their pages back first.
+    LIBC.malloc_trim(0)
     try:
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
@@ -92,7 +100,7 @@ def torch_attention(q, k, v, mask, causal):
 
 
 def time_torch(problem, threads, blas_threads, reps):
-    """Median ms and peak MiB added, with the given OpenMP and OpenBLAS threads."""
+    """Median wall ms, median CPU ms and peak MiB added, with the given threads."""
     torch.set_num_threads(threads)
     if OPENBLAS is not None:
         OPENBLAS.openblas_set_num_threads(blas_threads)
@@ -110,13 +118,14 @@ def time_torch(problem, threads, blas_threads, reps):
     base = status_kib("VmRSS")
     reset_peak()
     run()  # warm-up
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         run()
         times.append((time.perf_counter() - t0) * 1000.0)
+        cpu.append((time.process_time() - c0) * 1000.0)
     peak = (status_kib("VmHWM") - base) / 1024.0
-    return statistics.median(times), peak
+    return statistics.median(times), statistics.median(cpu), peak
 
 
 def time_ours(exe, impl, problem, threads, reps):
@@ -125,7 +134,7 @@ def time_ours(exe, impl, problem, threads, reps):
            "--causal", "1" if problem["causal"] else "0", "--threads", str(threads),
            "--reps", str(reps), "--warmup", "1"]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
-    return out["ms"], out["peak_extra_mib"]
+    return out["ms"], out["cpu_ms"], out["peak_extra_mib"]
 
 
 def sgemm_rate(exe, shape):
@@ -134,12 +143,6 @@ def sgemm_rate(exe, shape):
 
 
 def main():
-    # glibc keeps freed blocks of up to 32 MiB for reuse once a block that size has been
-    # freed, so a later, smaller problem would add nothing to the resident set; a fixed mmap
-    # threshold returns every large block to the kernel (for both programs: inherited).
-    if "MALLOC_MMAP_THRESHOLD_" not in os.environ:
-        env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="131072")
-        os.execve(sys.executable, [sys.executable] + sys.argv, env)
     here = os.path.dirname(os.path.abspath(__file__))
     default_exe = os.path.join(here, "..", "..", "build", "tools", "bench", "bench_attention_cpu")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -168,11 +171,15 @@ def main():
     print("# single-thread sgemm C = A·Bᵀ (M x N x K): " +
           ", ".join(f"{s} {r:.1f} GFLOP/s" for s, r in rates.items()), flush=True)
 
+    # torch loads code and starts its thread pools on first use: not the problems' memory
+    for passes in ("forward", "backward"):
+        time_torch({"pass": passes, "hs": 64, "causal": True, "T": 64, "heads": 1},
+                   args.threads, 1, 1)
     problems = []
     for passes in ("forward", "backward"):
         for hs in args.hs:
             for causal in (True, False):
-                for T in args.T:
+                for T in sorted(args.T):  # growing: each needs memory that none before did
                     if (passes == "backward" or hs > 64) and T > args.max_backward:
                         continue
                     problems.append({"pass": passes, "hs": hs, "causal": causal, "T": T,
@@ -184,6 +191,7 @@ def main():
         programs = ["tiled"] + (["plain"] if T <= args.max_plain else []) + \
                    (["torch"] if T <= args.max_torch else [])
         ms = {name: [] for name in programs}
+        cpu = {name: [] for name in programs}
         peak = {}
         for r in range(args.rounds):
             for name in programs:
@@ -191,40 +199,54 @@ def main():
                     blas = [args.threads, 1] if args.threads > 1 and OPENBLAS is not None \
                         else [args.threads]
                     by_blas = [time_torch(prob, args.threads, b, reps) for b in blas]
-                    t, mib = min(by_blas)
+                    t, c, mib = min(by_blas)
                 else:
-                    t, mib = time_ours(args.exe, name, prob, args.threads, reps)
+                    t, c, mib = time_ours(args.exe, name, prob, args.threads, reps)
                 ms[name].append(t)
+                cpu[name].append(c)
                 peak[name] = max(peak.get(name, 0.0), mib)
-            record.append({**prob, "round": r, "ms": {n: ms[n][-1] for n in programs}})
+            record.append({**prob, "round": r, "ms": {n: ms[n][-1] for n in programs},
+                           "cpu_ms": {n: cpu[n][-1] for n in programs}})
         med = {n: statistics.median(v) for n, v in ms.items()}
+        cpu_med = {n: statistics.median(v) for n, v in cpu.items()}
         ratio = {n: statistics.median([a / b for a, b in zip(ms[n], ms["tiled"])])
                  for n in programs if n != "tiled"}
-        row = {**prob, "ms": med, "ratio": ratio, "peak_mib": peak,
-               "gflops": {n: flops(prob) / (m * 1e6) for n, m in med.items()}}
+        cpu_ratio = {n: statistics.median([a / b for a, b in zip(cpu[n], cpu["tiled"])])
+                     for n in programs if n != "tiled"}
+        row = {**prob, "ms": med, "cpu_ms": cpu_med, "ratio": ratio, "cpu_ratio": cpu_ratio,
+               "peak_mib": peak, "gflops": {n: flops(prob) / (m * 1e6) for n, m in med.items()},
+               "cpu_gflops": {n: flops(prob) / (m * 1e6) for n, m in cpu_med.items()}}
         rows.append(row)
         print(f"# {prob['pass']:8s} hs {prob['hs']:3d} {'causal' if prob['causal'] else 'full  '} "
-              f"T {T:5d}: " + ", ".join(f"{n} {med[n]:.2f} ms" for n in programs) +
+              f"T {T:5d}: " + ", ".join(f"{n} {med[n]:.2f} ms (CPU {cpu_med[n]:.2f})"
+                                        for n in programs) +
               f"; load {os.getloadavg()[0]:.1f}", flush=True)
 
     def cell(row, name, fmt):
         return fmt(row) if name in row["ms"] else "–"
 
-    print()
-    print("| pass | hs | mask | T | tiled ms | tiled GFLOP/s | plain ms | PyTorch ms | "
-          "PyTorch GFLOP/s | PyTorch / tiled | plain / tiled | peak MiB tiled / plain / PyTorch |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for row in rows:
-        peaks = " / ".join(f"{row['peak_mib'][n]:.1f}" if n in row["peak_mib"] else "–"
-                           for n in ("tiled", "plain", "torch"))
-        print(f"| {'fwd' if row['pass'] == 'forward' else 'fwd+bwd'} | {row['hs']} | "
-              f"{'causal' if row['causal'] else 'none'} | {row['T']} | "
-              f"{row['ms']['tiled']:.2f} | {row['gflops']['tiled']:.1f} | "
-              + cell(row, "plain", lambda r: f"{r['ms']['plain']:.1f}") + " | "
-              + cell(row, "torch", lambda r: f"{r['ms']['torch']:.2f}") + " | "
-              + cell(row, "torch", lambda r: f"{r['gflops']['torch']:.1f}") + " | "
-              + cell(row, "torch", lambda r: f"{r['ratio']['torch']:.2f}x") + " | "
-              + cell(row, "plain", lambda r: f"{r['ratio']['plain']:.1f}x") + f" | {peaks} |")
+    for clock, key in (("wall-clock", "ms"), ("CPU", "cpu_ms")):
+        ratio_key = "ratio" if key == "ms" else "cpu_ratio"
+        gflops_key = "gflops" if key == "ms" else "cpu_gflops"
+        print()
+        print(f"{clock} time, median over {args.rounds} rounds; ratios: median of the rounds'")
+        print()
+        print("| pass | hs | mask | T | tiled ms | tiled GFLOP/s | plain ms | PyTorch ms | "
+              "PyTorch GFLOP/s | PyTorch / tiled | plain / tiled | "
+              "peak MiB tiled / plain / PyTorch |")
+        print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+        for row in rows:
+            peaks = " / ".join(f"{row['peak_mib'][n]:.1f}" if n in row["peak_mib"] else "–"
+                               for n in ("tiled", "plain", "torch"))
+            print(f"| {'fwd' if row['pass'] == 'forward' else 'fwd+bwd'} | {row['hs']} | "
+                  f"{'causal' if row['causal'] else 'none'} | {row['T']} | "
+                  f"{row[key]['tiled']:.2f} | {row[gflops_key]['tiled']:.1f} | "
+                  + cell(row, "plain", lambda r: f"{r[key]['plain']:.1f}") + " | "
+                  + cell(row, "torch", lambda r: f"{r[key]['torch']:.2f}") + " | "
+                  + cell(row, "torch", lambda r: f"{r[gflops_key]['torch']:.1f}") + " | "
+                  + cell(row, "torch", lambda r: f"{r[ratio_key]['torch']:.2f}x") + " | "
+                  + cell(row, "plain", lambda r: f"{r[ratio_key]['plain']:.1f}x") +
+                  f" | {peaks} |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"sgemm_gflops": rates, "rows": rows, "rounds": record}, f, indent=1)
