@@ -339,8 +339,8 @@ void check_fast_against_reference(const AttentionShape& shape, std::uint64_t see
 }  // namespace
 
 TEST_CASE("the fast CPU attention passes FlashAttention's rule, forward and backward") {
-    // Tiles are 64 queries by 128 keys: T below one tile, a multiple of both, one past a
-    // tile, and not a multiple of either; both head sizes the GPU kernels take.
+    // Tiles are 128 queries by 128 keys: T below one tile, a multiple of it, one past a
+    // tile, and not a multiple; both head sizes the GPU kernels take.
     for (std::size_t T : {1, 37, 128, 129, 300}) {
         for (std::size_t hs : {64, 128}) {
             for (bool causal : {true, false}) {

@@ -149,7 +149,7 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--rounds", type=int, default=3, help="alternating rounds per problem")
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--T", type=int, nargs="+", default=[256, 1024, 2048, 4096, 8192])
+    p.add_argument("--T", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--hs", type=int, nargs="+", default=[64, 128])
     p.add_argument("--max-backward", type=int, default=4096,
                    help="largest T timed forward + backward (and with hs > 64)")

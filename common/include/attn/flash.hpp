@@ -153,7 +153,7 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
 /// The tiled forward made fast on a CPU: the algorithm of attention_flash_forward() with
 /// each tile product (S = Q·Kᵀ, acc += P·V) an OpenBLAS sgemm, the online softmax
 /// vectorised (exp_approx of fast_math.hpp, AVX2 chosen at load time) and the (batch,
-/// head, query tile) items spread over the threads of threads.hpp. Tiles of 64 queries and
+/// head, query tile) items spread over the threads of threads.hpp. Tiles of 128 queries and
 /// 128 keys; causal tiles wholly above the diagonal are skipped. Per thread it holds one
 /// tile of scores and one accumulator, never the (T, T) matrix.
 /// Its error against the float64 reference is within FlashAttention's rule (at most twice
