@@ -281,7 +281,8 @@ void fast_backward(float* dq, float* dk, float* dv, const float* dout, const flo
         if (team > 1) {  // after the loop's implicit barrier: every buffer is complete
 #pragma omp for schedule(static)
             for (long row = 0; row < rows; ++row) {
-                const size_t bh = static_cast<size_t>(row) / L.T, t = static_cast<size_t>(row) % L.T;
+                const size_t bh = static_cast<size_t>(row) / L.T;
+                const size_t t = static_cast<size_t>(row) % L.T;
                 float* dq_row = dq + L.in(bh) + t * L.in_row;
                 for (size_t s = 0; s < static_cast<size_t>(team); ++s) {
                     const float* part = own_dq[s].data() + static_cast<size_t>(row) * hs;

@@ -229,7 +229,9 @@ void cpu_timings() {
         std::vector<float> out(shape.qkv_size()), lse(shape.rows());
         const bool scalar = T <= 1024;  // the scalar loops take seconds beyond
         const double plain = !scalar ? 0.0 : best_ms(
-            [&] { attention_plain_forward(out.data(), nullptr, q.data(), k.data(), v.data(), shape); },
+            [&] {
+                attention_plain_forward(out.data(), nullptr, q.data(), k.data(), v.data(), shape);
+            },
             3);
         const double tiled = !scalar ? 0.0 : best_ms(
             [&] {

@@ -90,7 +90,9 @@ long status_kib(const std::string& field) {
     std::ifstream status("/proc/self/status");
     std::string line;
     while (std::getline(status, line)) {
-        if (line.rfind(field + ":", 0) == 0) return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
+        if (line.rfind(field + ":", 0) == 0) {
+            return std::strtol(line.c_str() + field.size() + 1, nullptr, 10);
+        }
     }
     return -1;
 }
@@ -164,10 +166,13 @@ int run(const Options& o) {
     }
     const bool backward = o.pass == "backward";
     const auto forward = [&] {
-        if (o.impl == "tiled") attention_fast_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
-        else if (o.impl == "flash")
+        if (o.impl == "tiled") {
+            attention_fast_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+        } else if (o.impl == "flash") {
             attention_flash_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
-        else attention_plain_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+        } else {
+            attention_plain_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+        }
     };
     const auto step = [&] {
         forward();
