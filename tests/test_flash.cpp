@@ -1,6 +1,7 @@
 #include "attn/check.hpp"
 #include "attn/flash.hpp"
 #include "attn/random.hpp"
+#include "attn/threads.hpp"
 
 #include <doctest/doctest.h>
 
@@ -282,4 +283,111 @@ TEST_CASE("FlashAttention's rule: at most twice the plain error, with a floor of
     const double ref[3] = {1.0, 2.5, -3.0};
     CHECK(max_abs_error(a, ref, 3) == 6.0);
     CHECK(max_abs(ref, 3) == 3.0);
+}
+
+namespace {
+
+// The fast CPU version against the plain one and the float64 reference, forward and
+// backward, under FlashAttention's rule.
+void check_fast_against_reference(const AttentionShape& shape, std::uint64_t seed) {
+    const Problem p(shape, seed);
+    const std::size_t n = shape.qkv_size();
+    std::vector<float> out(n), lse(shape.rows()), out_plain(n), lse_plain(shape.rows());
+    attention_fast_forward(out.data(), lse.data(), p.q.data(), p.k.data(), p.v.data(), shape);
+    attention_plain_forward(out_plain.data(), lse_plain.data(), p.q.data(), p.k.data(), p.v.data(),
+                            shape);
+    const auto q = to_double(p.q.data(), n), k = to_double(p.k.data(), n),
+               v = to_double(p.v.data(), n), dout = to_double(p.dout.data(), n);
+    std::vector<double> out_ref(n), lse_ref(shape.rows());
+    attention_reference_forward(out_ref.data(), lse_ref.data(), q.data(), k.data(), v.data(), shape);
+    {
+        const double fast_error = max_abs_error(out.data(), out_ref.data(), n);
+        const double plain_error = max_abs_error(out_plain.data(), out_ref.data(), n);
+        CAPTURE(fast_error);
+        CAPTURE(plain_error);
+        CHECK(passes_flash_rule(fast_error, plain_error, max_abs(out_ref.data(), n)));
+        // lse ≈ ln T + O(1): a few float32 ulps of it (exp_approx adds 2 ulp to each term).
+        CHECK(max_abs_error(lse.data(), lse_ref.data(), shape.rows()) <= 4e-6);
+    }
+    std::vector<float> dq(n), dk(n), dv(n), dq_plain(n), dk_plain(n), dv_plain(n);
+    attention_fast_backward(dq.data(), dk.data(), dv.data(), p.dout.data(), p.q.data(), p.k.data(),
+                            p.v.data(), out.data(), lse.data(), shape);
+    attention_plain_backward(dq_plain.data(), dk_plain.data(), dv_plain.data(), p.dout.data(),
+                             p.q.data(), p.k.data(), p.v.data(), shape);
+    std::vector<double> dq_ref(n), dk_ref(n), dv_ref(n);
+    attention_reference_backward(dq_ref.data(), dk_ref.data(), dv_ref.data(), dout.data(), q.data(),
+                                 k.data(), v.data(), shape);
+    for (int which = 0; which < 3; ++which) {
+        CAPTURE(which);
+        const auto& fast = which == 0 ? dq : which == 1 ? dk : dv;
+        const auto& plain = which == 0 ? dq_plain : which == 1 ? dk_plain : dv_plain;
+        const auto& ref = which == 0 ? dq_ref : which == 1 ? dk_ref : dv_ref;
+        const double fast_error = max_abs_error(fast.data(), ref.data(), n);
+        const double plain_error = max_abs_error(plain.data(), ref.data(), n);
+        CAPTURE(fast_error);
+        CAPTURE(plain_error);
+        if (max_abs(ref.data(), n) == 0.0) {
+            // T = 1: P ≡ 1, so dq = dk = 0 exactly. The plain backward's Σ P dP cancels dP
+            // exactly; D = dout · out (out = v rounded) leaves a few ulps of |dout · v| ≲ 30.
+            CHECK(fast_error <= 1e-6);
+            continue;
+        }
+        CHECK(passes_flash_rule(fast_error, plain_error, max_abs(ref.data(), n)));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("the fast CPU attention passes FlashAttention's rule, forward and backward") {
+    // Tiles are 128 queries by 128 keys: T below one tile, a multiple of it, one past a
+    // tile, and not a multiple; both head sizes the GPU kernels take.
+    for (std::size_t T : {1, 37, 128, 129, 300}) {
+        for (std::size_t hs : {64, 128}) {
+            for (bool causal : {true, false}) {
+                CAPTURE(T);
+                CAPTURE(hs);
+                CAPTURE(causal);
+                check_fast_against_reference({2, 2, T, hs, causal}, 31 + T + hs);
+            }
+        }
+    }
+}
+
+TEST_CASE("the fast CPU attention gives the same result on 1 and 2 threads") {
+    // Two threads split the query tiles (forward) and the key tiles (backward, each thread
+    // adding into its own dq); the sums differ only in their order.
+    const AttentionShape shape{1, 3, 300, 64, true};
+    const Problem p(shape, 77);
+    const std::size_t n = shape.qkv_size();
+    std::vector<float> out[2], lse[2], dq[2], dk[2], dv[2];
+    const int before = num_threads();
+    for (int t = 0; t < 2; ++t) {
+        set_num_threads(t + 1);
+        out[t].resize(n), lse[t].resize(shape.rows()), dq[t].resize(n), dk[t].resize(n),
+            dv[t].resize(n);
+        attention_fast_forward(out[t].data(), lse[t].data(), p.q.data(), p.k.data(), p.v.data(),
+                               shape);
+        attention_fast_backward(dq[t].data(), dk[t].data(), dv[t].data(), p.dout.data(),
+                                p.q.data(), p.k.data(), p.v.data(), out[t].data(), lse[t].data(),
+                                shape);
+    }
+    set_num_threads(before);
+    CHECK(max_abs_diff(out[0], out[1]) == 0.0);  // each row is computed by one thread alone
+    CHECK(max_abs_diff(lse[0], lse[1]) == 0.0);
+    CHECK(max_abs_diff(dk[0], dk[1]) == 0.0);  // each key tile too
+    CHECK(max_abs_diff(dv[0], dv[1]) == 0.0);
+    // dq: the same terms added in another order; |dq| ≲ 10, so a few float32 ulps of it.
+    CHECK(max_abs_diff(dq[0], dq[1]) <= 1e-5);
+}
+
+TEST_CASE("the fast CPU attention rejects zero sizes with std::invalid_argument") {
+    std::vector<float> buf(64), lse(8);
+    const AttentionShape zero_hs{1, 1, 8, 0, true};
+    CHECK_THROWS_AS(attention_fast_forward(buf.data(), lse.data(), buf.data(), buf.data(),
+                                           buf.data(), zero_hs),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(attention_fast_backward(buf.data(), buf.data(), buf.data(), buf.data(),
+                                            buf.data(), buf.data(), buf.data(), buf.data(),
+                                            lse.data(), zero_hs),
+                    std::invalid_argument);
 }

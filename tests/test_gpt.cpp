@@ -51,10 +51,11 @@ constexpr double adamw_tol = 1e-4;
 }  // namespace
 
 TEST_CASE("forward, loss and every gradient match PyTorch's nanoGPT on the same weights") {
-    for (const std::string name : {"bias", "nobias"}) {
+    for (const std::string name : {"bias", "nobias", "bias, fused attention"}) {
         CAPTURE(name);
-        const fs::path dir = fixtures / name;
+        const fs::path dir = fixtures / name.substr(0, name.find(','));
         GPT model = load_checkpoint(dir / "weights");
+        if (name.find("fused") != std::string::npos) model.set_attention(AttentionKind::fused);
         model.train(false);
         const std::vector<int> x = load_ids(dir / "x.npy"), y = load_ids(dir / "y.npy");
         const NpyArray xs = read_npy(dir / "x.npy");
@@ -290,4 +291,68 @@ TEST_CASE("the forward pass rejects token ids outside the vocabulary and T beyon
                          "GPT config: n_embd must be a positive multiple of n_head, got n_embd 6 "
                          "and n_head 4",
                          std::invalid_argument);
+}
+
+TEST_CASE("the fused CPU attention gives the GPT the materialised attention's loss and gradients") {
+    // hs = 64 and T = 200: several query and key tiles of the fused attention, the last ones
+    // partial; B = 3 sequences split between the threads.
+    GPTConfig config;
+    config.vocab_size = 65;
+    config.block_size = 200;
+    config.n_layer = 2;
+    config.n_head = 2;
+    config.n_embd = 128;
+    for (bool causal : {true, false}) {
+        CAPTURE(causal);
+        config.causal = causal;
+        GPT materialised(config, 42), fused(config, 42);
+        fused.set_attention(AttentionKind::fused);
+        const int B = 3, T = 200;
+        Rng rng(9);
+        std::vector<int> x(B * T), y(B * T);
+        for (int& t : x) t = static_cast<int>(rng.uniform() * 65.0f) % 65;
+        for (int& t : y) t = static_cast<int>(rng.uniform() * 65.0f) % 65;
+        const float loss_m = materialised.forward(x, y, B, T);
+        const float loss_f = fused.forward(x, y, B, T);
+        materialised.zero_grad();
+        fused.zero_grad();
+        materialised.backward();
+        fused.backward();
+        // The fused model keeps no (T, T) weights.
+        CHECK(fused.activations().att.empty());
+        // Both are float32 with the same products summed in other orders (and exp_approx's
+        // 2 ulp): the loss, ≈ ln 65 ≈ 4.2, agrees to a few ulps of it.
+        CHECK(std::fabs(loss_m - loss_f) <= 4e-6);
+        const std::vector<float>& gm = materialised.gradients();
+        const std::vector<float>& gf = fused.gradients();
+        double worst = 0.0, largest = 0.0;
+        for (std::size_t i = 0; i < gm.size(); ++i) {
+            worst = std::max(worst, std::fabs(static_cast<double>(gm[i]) - gf[i]));
+            largest = std::max(largest, std::fabs(static_cast<double>(gm[i])));
+        }
+        MESSAGE("causal " << causal << ": |loss difference| " << std::fabs(loss_m - loss_f)
+                          << ", worst gradient difference " << worst << " of " << largest);
+        // Rounding differences, relative to the largest gradient, stay near float32's 1e-7
+        // through two layers; a wrong term in dq, dk or dv would be of the gradients' size.
+        CHECK(worst <= 1e-5 * largest);
+    }
+}
+
+TEST_CASE("a fused-attention model trains with dropout on the materialised attention") {
+    GPTConfig config;
+    config.vocab_size = 65;
+    config.block_size = 16;
+    config.n_layer = 1;
+    config.n_head = 2;
+    config.n_embd = 16;
+    config.dropout = 0.1f;
+    GPT materialised(config, 5), fused(config, 5);
+    fused.set_attention(AttentionKind::fused);
+    std::vector<int> x(2 * 16, 3), y(2 * 16, 4);
+    // Dropout on the weights needs them stored: the fused model falls back, same masks.
+    CHECK(fused.forward(x, y, 2, 16) == materialised.forward(x, y, 2, 16));
+    CHECK_FALSE(fused.activations().att.empty());
+    fused.train(false);  // no dropout: the fused attention again
+    materialised.train(false);
+    CHECK(std::fabs(fused.forward(x, y, 2, 16) - materialised.forward(x, y, 2, 16)) <= 4e-6);
 }

@@ -29,10 +29,10 @@ expect_one_line "an unknown recipe" --recipe huge
 expect_one_line "a negative step count" --max-iters -5
 expect_one_line "a step count that is not a number" --max-iters many
 expect_one_line "the CUDA device" --device cuda
-expect_one_line "fused attention on the CPU" --attention fused
 expect_one_line "an unknown attention" --attention sparse
 expect_one_line "an unknown position scheme" --position sinusoidal
 expect_one_line "RoPE on the GPU" --position rope --device cuda
+expect_one_line "the fused attention with ALiBi" "${tiny[@]}" --position alibi --attention fused
 expect_one_line "a missing corpus" --data "$tmp/nowhere.txt"
 expect_one_line "an empty corpus" --data "$tmp/empty.txt"
 expect_one_line "a binary corpus" --data "$tmp/binary.txt"

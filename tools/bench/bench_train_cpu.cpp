@@ -26,6 +26,7 @@ struct Options {
     int steps = 50;
     int warmup = 5;
     std::uint64_t seed = 1337;
+    bool fused = false;  // the fused attention (GPT::set_attention)
 };
 
 int parse_int(const std::string& flag, const char* text) {
@@ -57,7 +58,7 @@ Options parse(int argc, char** argv) {
             std::printf(
                 "usage: bench_train_cpu [--threads N] [--threads-info] [--steps N] [--warmup N] [--n_layer N]\n"
                 "       [--n_head N] [--n_embd N] [--block_size N] [--batch_size N]\n"
-                "       [--vocab_size N] [--bias 0|1] [--seed N]\n");
+                "       [--vocab_size N] [--bias 0|1] [--seed N] [--fused 0|1]\n");
             std::exit(0);
         }
         if (i + 1 >= argc) throw std::invalid_argument(flag + " expects a value");
@@ -73,6 +74,7 @@ Options parse(int argc, char** argv) {
         else if (flag == "--vocab_size") o.config.vocab_size = v;
         else if (flag == "--bias") o.config.bias = v != 0;
         else if (flag == "--seed") o.seed = static_cast<std::uint64_t>(v);
+        else if (flag == "--fused") o.fused = v != 0;
         else throw std::invalid_argument("unknown option " + flag + " (see --help)");
     }
     if (o.threads < 0 || o.steps < 1 || o.warmup < 0 || o.batch_size < 1) {
@@ -104,6 +106,7 @@ int main(int argc, char** argv) try {
     }
 
     attn::GPT model(o.config, o.seed);
+    if (o.fused) model.set_attention(attn::AttentionKind::fused);
     attn::AdamW optimizer;  // nanoGPT's betas (0.9, 0.99) and weight decay 0.1
     const float lr = 1e-3f;
 
@@ -145,13 +148,15 @@ int main(int argc, char** argv) try {
     const double ms = median(step_ms);
     const double tokens_per_s = static_cast<double>(B) * T / (ms / 1000.0);
     std::printf(
-        "{\"impl\": \"attn\", \"threads\": %d, \"blas_threads\": %d, \"steps\": %d, \"warmup\": %d,"
+        "{\"impl\": \"attn\", \"attention\": \"%s\", \"threads\": %d, \"blas_threads\": %d,"
+        " \"steps\": %d, \"warmup\": %d,"
         " \"n_layer\": %d, \"n_head\": %d, \"n_embd\": %d, \"block_size\": %d,"
         " \"batch_size\": %d, \"vocab_size\": %d, \"bias\": %s,"
         " \"ms_per_step\": %.3f, \"ms_min\": %.3f, \"tokens_per_s\": %.1f,"
         " \"forward_ms\": %.3f, \"backward_ms\": %.3f, \"clip_ms\": %.3f, \"adamw_ms\": %.3f,"
         " \"last_loss\": %.6f}\n",
-        attn::num_threads(), attn::thread_config().blas_threads, o.steps, o.warmup, o.config.n_layer, o.config.n_head, o.config.n_embd,
+        o.fused ? "fused" : "materialised", attn::num_threads(), attn::thread_config().blas_threads,
+        o.steps, o.warmup, o.config.n_layer, o.config.n_head, o.config.n_embd,
         o.config.block_size, B, V, o.config.bias ? "true" : "false", ms,
         *std::min_element(step_ms.begin(), step_ms.end()), tokens_per_s, median(forward_ms),
         median(backward_ms), median(clip_ms), median(adamw_ms), static_cast<double>(loss));

@@ -150,6 +150,43 @@ void attention_flash_backward(float* dq, float* dk, float* dv, const float* dout
                               const float* out, const float* lse, const AttentionShape& shape,
                               const FlashBlocks& blocks = {});
 
+/// The tiled forward made fast on a CPU: the algorithm of attention_flash_forward() with
+/// each tile product (S = Q·Kᵀ, acc += P·V) an OpenBLAS sgemm, the online softmax
+/// vectorised (exp_approx of fast_math.hpp, AVX2 chosen at load time) and the (batch,
+/// head, query tile) items spread over the threads of threads.hpp. Tiles of 128 queries and
+/// 128 keys; causal tiles wholly above the diagonal are skipped. Per thread it holds one
+/// tile of scores and one accumulator, never the (T, T) matrix.
+/// Its error against the float64 reference is within FlashAttention's rule (at most twice
+/// the plain version's; tests/test_flash.cpp).
+/// @param out    (B, NH, T, hs) written
+/// @param lse    (B, NH, T) the rows' log-sum-exp, written (the backward reads it)
+/// @param q      (B, NH, T, hs)
+/// @param k      (B, NH, T, hs)
+/// @param v      (B, NH, T, hs)
+/// @param shape  the sizes; T need not be a multiple of the tiles
+/// @throws std::invalid_argument if a size is zero
+void attention_fast_forward(float* out, float* lse, const float* q, const float* k,
+                            const float* v, const AttentionShape& shape);
+
+/// The tiled backward made fast on a CPU, as attention_fast_forward(): per key tile, the
+/// query tiles that see it recompute P = e^(S − lse) from the saved log-sum-exp and add
+/// to dv, dk and dq with five sgemm calls per pair of tiles. Key tiles run on the threads;
+/// with more than one thread each thread adds its dq into a (B, NH, T, hs) buffer of its
+/// own, summed at the end: memory O(T·hs) per head, never O(T²).
+/// @param dq     (B, NH, T, hs) written
+/// @param dk     (B, NH, T, hs) written
+/// @param dv     (B, NH, T, hs) written
+/// @param dout   (B, NH, T, hs)
+/// @param q      (B, NH, T, hs)
+/// @param k      (B, NH, T, hs)
+/// @param v      (B, NH, T, hs)
+/// @param out    (B, NH, T, hs) the forward's output
+/// @param lse    (B, NH, T) the forward's log-sum-exp
+/// @param shape  the sizes
+void attention_fast_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                             const float* k, const float* v, const float* out, const float* lse,
+                             const AttentionShape& shape);
+
 /// Floats held at once for the scores of one head: T·T for the plain algorithm.
 std::size_t plain_score_floats(std::size_t T);
 

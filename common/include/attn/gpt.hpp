@@ -55,6 +55,15 @@ struct GPTConfig {
     std::size_t num_parameters() const;
 };
 
+/// Which attention the CPU model's passes call. Both compute the same function; they
+/// differ in memory and speed (lesson 13).
+enum class AttentionKind {
+    materialised,  ///< attention_forward/backward: the (B, NH, T, T) weights kept per layer
+    fused,         ///< attention_fused_forward/backward: a (B, NH, T) log-sum-exp per layer,
+                   ///< the weights recomputed tile by tile; no dropout on the weights, so a
+                   ///< training pass with dropout uses the materialised attention
+};
+
 /// One named parameter tensor inside the flat parameter buffer.
 struct ParameterInfo {
     std::string name;  ///< nanoGPT's state_dict key, e.g. `transformer.h.0.ln_1.weight`
@@ -95,7 +104,9 @@ struct Activations {
     std::vector<float> ln1_rstd;      ///< (L, B, T)
     std::vector<float> qkv;           ///< (L, B, T, 3C)
     std::vector<float> atty;          ///< (L, B, T, C) heads' outputs before `c_proj`
-    std::vector<float> att;           ///< (L, B, NH, T, T) attention weights
+    std::vector<float> att;           ///< (L, B, NH, T, T) attention weights; empty until a
+                                      ///< pass uses the materialised attention
+    std::vector<float> att_lse;       ///< (L, B, NH, T) the fused attention's log-sum-exps
     std::vector<float> att_dropped;   ///< (L, B, NH, T, T) after dropout; empty without dropout
     std::vector<float> attproj;       ///< (L, B, T, C) `c_proj` output (after dropout)
     std::vector<float> residual2;     ///< (L, B, T, C) residual stream after attention
@@ -126,7 +137,7 @@ struct GradientScratch {
     std::vector<float> dfch;       ///< (B, T, 4C) gradient of the `c_fc` output
     std::vector<float> dfch_gelu;  ///< (B, T, 4C)
     std::vector<float> dlogits;    ///< (B, T, V)
-    std::vector<float> datt;       ///< (B, NH, T, T) attention backward scratch
+    std::vector<float> datt;       ///< (B, NH, T, T) attention backward scratch, as `att`
     std::vector<float> dinner;     ///< (B, T, C) gradient of a block's branch output
 };
 
@@ -181,6 +192,13 @@ public:
     void train(bool on = true) { training_ = on; }
     /// Whether dropout is applied.
     bool training() const { return training_; }
+    /// Chooses the attention of the next passes (materialised, as a new model, or fused).
+    /// @param kind the attention to call
+    /// @throws std::invalid_argument for the fused attention with ALiBi positions (the
+    ///         fused path adds no bias to its scores)
+    void set_attention(AttentionKind kind);
+    /// The attention chosen by set_attention().
+    AttentionKind attention() const { return attention_; }
     /// Reseeds the dropout masks' random source.
     /// @param seed the new seed
     void seed_dropout(std::uint64_t seed) { dropout_rng_ = Rng(seed); }
@@ -229,6 +247,8 @@ private:
     bool training_ = true;
     bool has_targets_ = false;
     bool dropout_applied_ = false;
+    AttentionKind attention_ = AttentionKind::materialised;
+    bool fused_applied_ = false;  // whether the last forward pass used the fused attention
 };
 
 /// AdamW as `torch.optim.AdamW`: decoupled weight decay, bias-corrected moments. Weight

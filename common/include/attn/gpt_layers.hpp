@@ -150,6 +150,27 @@ void rope_forward(float* qkv, int B, int T, int C, int NH, int pos0 = 0);
 /// @param pos0 as given to rope_forward
 void rope_backward(float* dqkv, int B, int T, int C, int NH, int pos0 = 0);
 
+/// attention_forward() without the (T, T) weights and without dropout: the tiled CPU
+/// attention of flash.hpp (attention_fast_forward()) on the heads of `qkv` in place.
+/// @param out (B, T, C) the heads' outputs, head h in channels [h·hs, (h+1)·hs)
+/// @param lse (B, NH, T) each row's log-sum-exp of its scores, for the backward pass
+/// @param qkv (B, T, 3C) q, k and v side by side
+/// @param B batch size  @param T sequence length  @param C channels  @param NH heads
+/// @param causal false attends to every position
+void attention_fused_forward(float* out, float* lse, const float* qkv, int B, int T, int C,
+                             int NH, bool causal = true);
+
+/// Backward of attention_fused_forward(), recomputing the weights from `lse`.
+/// @param dqkv (B, T, 3C) accumulated
+/// @param dout (B, T, C)
+/// @param qkv (B, T, 3C)
+/// @param out (B, T, C) the forward's output
+/// @param lse (B, NH, T) the forward's log-sum-exps
+/// @param B batch size  @param T sequence length  @param C channels  @param NH heads
+/// @param causal as given to attention_fused_forward
+void attention_fused_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
+                              const float* lse, int B, int T, int C, int NH, bool causal = true);
+
 /// Exact GELU, as `torch.nn.GELU()`: `out = ½·x·(1 + erf(x/√2))`.
 /// @param out (N) @param inp (N) @param N number of elements
 void gelu_forward(float* out, const float* inp, int N);

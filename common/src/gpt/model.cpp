@@ -199,7 +199,10 @@ void GPT::allocate_activations(int B, int T) {
     resize_zero(a.ln1_rstd, L * BT);
     resize_zero(a.qkv, L * BT * 3 * C);
     resize_zero(a.atty, L * BT * C);
-    resize_zero(a.att, L * B * NH * TT);
+    // The (T, T) weights only for the materialised attention (forward() reallocates when a
+    // later pass needs them).
+    resize_zero(a.att, fused_applied_ ? 0 : L * B * NH * TT);
+    resize_zero(a.att_lse, L * B * NH * T);
     resize_zero(a.attproj, L * BT * C);
     resize_zero(a.residual2, L * BT * C);
     resize_zero(a.ln2, L * BT * C);
@@ -216,7 +219,7 @@ void GPT::allocate_activations(int B, int T) {
     resize_zero(a.probs, BT * V);
     resize_zero(a.losses, BT);
     const bool dropout = config_.dropout > 0.0f;
-    resize_zero(a.att_dropped, dropout ? L * B * NH * TT : 0);
+    resize_zero(a.att_dropped, dropout && !fused_applied_ ? L * B * NH * TT : 0);
     resize_zero(a.encoded_mask, dropout ? BT * C : 0);
     resize_zero(a.attproj_mask, dropout ? L * BT * C : 0);
     resize_zero(a.fcproj_mask, dropout ? L * BT * C : 0);
@@ -229,12 +232,20 @@ void GPT::allocate_activations(int B, int T) {
     resize_zero(s.dfch, BT * 4 * C);
     resize_zero(s.dfch_gelu, BT * 4 * C);
     resize_zero(s.dlogits, BT * V);
-    resize_zero(s.datt, B * NH * TT);
+    resize_zero(s.datt, fused_applied_ ? 0 : B * NH * TT);
     resize_zero(s.dinner, BT * C);
     inputs_.assign(BT, 0);
     targets_.assign(BT, 0);
     B_ = B;
     T_ = T;
+}
+
+void GPT::set_attention(AttentionKind kind) {
+    if (kind == AttentionKind::fused && config_.position == Position::alibi) {
+        throw std::invalid_argument("the fused attention adds no bias to its scores, so it cannot "
+                                    "run an ALiBi model: use the materialised attention");
+    }
+    attention_ = kind;
 }
 
 float GPT::forward(const std::vector<int>& inputs, const std::vector<int>& targets, int B, int T) {
@@ -268,8 +279,11 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
                     " at position " + std::to_string(i) + " is outside [0, " + std::to_string(V) +
                     ")");
     }
-    if (B != B_ || T != T_) allocate_activations(B, T);
     dropout_applied_ = training_ && config_.dropout > 0.0f;
+    fused_applied_ = attention_ == AttentionKind::fused && !dropout_applied_;
+    const bool weights_missing =
+        !fused_applied_ && (acts_.att.empty() || (dropout_applied_ && acts_.att_dropped.empty()));
+    if (B != B_ || T != T_ || weights_missing) allocate_activations(B, T);
     std::copy(inputs, inputs + BT, inputs_.begin());
     has_targets_ = targets != nullptr;
     if (targets) std::copy(targets, targets + BT, targets_.begin());
@@ -307,6 +321,9 @@ void GPT::forward_slice(int b0, int B) {
     const size_t row0 = static_cast<size_t>(b0) * T;       // the slice's first row
     const size_t att0 = static_cast<size_t>(b0) * NH * TT;  // its first attention matrix
     const size_t att_layer = static_cast<size_t>(B_) * NH * TT;
+    const size_t lse0 = static_cast<size_t>(b0) * NH * T;  // its first row of log-sum-exps
+    const size_t lse_layer = static_cast<size_t>(B_) * NH * T;
+    const bool fused = fused_applied_;
     const int N = B * T;  // rows of the slice
     const int* inputs = inputs_.data() + row0;
 
@@ -323,8 +340,10 @@ void GPT::forward_slice(int b0, int B) {
         float* ln1 = a.ln1.data() + at;
         float* qkv = a.qkv.data() + 3 * at;
         float* atty = a.atty.data() + at;
-        float* att = a.att.data() + l * att_layer + att0;
+        // (B, NH, T, T) weights, or (B, NH, T) log-sum-exps for the fused attention
+        float* att = fused ? nullptr : a.att.data() + l * att_layer + att0;
         float* att_dropped = dropout ? a.att_dropped.data() + l * att_layer + att0 : nullptr;
+        float* att_lse = a.att_lse.data() + l * lse_layer + lse0;
         float* attproj = a.attproj.data() + at;
         float* residual2 = a.residual2.data() + at;
         float* ln2 = a.ln2.data() + at;
@@ -340,9 +359,13 @@ void GPT::forward_slice(int b0, int B) {
         matmul_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C,
                        3 * C);
         if (config_.position == Position::rope) rope_forward(qkv, B, T, C, NH);
-        attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &dropout_rng_, B, T,
-                          C, NH, config_.causal,
-                          alibi_slopes_.empty() ? nullptr : alibi_slopes_.data());
+        if (fused) {
+            attention_fused_forward(atty, att_lse, qkv, B, T, C, NH, config_.causal);
+        } else {
+            attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &dropout_rng_,
+                              B, T, C, NH, config_.causal,
+                              alibi_slopes_.empty() ? nullptr : alibi_slopes_.data());
+        }
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
         if (dropout)
@@ -424,6 +447,9 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
     const size_t row0 = static_cast<size_t>(b0) * T;
     const size_t att0 = static_cast<size_t>(b0) * NH * TT;
     const size_t att_layer = static_cast<size_t>(B_) * NH * TT;
+    const size_t lse0 = static_cast<size_t>(b0) * NH * T;  // its first row of log-sum-exps
+    const size_t lse_layer = static_cast<size_t>(B_) * NH * T;
+    const bool fused = fused_applied_;
     const int N = B * T;
     const size_t NC = static_cast<size_t>(N) * C;
     const ParameterTensors& p = params_;
@@ -439,7 +465,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
     float* dfch = s.dfch.data() + 4 * row0 * C;        // (B, T, 4C)
     float* dfch_gelu = s.dfch_gelu.data() + 4 * row0 * C;
     float* dlogits = s.dlogits.data() + row0 * V;      // (B, T, V)
-    float* datt = s.datt.data() + att0;                // (B, NH, T, T)
+    float* datt = fused ? nullptr : s.datt.data() + att0;  // (B, NH, T, T)
     float* dinner = s.dinner.data() + row0 * C;        // (B, T, C)
     auto clear = [](float* x, size_t n) { std::fill(x, x + n, 0.0f); };
 
@@ -468,8 +494,9 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
         const float* ln1 = a.ln1.data() + at;
         const float* qkv = a.qkv.data() + 3 * at;
         const float* atty = a.atty.data() + at;
-        const float* att = a.att.data() + l * att_layer + att0;
+        const float* att = fused ? nullptr : a.att.data() + l * att_layer + att0;
         const float* att_dropped = dropout ? a.att_dropped.data() + l * att_layer + att0 : nullptr;
+        const float* att_lse = a.att_lse.data() + l * lse_layer + lse0;
         const float* residual2 = a.residual2.data() + at;
         const float* ln2 = a.ln2.data() + at;
         const float* fch = a.fch.data() + 4 * at;
@@ -504,8 +531,12 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
                         atty, p.attprojw + lc * C, N, C, C);
         // atty = attention(qkv)
         clear(dqkv, 3 * NC);
-        attention_backward(dqkv, datt, datty, qkv, att, att_dropped, pdrop, B, T, C, NH,
-                           config_.causal);
+        if (fused) {
+            attention_fused_backward(dqkv, datty, qkv, atty, att_lse, B, T, C, NH, config_.causal);
+        } else {
+            attention_backward(dqkv, datt, datty, qkv, att, att_dropped, pdrop, B, T, C, NH,
+                               config_.causal);
+        }
         // qkv = rope(qkv) (the activation holds the rotated q and k that attention read)
         if (config_.position == Position::rope) rope_backward(dqkv, B, T, C, NH);
         // qkv = ln1 · c_attnᵀ + b
