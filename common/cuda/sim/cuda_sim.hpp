@@ -240,6 +240,18 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event);
 // The host time between the two records: the simulator's own time, never a GPU's.
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
 
+struct cudaFuncAttributes {
+    std::size_t sharedSizeBytes;
+    int maxThreadsPerBlock;
+    int ptxVersion, binaryVersion;
+};
+// Every kernel "has an image" for the simulator.
+template <class Kernel>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel*) {
+    *attributes = cudaFuncAttributes{0, 1024, 90, 90};
+    return cudaSuccess;
+}
+
 namespace cuda_sim {
 cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes);
 }
