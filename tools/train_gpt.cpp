@@ -106,9 +106,34 @@ int bench(Trainer& trainer, int steps) {
     return 0;
 }
 
-// --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one).
+// --device sim: the CUDA code in the CUDA simulator, in a build configured without a GPU
+// (tiny runs: it checks, it does not race); cuda and auto need a GPU build.
+void check_simulator_choice(const Flags& f) {
+#if ATTN_CUDA_SIMULATED
+    if (f.device == "cuda") {
+        throw std::runtime_error("--device cuda: this build was configured without a GPU, so its "
+                                 "CUDA code runs in the CUDA simulator (--device sim, for tiny "
+                                 "runs); reconfigure on a machine with a GPU");
+    }
+#else
+    if (f.device == "sim") {
+        throw std::runtime_error("--device sim: this build runs its CUDA code on a GPU (or has "
+                                 "none); the simulator is built when no GPU is found at configure "
+                                 "time");
+    }
+#endif
+}
+
+// --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one);
+// sim (see check_simulator_choice).
 void choose_device(Trainer& trainer, const Flags& f) {
     if (f.device == "cpu") return;
+#if ATTN_CUDA_SIMULATED
+    if (f.device == "auto") {
+        std::cerr << "train_gpt: --device auto: this build has no GPU; training on the CPU\n";
+        return;
+    }
+#endif
 #if ATTN_HAVE_CUDA
     std::string why;
     if (cuda::device_available(&why)) {
@@ -132,6 +157,7 @@ void choose_device(Trainer& trainer, const Flags& f) {
 }
 
 int run(const Flags& f) {
+    check_simulator_choice(f);
     if (f.tf32 && f.device == "cpu") throw std::invalid_argument("--tf32 needs --device cuda or auto");
     if (f.attention == "fused" && f.device == "cpu") {
         throw std::invalid_argument("--attention fused is the GPU's kernel (lesson 13): it needs "
@@ -291,8 +317,10 @@ int main(int argc, char** argv) {
     app.add_option("--temperature", f.temperature, "sampling temperature (positive)");
     app.add_option("--top-k", f.top_k, "sample from the k most likely characters (0: all)");
     app.add_option("--prompt", f.prompt, "text the sample continues");
-    app.add_option("--device", f.device, "cpu (the default), cuda, or auto (the GPU when there is one)")
-        ->check(CLI::IsMember({"cpu", "auto", "cuda"}));
+    app.add_option("--device", f.device,
+                   "cpu (the default), cuda, auto (the GPU when there is one), or sim (the CUDA "
+                   "code in the CUDA simulator, for tiny runs, in builds configured without a GPU)")
+        ->check(CLI::IsMember({"cpu", "auto", "cuda", "sim"}));
     app.add_flag("--tf32", f.tf32, "on the GPU, let the matrix products use TF32 (faster, less exact)");
     app.add_option("--attention", f.attention,
                    "on the GPU: materialised (the default; (T, T) weights stored) or fused "
