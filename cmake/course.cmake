@@ -17,10 +17,24 @@ function(course_lesson name)
   add_executable(lesson_${nn} ${lesson_sources})
   target_link_libraries(lesson_${nn} PRIVATE attn attn_warnings)
   target_precompile_headers(lesson_${nn} REUSE_FROM attn)
-  # Lessons with a GPU part compile it under ATTN_HAVE_CUDA; the CPU course never needs it.
-  if(ATTN_HAVE_CUDA AND TARGET attn_cuda)
+  # Lessons with a GPU part compile it under ATTN_HAVE_CUDA: against the GPU (attn_cuda)
+  # where one was found at configure time, otherwise against the CUDA simulator
+  # (attn_cuda_sim, which defines ATTN_CUDA_SIMULATED: results marked as such, no timings).
+  if(ATTN_HAVE_CUDA AND ATTN_GPU_PRESENT AND TARGET attn_cuda)
     target_link_libraries(lesson_${nn} PRIVATE attn_cuda)
     target_compile_definitions(lesson_${nn} PRIVATE ATTN_HAVE_CUDA=1)
+  elseif(TARGET attn_cuda_sim)
+    set(_gpu_part FALSE)  # only lessons with a GPU part wait for the simulated library
+    foreach(_f IN LISTS lesson_sources)
+      file(STRINGS "${_f}" _hits REGEX "ATTN_HAVE_CUDA")
+      if(_hits)
+        set(_gpu_part TRUE)
+      endif()
+    endforeach()
+    if(_gpu_part)
+      target_link_libraries(lesson_${nn} PRIVATE attn_cuda_sim)
+      target_compile_definitions(lesson_${nn} PRIVATE ATTN_HAVE_CUDA=1)
+    endif()
   endif()
   # The test's output and pictures are the docs' (docs/CMakeLists.txt): the docs build
   # reuses them rather than running every lesson a second time.

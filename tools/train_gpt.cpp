@@ -119,17 +119,42 @@ int bench(Trainer& trainer, int steps) {
     return 0;
 }
 
-// --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one).
+// --device sim: the CUDA code in the CUDA simulator, in a build configured without a GPU
+// (tiny runs: it checks, it does not race); cuda and auto need a GPU build.
+void check_simulator_choice(const Flags& f) {
+#if ATTN_CUDA_SIMULATED
+    if (f.device == "cuda") {
+        throw std::runtime_error("--device cuda: this build was configured without a GPU, so its "
+                                 "CUDA code runs in the CUDA simulator (--device sim, for tiny "
+                                 "runs); reconfigure on a machine with a GPU");
+    }
+#else
+    if (f.device == "sim") {
+        throw std::runtime_error("--device sim: this build runs its CUDA code on a GPU (or has "
+                                 "none); the simulator is built when no GPU is found at configure "
+                                 "time");
+    }
+#endif
+}
+
+// --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one);
+// sim (see check_simulator_choice).
 void choose_device(Trainer& trainer, const Flags& f) {
     if (f.device == "cpu") return;
     const Position position = trainer.model().config().position;
     if (position != Position::learned) {  // the GPU model has wpe only (lesson 15)
         const std::string why = std::string("the GPU model has learned positions only, this one ") +
                                 position_name(position);
-        if (f.device == "cuda") throw std::runtime_error("--device cuda: " + why);
+        if (f.device != "auto") throw std::runtime_error("--device " + f.device + ": " + why);
         std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
         return;
     }
+#if ATTN_CUDA_SIMULATED
+    if (f.device == "auto") {
+        std::cerr << "train_gpt: --device auto: this build has no GPU; training on the CPU\n";
+        return;
+    }
+#endif
 #if ATTN_HAVE_CUDA
     std::string why;
     if (cuda::device_available(&why)) {
@@ -157,6 +182,7 @@ int run(const Flags& f) {
     // The thread settings in force, once, before any work.
     std::cout << describe_threads() << "\n";
     if (f.threads_info) return 0;
+    check_simulator_choice(f);
     if (f.tf32 && f.device == "cpu") throw std::invalid_argument("--tf32 needs --device cuda or auto");
     if (f.device == "cuda" && !f.position.empty() && f.position != "learned") {
         throw std::invalid_argument("--device cuda: the GPU model has learned positions only, "
@@ -234,6 +260,12 @@ int run(const Flags& f) {
     // default keeps train_gpt, lesson 11 and the benchmark harness on the same code path.
     if (f.attention == "fused") trainer->model().set_attention(AttentionKind::fused);
     choose_device(*trainer, f);
+    // The simulator runs the CUDA code to check it; its times say nothing about a GPU.
+    const bool simulated = f.device == "sim";
+    if (f.bench > 0 && simulated) {
+        throw std::invalid_argument("--bench with --device sim: the CUDA simulator checks the GPU "
+                                    "code, it does not time it");
+    }
     if (f.bench > 0) return bench(*trainer, f.bench);
 
     std::cout << "corpus " << corpus.string() << ": " << text.size() << " bytes, vocabulary "
@@ -249,7 +281,7 @@ int run(const Flags& f) {
     RunOptions options;
     options.out_dir = out;
     options.log = &std::cout;
-    options.progress = &std::cerr;
+    options.progress = simulated ? nullptr : &std::cerr;  // its line shows tokens/s
     options.progress_is_terminal = ::isatty(2);
     options.stop_requested = [&stop] { return stop.requested(); };
     const RunSummary summary = run_training(*trainer, options);
@@ -265,10 +297,12 @@ int run(const Flags& f) {
                 "GPT " + std::to_string(c.n_layer) + "x" + std::to_string(c.n_embd) + ", " +
                     corpus.stem().string());
     const EvalRecord& last = summary.evals.back();
-    std::printf("finished %lld steps in %s: train loss %.4f, val loss %.4f (best %.4f)\n",
-                static_cast<long long>(trainer->step()), format_duration(summary.seconds).c_str(),
+    std::printf("finished %lld steps %s: train loss %.4f, val loss %.4f (best %.4f)\n",
+                static_cast<long long>(trainer->step()),
+                simulated ? "(simulated on the CPU: results checked, no timing)"
+                          : ("in " + format_duration(summary.seconds)).c_str(),
                 last.train_loss, last.val_loss, trainer->best_val_loss());
-    if (!summary.steps.empty()) {
+    if (!summary.steps.empty() && !simulated) {
         const double n = static_cast<double>(summary.steps.size());
         std::printf("training steps alone: %.1f ms/step, %.0f tokens/s (the rest: evaluation and "
                     "checkpoints)\n",
@@ -332,8 +366,10 @@ int main(int argc, char** argv) {
     app.add_option("--temperature", f.temperature, "sampling temperature (positive)");
     app.add_option("--top-k", f.top_k, "sample from the k most likely characters (0: all)");
     app.add_option("--prompt", f.prompt, "text the sample continues");
-    app.add_option("--device", f.device, "cpu (the default), cuda, or auto (the GPU when there is one)")
-        ->check(CLI::IsMember({"cpu", "auto", "cuda"}));
+    app.add_option("--device", f.device,
+                   "cpu (the default), cuda, auto (the GPU when there is one), or sim (the CUDA "
+                   "code in the CUDA simulator, for tiny runs, in builds configured without a GPU)")
+        ->check(CLI::IsMember({"cpu", "auto", "cuda", "sim"}));
     app.add_flag("--tf32", f.tf32, "on the GPU, let the matrix products use TF32 (faster, less exact)");
     app.add_option("--attention", f.attention,
                    "materialised (the default; (T, T) weights stored) or fused (lesson 13's "

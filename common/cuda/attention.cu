@@ -64,19 +64,19 @@ unsigned int reshape_grid(int B, int T, int NH, int hs) {
 }
 void split_heads(const AttentionScratch& s, const float* qkv, int B, int T, int NH, int hs,
                  cudaStream_t stream) {
-    split_heads_kernel<<<reshape_grid(B, T, NH, hs), reshape_block, 0, stream>>>(s.q, s.k, s.v, qkv,
+    ATTN_LAUNCH(split_heads_kernel, reshape_grid(B, T, NH, hs), reshape_block, 0, stream)(s.q, s.k, s.v, qkv,
                                                                                 B, T, NH, hs);
     CUDA_CHECK(cudaGetLastError());
 }
 void merge_heads(float* out, int out_stride, const float* y, int B, int T, int NH, int hs,
                  bool accumulate, cudaStream_t stream) {
-    merge_heads_kernel<<<reshape_grid(B, T, NH, hs), reshape_block, 0, stream>>>(
+    ATTN_LAUNCH(merge_heads_kernel, reshape_grid(B, T, NH, hs), reshape_block, 0, stream)(
         out, out_stride, y, B, T, NH, hs, accumulate);
     CUDA_CHECK(cudaGetLastError());
 }
 void gather_heads(float* y, const float* inp, int inp_stride, int B, int T, int NH, int hs,
                   cudaStream_t stream) {
-    gather_heads_kernel<<<reshape_grid(B, T, NH, hs), reshape_block, 0, stream>>>(
+    ATTN_LAUNCH(gather_heads_kernel, reshape_grid(B, T, NH, hs), reshape_block, 0, stream)(
         y, inp, inp_stride, B, T, NH, hs);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -179,8 +179,8 @@ void launch_attention_forward(float* out, float* att, float* att_dropped, const 
                                            &scale, s.k, hs, head, s.q, hs, head, &zero, s.scores,
                                            T, square, B * NH));
     const int rows = B * NH * T;
-    causal_softmax_kernel<<<ceil_div(rows, rows_per_block), rows_per_block * warp_size, 0,
-                            stream>>>(att, att_dropped, s.scores, rows, T, dropout_p, seed);
+    ATTN_LAUNCH(causal_softmax_kernel, ceil_div(rows, rows_per_block), rows_per_block * warp_size, 0,
+                            stream)(att, att_dropped, s.scores, rows, T, dropout_p, seed);
     CUDA_CHECK(cudaGetLastError());
     const float* weights = dropout_p > 0.0f ? att_dropped : att;
     // y (T, hs) = weights (T, T) · v (T, hs); column-major: y' = v' · weights'
@@ -218,8 +218,8 @@ void launch_attention_backward(float* dqkv, const float* dout, const float* qkv,
                                            s.y, hs, head, weights, T, square, &zero, dv, hs, head,
                                            B * NH));
     const int rows = B * NH * T;
-    causal_softmax_backward_kernel<<<ceil_div(rows, rows_per_block), rows_per_block * warp_size,
-                                     0, stream>>>(datt, att, att_dropped, rows, T, dropout_p);
+    ATTN_LAUNCH(causal_softmax_backward_kernel, ceil_div(rows, rows_per_block), rows_per_block * warp_size,
+                                     0, stream)(datt, att, att_dropped, rows, T, dropout_p);
     CUDA_CHECK(cudaGetLastError());
     // forward: scores = scale · q · kᵀ
     // dq (T, hs) = scale · dscores · k; column-major: dq' = scale · k' · dscores'. dy is no

@@ -11,7 +11,8 @@
 // order. The block keeps K, V and its dK, dV accumulators and walks the query tiles that
 // can see it: recompute P = e^(S − lse) from the saved log-sum-exp, dP = dO Vᵀ,
 // dS = P ∘ (dP − D) with D_i = dO_i · O_i (flash_delta_kernel), then dV += Pᵀ dO,
-// dK += dSᵀ Q and dQ += dS K, the last with atomic adds since every key tile adds to it.
+// dK += dSᵀ Q and dQ += dS K; every key tile adds to dQ, so the tiles run one launch each, in
+// order (no atomics: dQ is bit-for-bit reproducible).
 //
 // Dropout on the weights (training): the forward blends V with the dropped, rescaled
 // weights while l sums the undropped ones, so lse stays that of the softmax; the backward
@@ -103,7 +104,7 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
                          int T, bool causal, float scale, float drop_p, std::uint64_t seed) {
     constexpr int D = HS / kThreads;  // output columns per thread
     constexpr int ldq = HS + 1, ldk = HS + 1, ldv = HS + 1, ldp = kBc + 1;
-    extern __shared__ float smem[];
+    ATTN_DYNAMIC_SHARED(float, smem);
     float* Q_s = smem;               // (kBr, ldq)
     float* K_s = Q_s + kBr * ldq;    // (kBc, ldk)
     float* V_s = K_s + kBc * ldk;    // (kBc, ldv)
@@ -242,10 +243,11 @@ template <int HS>
 static __global__ void __launch_bounds__(kThreads* kThreads)
     flash_backward_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
                           const float* k, const float* v, const float* lse, const float* delta,
-                          int T, bool causal, float scale, float drop_p, std::uint64_t seed) {
+                          int T, bool causal, float scale, float drop_p, std::uint64_t seed,
+                          int key_tile) {
     constexpr int D = HS / kThreads;
     constexpr int ld = HS + 1, ldp = kBc + 1;
-    extern __shared__ float smem[];
+    ATTN_DYNAMIC_SHARED(float, smem);
     float* K_s = smem;                // (kBc, ld)
     float* V_s = K_s + kBc * ld;      // (kBc, ld)
     float* Q_s = V_s + kBc * ld;      // (kBr, ld)
@@ -258,7 +260,7 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
     const int tx = threadIdx.x, ty = threadIdx.y;
     const int tid = ty * kThreads + tx;
     const float keep_scale = drop_p > 0.0f ? 1.0f / (1.0f - drop_p) : 1.0f;
-    const int kt = blockIdx.x;  // causal: the first key tiles see the most queries, start them first
+    const int kt = key_tile;  // one key tile per launch, every head at once (blockIdx.y)
     const long long head = blockIdx.y;
     const long long base = head * T * HS;
     const int k0 = kt * kBc;
@@ -355,8 +357,10 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
                 }
         }
 
-        // dQ[i][d] += Σ_j dS[i][j] K[j][d] for this key tile's share; other key tiles add
-        // theirs to the same rows, hence the atomic adds.
+        // dQ[i][d] += Σ_j dS[i][j] K[j][d] for this key tile's share. The other key tiles
+        // add theirs to the same rows in the launches before and after this one: a fixed
+        // order, so dQ is the same to the bit on every run (atomic adds from concurrent
+        // key tiles would sum in whatever order the blocks finish).
         float dq_part[kRows][D];
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
@@ -380,7 +384,7 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
             if (i >= T) continue;
             float* dq_row = dq + base + static_cast<long long>(i) * HS;
 #pragma unroll
-            for (int c = 0; c < D; ++c) atomicAdd(dq_row + tx + kThreads * c, dq_part[r][c]);
+            for (int c = 0; c < D; ++c) dq_row[tx + kThreads * c] += dq_part[r][c];
         }
     }
 
@@ -442,7 +446,7 @@ void launch_flash_forward(float* out, float* lse, const float* q, const float* k
     const dim3 grid(static_cast<unsigned>((T + kBr - 1) / kBr), static_cast<unsigned>(s.B * s.NH));
     const dim3 block(kThreads, kThreads);
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-    flash_forward_kernel<HS><<<grid, block, bytes, stream>>>(out, lse, q, k, v, T, s.causal, scale,
+    ATTN_LAUNCH(flash_forward_kernel<HS>, grid, block, bytes, stream)(out, lse, q, k, v, T, s.causal, scale,
                                                              drop.p, drop.seed);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -457,16 +461,21 @@ void launch_flash_backward(float* dq, float* dk, float* dv, float* delta, const 
     (void)ready;
     const int T = static_cast<int>(s.T);
     const long long rows = static_cast<long long>(s.rows());
-    flash_delta_kernel<<<static_cast<unsigned>((rows + 7) / 8), 256, 0, stream>>>(delta, dout, out,
+    ATTN_LAUNCH(flash_delta_kernel, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream)(delta, dout, out,
                                                                                   rows, HS);
     CUDA_CHECK(cudaGetLastError());
     CUDA_CHECK(cudaMemsetAsync(dq, 0, s.qkv_size() * sizeof(float), stream));
-    const dim3 grid(static_cast<unsigned>((T + kBc - 1) / kBc), static_cast<unsigned>(s.B * s.NH));
+    // One launch per key tile, in order, each over every head: the tiles' dQ shares add up
+    // in the same order on every run.
+    const int key_tiles = (T + kBc - 1) / kBc;
+    const dim3 grid(1, static_cast<unsigned>(s.B * s.NH));
     const dim3 block(kThreads, kThreads);
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-    flash_backward_kernel<HS><<<grid, block, bytes, stream>>>(dq, dk, dv, dout, q, k, v, lse, delta,
-                                                              T, s.causal, scale, drop.p, drop.seed);
-    CUDA_CHECK(cudaGetLastError());
+    for (int kt = 0; kt < key_tiles; ++kt) {
+        ATTN_LAUNCH(flash_backward_kernel<HS>, grid, block, bytes, stream)(
+            dq, dk, dv, dout, q, k, v, lse, delta, T, s.causal, scale, drop.p, drop.seed, kt);
+        CUDA_CHECK(cudaGetLastError());
+    }
 }
 
 }  // namespace

@@ -74,7 +74,7 @@ static __global__ void softmax_backward_kernel(float* datt, const float* att, lo
 void launch_softmax_forward(float* att, const AttentionShape& s, cudaStream_t stream) {
     const long long rows = static_cast<long long>(s.B * s.NH * s.T);
     const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    softmax_forward_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+    ATTN_LAUNCH(softmax_forward_kernel, blocks, kWarpsPerBlock * 32, 0, stream)(
         att, rows, static_cast<int>(s.T), s.causal);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -83,7 +83,7 @@ void launch_softmax_backward(float* datt, const float* att, const AttentionShape
                              float scale, cudaStream_t stream) {
     const long long rows = static_cast<long long>(s.B * s.NH * s.T);
     const unsigned blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    softmax_backward_kernel<<<blocks, kWarpsPerBlock * 32, 0, stream>>>(
+    ATTN_LAUNCH(softmax_backward_kernel, blocks, kWarpsPerBlock * 32, 0, stream)(
         datt, att, rows, static_cast<int>(s.T), s.causal, scale);
     CUDA_CHECK(cudaGetLastError());
 }

@@ -1,7 +1,7 @@
 // The one checking macro every CUDA call in the course goes through.
 #pragma once
 
-#include <cuda_runtime.h>
+#include "launch.cuh"
 
 #include <stdexcept>
 #include <string>

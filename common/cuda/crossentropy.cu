@@ -51,16 +51,16 @@ __global__ void crossentropy_backward_kernel(float* dlogits, const float* probs,
 void launch_crossentropy_forward(float* probs, float* losses, float* mean_loss,
                                  const float* logits, const int* targets, int BT, int V,
                                  cudaStream_t stream) {
-    crossentropy_forward_kernel<<<BT, row_block, 0, stream>>>(probs, losses, logits, targets, V);
+    ATTN_LAUNCH(crossentropy_forward_kernel, BT, row_block, 0, stream)(probs, losses, logits, targets, V);
     CUDA_CHECK(cudaGetLastError());
-    mean_kernel<<<1, mean_block, 0, stream>>>(mean_loss, losses, BT);
+    ATTN_LAUNCH(mean_kernel, 1, mean_block, 0, stream)(mean_loss, losses, BT);
     CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_crossentropy_backward(float* dlogits, const float* probs, const int* targets, int BT,
                                   int V, cudaStream_t stream) {
     const std::size_t n = static_cast<std::size_t>(BT) * V;
-    crossentropy_backward_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(dlogits, probs, targets,
+    ATTN_LAUNCH(crossentropy_backward_kernel, ceil_div(n, 256), 256, 0, stream)(dlogits, probs, targets,
                                                                          BT, V);
     CUDA_CHECK(cudaGetLastError());
 }

@@ -15,7 +15,7 @@ constexpr int step_threads = 256;
 __global__ void cached_attention_kernel(float* out, const float* q, const float* key_cache,
                                         const float* value_cache, int T, int capacity, int hs,
                                         float scale) {
-    extern __shared__ float smem[];
+    ATTN_DYNAMIC_SHARED(float, smem);
     float* w = smem;          // (T) scores, then their exponentials
     float* reduce = smem + T;  // (32) the block reductions' partials
     const int h = blockIdx.x;
@@ -62,7 +62,7 @@ void cached_attention_forward(float* out, const float* q, const float* key_cache
                                     " positions do not fit in 48 KiB of shared memory");
     }
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    cached_attention_kernel<<<static_cast<unsigned>(NH), step_threads, bytes, stream>>>(
+    ATTN_LAUNCH(cached_attention_kernel, static_cast<unsigned>(NH), step_threads, bytes, stream)(
         out, q, key_cache, value_cache, T, capacity, hs, scale);
     CUDA_CHECK(cudaGetLastError());
 }

@@ -62,27 +62,27 @@ __global__ void dropout_kernel(float* x, float p, std::uint64_t seed, std::size_
 #undef ATTN_GRID_STRIDE
 
 void launch_gelu_forward(float* out, const float* inp, std::size_t N, cudaStream_t stream) {
-    gelu_forward_kernel<<<grid_for(N), block_size, 0, stream>>>(out, inp, N);
+    ATTN_LAUNCH(gelu_forward_kernel, grid_for(N), block_size, 0, stream)(out, inp, N);
     CUDA_CHECK(cudaGetLastError());
 }
 void launch_gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t N,
                           cudaStream_t stream) {
-    gelu_backward_kernel<<<grid_for(N), block_size, 0, stream>>>(dinp, inp, dout, N);
+    ATTN_LAUNCH(gelu_backward_kernel, grid_for(N), block_size, 0, stream)(dinp, inp, dout, N);
     CUDA_CHECK(cudaGetLastError());
 }
 void launch_residual_forward(float* out, const float* inp1, const float* inp2, std::size_t N,
                              cudaStream_t stream) {
-    residual_forward_kernel<<<grid_for(N), block_size, 0, stream>>>(out, inp1, inp2, N);
+    ATTN_LAUNCH(residual_forward_kernel, grid_for(N), block_size, 0, stream)(out, inp1, inp2, N);
     CUDA_CHECK(cudaGetLastError());
 }
 void launch_residual_backward(float* dinp1, float* dinp2, const float* dout, std::size_t N,
                               cudaStream_t stream) {
-    residual_backward_kernel<<<grid_for(N), block_size, 0, stream>>>(dinp1, dinp2, dout, N);
+    ATTN_LAUNCH(residual_backward_kernel, grid_for(N), block_size, 0, stream)(dinp1, dinp2, dout, N);
     CUDA_CHECK(cudaGetLastError());
 }
 void launch_dropout(float* x, float p, std::uint64_t seed, std::size_t N, cudaStream_t stream) {
     if (p <= 0.0f) return;
-    dropout_kernel<<<grid_for(N), block_size, 0, stream>>>(x, p, seed, N);
+    ATTN_LAUNCH(dropout_kernel, grid_for(N), block_size, 0, stream)(x, p, seed, N);
     CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace

@@ -56,18 +56,18 @@ void launch_encoder_forward(float* out, const int* inp, const float* wte, const 
                             int T, int C, cudaStream_t stream) {
     const std::size_t n = static_cast<std::size_t>(B) * T * C;
     const int block = 256;
-    encoder_forward_kernel<<<ceil_div(n, block), block, 0, stream>>>(out, inp, wte, wpe, B, T, C);
+    ATTN_LAUNCH(encoder_forward_kernel, ceil_div(n, block), block, 0, stream)(out, inp, wte, wpe, B, T, C);
     CUDA_CHECK(cudaGetLastError());
 }
 
 void launch_encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B,
                              int T, int C, int V, cudaStream_t stream) {
     const dim3 grid(ceil_div(C, encoder_tile), V);
-    encoder_backward_wte_kernel<<<grid, encoder_tile, 0, stream>>>(dwte, dout, inp, B * T, C);
+    ATTN_LAUNCH(encoder_backward_wte_kernel, grid, encoder_tile, 0, stream)(dwte, dout, inp, B * T, C);
     CUDA_CHECK(cudaGetLastError());
     const int block = 256;
-    encoder_backward_wpe_kernel<<<ceil_div(static_cast<std::size_t>(T) * C, block), block, 0,
-                                  stream>>>(dwpe, dout, B, T, C);
+    ATTN_LAUNCH(encoder_backward_wpe_kernel, ceil_div(static_cast<std::size_t>(T) * C, block), block, 0,
+                                  stream)(dwpe, dout, B, T, C);
     CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace

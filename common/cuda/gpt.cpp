@@ -26,12 +26,16 @@ public:
     DeviceArena(const DeviceArena&) = delete;
     DeviceArena& operator=(const DeviceArena&) = delete;
     ~DeviceArena() { release(); }
-    // Allocates `total` floats (zeroed) and frees the previous block.
+    // Allocates `total` floats, uninitialised, and frees the previous block. Every buffer
+    // carved from it is written before it is read, or zeroed on the model's stream by its
+    // owner (gradients, AdamW's moments, the backward's accumulators): no zeroing on the
+    // legacy default stream, which nothing would order with the model's non-blocking one.
+    // (The CUDA simulator fills new device memory with NaN, so its tests would show a read
+    // before a write.)
     void allocate(size_t total) {
         release();
         if (total == 0) return;
         CUDA_CHECK(cudaMalloc(&base_, total * sizeof(float)));
-        CUDA_CHECK(cudaMemset(base_, 0, total * sizeof(float)));
         size_ = total;
     }
     float* base() const { return base_; }
@@ -292,6 +296,10 @@ CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t see
     d.mean_loss = assign.take(1);
     d.norm = assign.take(1);
     d.norm_scratch = assign.take(clip_scratch_size());
+    // The accumulators start at zero, as the CPU model's do.
+    zero_async(d.grads, n, d.stream);
+    zero_async(d.m, n, d.stream);
+    zero_async(d.v, n, d.stream);
 
     // The same tensors at the same offsets as the CPU model's ParameterTensors.
     const float* host_base = model.parameters().data();

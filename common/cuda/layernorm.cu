@@ -84,8 +84,8 @@ __global__ void layernorm_backward_params_kernel(float* partial_w, float* partia
 void launch_layernorm_forward(float* out, float* mean, float* rstd, const float* inp,
                               const float* weight, const float* bias, int N, int C,
                               cudaStream_t stream) {
-    layernorm_forward_kernel<<<ceil_div(N, rows_per_block), rows_per_block * warp_size, 0,
-                               stream>>>(out, mean, rstd, inp, weight, bias, N, C);
+    ATTN_LAUNCH(layernorm_forward_kernel, ceil_div(N, rows_per_block), rows_per_block * warp_size, 0,
+                               stream)(out, mean, rstd, inp, weight, bias, N, C);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -93,21 +93,21 @@ void launch_layernorm_backward(float* dinp, float* dweight, float* dbias, const 
                                const float* inp, const float* weight, const float* mean,
                                const float* rstd, float* scratch, int N, int C,
                                cudaStream_t stream) {
-    layernorm_backward_dinp_kernel<<<ceil_div(N, rows_per_block), rows_per_block * warp_size, 0,
-                                     stream>>>(dinp, dout, inp, weight, mean, rstd, N, C);
+    ATTN_LAUNCH(layernorm_backward_dinp_kernel, ceil_div(N, rows_per_block), rows_per_block * warp_size, 0,
+                                     stream)(dinp, dout, inp, weight, mean, rstd, N, C);
     CUDA_CHECK(cudaGetLastError());
     const int chunks = static_cast<int>(ceil_div(N, reduce_rows_per_chunk));
     float* partial_w = scratch;
     float* partial_b = dbias ? scratch + column_reduce_scratch(N, C) : nullptr;
     const dim3 grid(ceil_div(C, warp_size), chunks), block(warp_size, detail::colsum_threads_y);
-    layernorm_backward_params_kernel<<<grid, block, 0, stream>>>(partial_w, partial_b, dout, inp,
+    ATTN_LAUNCH(layernorm_backward_params_kernel, grid, block, 0, stream)(partial_w, partial_b, dout, inp,
                                                                  mean, rstd, N, C);
     CUDA_CHECK(cudaGetLastError());
-    detail::add_column_partials_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(dweight, partial_w,
+    ATTN_LAUNCH(detail::add_column_partials_kernel<float>, ceil_div(C, 256), 256, 0, stream)(dweight, partial_w,
                                                                              chunks, C);
     CUDA_CHECK(cudaGetLastError());
     if (dbias) {
-        detail::add_column_partials_kernel<<<ceil_div(C, 256), 256, 0, stream>>>(
+        ATTN_LAUNCH(detail::add_column_partials_kernel<float>, ceil_div(C, 256), 256, 0, stream)(
             dbias, partial_b, chunks, C);
         CUDA_CHECK(cudaGetLastError());
     }

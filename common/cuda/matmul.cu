@@ -48,7 +48,7 @@ void launch_matmul_forward(float* out, const float* inp, const float* weight, co
                              inp, C, &zero, out, OC));
     if (bias) {
         const std::size_t n = static_cast<std::size_t>(N) * OC;
-        add_bias_kernel<<<ceil_div(n, 256), 256, 0, stream>>>(out, bias, N, OC);
+        ATTN_LAUNCH(add_bias_kernel, ceil_div(n, 256), 256, 0, stream)(out, bias, N, OC);
         CUDA_CHECK(cudaGetLastError());
     }
 }
@@ -69,9 +69,9 @@ void launch_matmul_backward(float* dinp, float* dweight, float* dbias, const flo
         const int chunks = static_cast<int>(ceil_div(N, reduce_rows_per_chunk));
         const dim3 grid(ceil_div(OC, detail::warp_size), chunks);
         const dim3 block(detail::warp_size, detail::colsum_threads_y);
-        bias_backward_partial_kernel<<<grid, block, 0, stream>>>(scratch, dout, N, OC);
+        ATTN_LAUNCH(bias_backward_partial_kernel, grid, block, 0, stream)(scratch, dout, N, OC);
         CUDA_CHECK(cudaGetLastError());
-        detail::add_column_partials_kernel<<<ceil_div(OC, 256), 256, 0, stream>>>(dbias, scratch,
+        ATTN_LAUNCH(detail::add_column_partials_kernel<float>, ceil_div(OC, 256), 256, 0, stream)(dbias, scratch,
                                                                                   chunks, OC);
         CUDA_CHECK(cudaGetLastError());
     }

@@ -69,7 +69,7 @@ void launch_adamw(float* params, const float* grads, float* m, float* v, std::si
     const float step_size = static_cast<float>(lr / bias_correction1);
     const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
     const float decay = 1.0f - lr * weight_decay;
-    adamw_kernel<<<ceil_div(n, block_size), block_size, 0, stream>>>(
+    ATTN_LAUNCH(adamw_kernel, ceil_div(n, block_size), block_size, 0, stream)(
         params, grads, m, v, n, decay, beta1, beta2, eps, step_size, bias_correction2_sqrt);
     CUDA_CHECK(cudaGetLastError());
 }
@@ -77,12 +77,12 @@ void launch_adamw(float* params, const float* grads, float* m, float* v, std::si
 void launch_clip(float* grads, float* norm, float* scratch, std::size_t n, float max_norm,
                  cudaStream_t stream) {
     double* partial = reinterpret_cast<double*>(scratch);
-    sum_squares_kernel<<<norm_blocks, block_size, 0, stream>>>(partial, grads, n);
+    ATTN_LAUNCH(sum_squares_kernel, norm_blocks, block_size, 0, stream)(partial, grads, n);
     CUDA_CHECK(cudaGetLastError());
-    finish_norm_kernel<<<1, norm_blocks, 0, stream>>>(norm, partial, norm_blocks);
+    ATTN_LAUNCH(finish_norm_kernel, 1, norm_blocks, 0, stream)(norm, partial, norm_blocks);
     CUDA_CHECK(cudaGetLastError());
     if (max_norm > 0.0f) {
-        scale_gradients_kernel<<<norm_blocks, block_size, 0, stream>>>(grads, norm, n, max_norm);
+        ATTN_LAUNCH(scale_gradients_kernel, norm_blocks, block_size, 0, stream)(grads, norm, n, max_norm);
         CUDA_CHECK(cudaGetLastError());
     }
 }

@@ -1,8 +1,9 @@
 // Lesson 12: Training on the GPU. The page that narrates this program is lesson.md beside it.
 //
 // With the CUDA toolkit (ATTN_HAVE_CUDA) and a device, it compares the GPU model with the
-// CPU model on the same weights and batch and trains briefly on the GPU; without either, it
-// says in one line what the GPU part needs and shows the CPU side of the comparison.
+// CPU model on the same weights and batch and trains briefly on the GPU. Built without a GPU
+// (ATTN_CUDA_SIMULATED) the same GPU code runs in the CUDA simulator, every line saying so
+// and no timing; without a device it says what the GPU part needs and shows the CPU side.
 #include "attn/data.hpp"
 #include "attn/gpt.hpp"
 #include "attn/lesson.hpp"
@@ -81,6 +82,15 @@ void random_batch(std::vector<int>& x, std::vector<int>& y, int V, std::uint64_t
 }
 
 #if ATTN_HAVE_CUDA
+// Without a GPU the lesson runs its GPU part in the CUDA simulator (common/cuda/sim): the
+// results are checked as on a GPU, but its times say nothing about one, so none is printed.
+#if ATTN_CUDA_SIMULATED
+constexpr bool simulated = true;
+#else
+constexpr bool simulated = false;
+#endif
+const char* sim_tag() { return simulated ? "  [simulated on the CPU: results checked, no timing]" : ""; }
+
 float max_abs_difference(const std::vector<float>& a, const std::vector<float>& b) {
     float d = 0.0f;
     for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d = std::max(d, std::fabs(a[i] - b[i]));
@@ -89,7 +99,7 @@ float max_abs_difference(const std::vector<float>& a, const std::vector<float>& 
 
 // GPU against CPU on the same weights and batch, in fp32 and with TF32 matmuls.
 void compare_on_gpu(GPT& cpu, const std::vector<int>& x, const std::vector<int>& y) {
-    print_heading("The same weights and batch on both devices");
+    print_heading(std::string("The same weights and batch on both devices") + sim_tag());
     const float cpu_loss = cpu.forward(x.data(), y.data(), B, T);
     cpu.zero_grad();
     cpu.backward();
@@ -105,17 +115,18 @@ void compare_on_gpu(GPT& cpu, const std::vector<int>& x, const std::vector<int>&
         gpu.copy_logits_to(logits);
         gpu.copy_gradients_to(grads);
         //! [compare]
-        std::printf("%s: loss CPU %.6f GPU %.6f | max |Δ| logits %.2e, gradients %.2e\n",
-                    tf32 ? "TF32" : "fp32", static_cast<double>(cpu_loss),
+        std::printf("%s: loss CPU %.6f GPU %.6f | max |Δ| logits %.2e, gradients %.2e%s\n",
+                    tf32 ? (simulated ? "TF32 (computed in fp32)" : "TF32") : "fp32",
+                    static_cast<double>(cpu_loss),
                     static_cast<double>(gpu_loss),
                     static_cast<double>(max_abs_difference(logits, cpu.logits())),
-                    static_cast<double>(max_abs_difference(grads, cpu.gradients())));
+                    static_cast<double>(max_abs_difference(grads, cpu.gradients())), sim_tag());
     }
 }
 
 // A short run on a text written into the program, to watch the loss fall on the GPU.
 void train_briefly_on_gpu() {
-    print_heading("A short training run on the GPU");
+    print_heading(std::string("A short training run on the GPU") + sim_tag());
     std::string text;
     for (int i = 0; i < 60; ++i) {
         text += "The queen of hearts, she made some tarts, all on a summer's day; "
@@ -130,20 +141,27 @@ void train_briefly_on_gpu() {
     Rng rng(7);
     std::vector<int> x, y;
     const auto start = std::chrono::steady_clock::now();
+    const int last_step = simulated ? 20 : 200, report_every = simulated ? 5 : 50;
     //! [train]
-    for (int step = 0; step <= 200; ++step) {
+    for (int step = 0; step <= last_step; ++step) {
         sample_batch(data.train, B, T, rng, x, y);
         gpu.forward_async(x.data(), y.data(), B, T);  // no wait
         gpu.zero_grad();
         gpu.backward();
         gpu.clip_grad_norm_async(1.0f);
         gpu.adamw_step(opt, 1e-3f);
-        if (step % 50 == 0) std::printf("step %3d  loss %.4f\n", step, static_cast<double>(gpu.loss()));
+        if (step % report_every == 0) {
+            std::printf("step %3d  loss %.4f%s\n", step, static_cast<double>(gpu.loss()), sim_tag());
+        }
     }
     //! [train]
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::printf("201 steps of B=%d, T=%d in %.2f s on %s\n", B, T, s,
-                cuda::device_summary().c_str());
+    if (simulated) {
+        std::printf("%d steps of B=%d, T=%d%s\n", last_step + 1, B, T, sim_tag());
+    } else {
+        std::printf("%d steps of B=%d, T=%d in %.2f s on %s\n", last_step + 1, B, T, s,
+                    cuda::device_summary().c_str());
+    }
 }
 #endif
 

@@ -300,8 +300,8 @@ TEST_CASE("with the fused attention, the GPU model's logits, loss and gradients 
     gpu.zero_grad();
     gpu.backward();
     gpu.copy_gradients_to(grads);
-    // The fused backward adds dQ with atomics (in no fixed order): fp32 rounding of a
-    // different sum order, inside the same tolerance as the materialised path.
+    // The fused backward sums in another order than the CPU: fp32 rounding, inside the
+    // same tolerance as the materialised path.
     for (const ParameterInfo& info : cpu.parameter_table()) {
         check_close(info.name.c_str(), grads.data() + info.offset,
                     cpu.gradients().data() + info.offset, info.size, fp32_tolerance);
@@ -335,9 +335,23 @@ TEST_CASE("with dropout, the fused and materialised attention draw the same mask
         check_close(info.name.c_str(), g_fused.data() + info.offset, g_mat.data() + info.offset,
                     info.size, fp32_tolerance);
     }
-    // And the masks do something: a second seed gives another loss.
+    // And the masks do something: a second seed gives other gradients, by far more than
+    // the tolerance the two paths agree within. (Not the loss: at initialisation the
+    // predictions are near uniform, and a new mask moves the loss by only ~7e-4, inside
+    // fp32_tolerance's 1e-4 · 4.2.)
     fused.seed_dropout(100);
-    CHECK(std::fabs(fused.forward(x.data(), y.data(), fused_B, fused_T) - loss_fused) > 1e-3f);
+    fused.forward(x.data(), y.data(), fused_B, fused_T);
+    fused.zero_grad();
+    fused.backward();
+    std::vector<float> g_other;
+    fused.copy_gradients_to(g_other);
+    float change = 0.0f, scale = 0.0f;
+    for (std::size_t i = 0; i < g_other.size(); ++i) {
+        change = std::max(change, std::fabs(g_other[i] - g_fused[i]));
+        scale = std::max(scale, std::fabs(g_fused[i]));
+    }
+    MESSAGE("gradient change with another dropout seed: " << change / scale << " of the largest");
+    CHECK(change > 100.0f * fp32_tolerance.relative * scale);
 }
 
 TEST_CASE("the fused attention refuses a head size its kernels do not take, in one sentence") {

@@ -80,7 +80,7 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
                              void* stream = nullptr, const AttentionDropout& dropout = {});
 
 /// Fused attention backward with recomputation of the probabilities from `lse`.
-/// @param dq     (B, NH, T, hs) written (zeroed, then accumulated atomically)
+/// @param dq     (B, NH, T, hs) written (zeroed, then accumulated key tile by key tile, in a fixed order)
 /// @param dk     (B, NH, T, hs) written
 /// @param dv     (B, NH, T, hs) written
 /// @param delta  (B, NH, T) scratch: D_i = dout_i · out_i

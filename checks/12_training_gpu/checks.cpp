@@ -1,0 +1,121 @@
+// Checks for exercise 12: the row-wise causal softmax kernel, run in the CUDA simulator
+// (each launch twice, threads in two orders, so that a race shows as a failure).
+#include "exercise.hpp"
+
+#include <cuda_runtime.h>
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <stdexcept>
+#include <vector>
+
+using exercise::causal_softmax;
+
+namespace {
+
+// Uploads `scores` (rows, T), runs the learner's kernel into an output pre-filled with
+// `fill`, and returns the output.
+std::vector<float> run(const std::vector<float>& scores, int rows, int T, float fill = 7.0f) {
+#ifdef ATTN_CUDA_SIMULATED
+    cuda_sim::set_racecheck(true);  // each launch twice, threads in two orders: races fail
+#endif
+    const std::size_t bytes = scores.size() * sizeof(float);
+    float *d_scores = nullptr, *d_out = nullptr;
+    REQUIRE(cudaMalloc(&d_scores, bytes) == cudaSuccess);
+    REQUIRE(cudaMalloc(&d_out, bytes) == cudaSuccess);
+    const std::vector<float> garbage(scores.size(), fill);
+    REQUIRE(cudaMemcpy(d_scores, scores.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    REQUIRE(cudaMemcpy(d_out, garbage.data(), bytes, cudaMemcpyHostToDevice) == cudaSuccess);
+    std::vector<float> out(scores.size());
+    try {
+        causal_softmax(d_out, d_scores, rows, T);
+        REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+        REQUIRE(cudaMemcpy(out.data(), d_out, bytes, cudaMemcpyDeviceToHost) == cudaSuccess);
+    } catch (...) {
+        cudaFree(d_scores);
+        cudaFree(d_out);
+        throw;
+    }
+    cudaFree(d_scores);
+    cudaFree(d_out);
+    return out;
+}
+
+// The causal softmax in float64, written out independently of any kernel.
+std::vector<double> reference(const std::vector<float>& s, int rows, int T) {
+    std::vector<double> out(s.size(), 0.0);
+    for (int r = 0; r < rows; ++r) {
+        const int i = r % T;
+        double m = -INFINITY, sum = 0.0;
+        for (int k = 0; k <= i; ++k) m = std::max(m, double(s[r * T + k]));
+        for (int k = 0; k <= i; ++k) sum += std::exp(double(s[r * T + k]) - m);
+        for (int k = 0; k <= i; ++k) out[r * T + k] = std::exp(double(s[r * T + k]) - m) / sum;
+    }
+    return out;
+}
+
+std::vector<float> wavy_scores(int rows, int T) {
+    std::vector<float> s(static_cast<std::size_t>(rows) * T);
+    for (std::size_t n = 0; n < s.size(); ++n) {
+        s[n] = 3.0f * std::sin(0.37f * static_cast<float>(n)) + 0.01f * static_cast<float>(n % 97);
+    }
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("two queries by hand: the first sees only itself, the second splits 1:3") {
+    // Query 0 sees key 0 only (its 9 for key 1 is masked): [1, 0]. Query 1 sees scores
+    // 0 and ln 3: weights 1 and 3 of 4, so [0.25, 0.75].
+    const auto out = run({0.0f, 9.0f, 0.0f, std::log(3.0f)}, 2, 2);
+    CHECK(out[0] == doctest::Approx(1.0f));
+    CHECK(out[1] == 0.0f);
+    CHECK(out[2] == doctest::Approx(0.25f).epsilon(1e-6));
+    CHECK(out[3] == doctest::Approx(0.75f).epsilon(1e-6));
+}
+
+TEST_CASE("every masked weight is exactly 0 and every row sums to 1, rows longer than a warp") {
+    const int T = 70, rows = 2 * T;  // two heads; keys past lane 31 and 63 too
+    const auto out = run(wavy_scores(rows, T), rows, T);
+    for (int r = 0; r < rows; ++r) {
+        double sum = 0.0;
+        for (int j = 0; j < T; ++j) {
+            if (j > r % T) CHECK(out[r * T + j] == 0.0f);
+            sum += out[r * T + j];
+        }
+        CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("every weight matches a float64 causal softmax, over several blocks of rows") {
+    const int T = 45, rows = 3 * T;  // 135 rows: 17 blocks of 8 rows, the last one partial
+    const auto s = wavy_scores(rows, T);
+    const auto out = run(s, rows, T);
+    const auto ref = reference(s, rows, T);
+    int bad = 0;
+    for (std::size_t n = 0; n < out.size(); ++n) bad += std::fabs(out[n] - ref[n]) > 1e-6;
+    CHECK(bad == 0);
+}
+
+TEST_CASE("large scores do not overflow: the maximum is subtracted before exp") {
+    // exp(1000) overflows float; softmax(1000, 1001) = (1, e) / (1 + e).
+    const auto out = run({1000.0f, 0.0f, 1000.0f, 1001.0f}, 2, 2);
+    const float e = std::exp(1.0f);
+    CHECK(out[0] == doctest::Approx(1.0f));
+    CHECK(out[2] == doctest::Approx(1.0f / (1.0f + e)).epsilon(1e-6));
+    CHECK(out[3] == doctest::Approx(e / (1.0f + e)).epsilon(1e-6));
+}
+
+TEST_CASE("a single key: every row is [1]") {
+    const auto out = run({-5.0f, 0.0f, 42.0f}, 3, 1);
+    CHECK(out == std::vector<float>{1.0f, 1.0f, 1.0f});
+}
+
+TEST_CASE("rows that are not a multiple of T, or no rows at all, are refused") {
+    float* p = nullptr;
+    REQUIRE(cudaMalloc(&p, 16 * sizeof(float)) == cudaSuccess);
+    CHECK_THROWS_AS(causal_softmax(p, p, 5, 4), std::invalid_argument);
+    CHECK_THROWS_AS(causal_softmax(p, p, 0, 4), std::invalid_argument);
+    CHECK_THROWS_AS(causal_softmax(p, p, 4, 0), std::invalid_argument);
+    cudaFree(p);
+}

@@ -1,0 +1,148 @@
+// The cuBLAS calls the course makes, on OpenBLAS, with cuBLAS's documented semantics:
+// column-major matrices, op(A) is m×k, op(B) is k×n, C is m×n, leading dimensions at least
+// the rows of the stored matrix, C not read when beta is 0, and a batch at fixed strides.
+// Every matrix must lie inside one device allocation, as on a GPU (where reading past it is
+// an illegal address). The TF32 math mode is accepted and computes in fp32.
+#include "cuda_sim.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+struct cublasContext {
+    cudaStream_t stream = nullptr;
+    cublasMath_t math = CUBLAS_DEFAULT_MATH;
+};
+
+namespace cuda_sim {
+// In cuda_sim.cpp's terms: a failed call leaves the device in CUDA's sticky error state.
+std::string& cublas_detail() {
+    thread_local std::string d;
+    return d;
+}
+}  // namespace cuda_sim
+
+namespace {
+
+cublasStatus_t invalid(const std::string& what) {
+    cuda_sim::cublas_detail() = what;
+    return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// Whether the column-major rows×cols matrix at p with leading dimension ld lies inside one
+// device allocation.
+bool in_device(const float* p, int rows, int cols, int ld, std::string* why) {
+    if (rows == 0 || cols == 0) return true;
+    const std::size_t floats = static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) +
+                               static_cast<std::size_t>(rows);
+    return cuda_sim::in_device_memory(p, floats * sizeof(float), why);
+}
+
+cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                    int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
+                    const float* beta, float* C, int ldc, const char* call) {
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (cudaPeekAtLastError() == cudaErrorLaunchFailure) return CUBLAS_STATUS_EXECUTION_FAILED;
+    const auto op_ok = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T; };
+    const int a_rows = ta == CUBLAS_OP_N ? m : k, a_cols = ta == CUBLAS_OP_N ? k : m;
+    const int b_rows = tb == CUBLAS_OP_N ? k : n, b_cols = tb == CUBLAS_OP_N ? n : k;
+    if (!op_ok(ta) || !op_ok(tb) || m < 0 || n < 0 || k < 0 || lda < std::max(1, a_rows) ||
+        ldb < std::max(1, b_rows) || ldc < std::max(1, m)) {
+        return invalid(std::string(call) + ": m=" + std::to_string(m) + " n=" + std::to_string(n) +
+                       " k=" + std::to_string(k) + " lda=" + std::to_string(lda) +
+                       " ldb=" + std::to_string(ldb) + " ldc=" + std::to_string(ldc) +
+                       ": each leading dimension must be at least the rows of its stored matrix");
+    }
+    if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+    std::string why;
+    if ((k > 0 && (!in_device(A, a_rows, a_cols, lda, &why) ||
+                   !in_device(B, b_rows, b_cols, ldb, &why))) ||
+        !in_device(C, m, n, ldc, &why)) {
+        cuda_sim::cublas_detail() = std::string(call) + ": a matrix outside device memory: " + why;
+        std::fprintf(stderr, "CUDA simulator: %s\n", cuda_sim::cublas_detail().c_str());
+        return CUBLAS_STATUS_EXECUTION_FAILED;
+    }
+    if (*beta == 0.0f) {  // cuBLAS does not read C then (it may hold NaN)
+        for (int j = 0; j < n; ++j) {
+            for (int i = 0; i < m; ++i) C[static_cast<std::size_t>(j) * ldc + i] = 0.0f;
+        }
+    }
+    if (k == 0 || *alpha == 0.0f) {
+        if (*beta != 0.0f && *beta != 1.0f) {
+            for (int j = 0; j < n; ++j) {
+                for (int i = 0; i < m; ++i) C[static_cast<std::size_t>(j) * ldc + i] *= *beta;
+            }
+        }
+        return CUBLAS_STATUS_SUCCESS;
+    }
+    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *alpha, A, lda, B, ldb,
+                *beta == 0.0f ? 0.0f : *beta, C, ldc);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle) {
+    *handle = new cublasContext;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    delete handle;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->stream = stream;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    handle->math = mode;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+const char* cublasGetStatusString(cublasStatus_t status) {
+    const char* text = "CUBLAS_STATUS_UNKNOWN_ERROR";
+    switch (status) {
+        case CUBLAS_STATUS_SUCCESS: text = "CUBLAS_STATUS_SUCCESS"; break;
+        case CUBLAS_STATUS_NOT_INITIALIZED: text = "CUBLAS_STATUS_NOT_INITIALIZED"; break;
+        case CUBLAS_STATUS_ALLOC_FAILED: text = "CUBLAS_STATUS_ALLOC_FAILED"; break;
+        case CUBLAS_STATUS_INVALID_VALUE: text = "CUBLAS_STATUS_INVALID_VALUE"; break;
+        case CUBLAS_STATUS_EXECUTION_FAILED: text = "CUBLAS_STATUS_EXECUTION_FAILED"; break;
+        case CUBLAS_STATUS_NOT_SUPPORTED: text = "CUBLAS_STATUS_NOT_SUPPORTED"; break;
+    }
+    thread_local std::string s;
+    s = text;
+    if (status != CUBLAS_STATUS_SUCCESS && !cuda_sim::cublas_detail().empty()) {
+        s += " (CUDA simulator: " + cuda_sim::cublas_detail() + ")";
+    }
+    return s.c_str();
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc) {
+    return gemm(handle, transa, transb, m, n, k, alpha, A, lda, B, ldb, beta, C, ldc,
+                "cublasSgemm");
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* A, int lda,
+                                         long long strideA, const float* B, int ldb,
+                                         long long strideB, const float* beta, float* C, int ldc,
+                                         long long strideC, int batchCount) {
+    if (batchCount < 0) return invalid("cublasSgemmStridedBatched: batchCount < 0");
+    for (int b = 0; b < batchCount; ++b) {
+        const cublasStatus_t st =
+            gemm(handle, transa, transb, m, n, k, alpha, A + b * strideA, lda, B + b * strideB, ldb,
+                 beta, C + b * strideC, ldc, "cublasSgemmStridedBatched");
+        if (st != CUBLAS_STATUS_SUCCESS) return st;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}

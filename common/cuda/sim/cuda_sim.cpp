@@ -1,0 +1,930 @@
+// The CUDA simulator's runtime: launches (blocks of fibers, barriers, shuffles, the launch
+// checks a GPU makes), device memory, streams, events and the error state. See cuda_sim.hpp.
+#include "cuda_sim.hpp"
+
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
+#include <set>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDA_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDA_SIM_ASAN 1
+#endif
+#endif
+#ifdef CUDA_SIM_ASAN
+#include <sanitizer/asan_interface.h>
+#include <sanitizer/common_interface_defs.h>
+#endif
+
+thread_local uint3 threadIdx{0, 0, 0};
+thread_local uint3 blockIdx{0, 0, 0};
+thread_local dim3 blockDim;
+thread_local dim3 gridDim;
+
+struct CUstream_st {
+    unsigned flags;
+};
+struct CUevent_st {
+    unsigned flags;
+    bool recorded = false;
+    std::chrono::steady_clock::time_point when;
+};
+
+namespace cuda_sim {
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Limits of a compute capability 9.0 GPU (H100), as cudaGetDeviceProperties reports them.
+constexpr unsigned max_threads_per_block = 1024;
+constexpr unsigned max_block_dim[3] = {1024, 1024, 64};
+constexpr unsigned max_grid_dim[3] = {2147483647u, 65535, 65535};
+constexpr std::size_t default_shared = 48 * 1024;
+constexpr std::size_t optin_shared = 232448;  // 227 KiB
+
+constexpr std::size_t stack_bytes = 256 * 1024;  // each CUDA thread's stack (mostly untouched)
+
+// ---------------------------------------------------------------------------------------
+// One block at a time on each OS thread: its CUDA threads are fibers.
+
+enum class State { ready, at_barrier, at_shuffle, done };
+
+// Switching between fibers. On x86-64 six callee-saved registers and the stack pointer, a
+// few instructions (glibc's swapcontext also saves the signal mask, a system call each
+// way, which made it most of the simulator's time); elsewhere ucontext.
+#if defined(__x86_64__)
+#define CUDA_SIM_ASM_SWITCH 1
+extern "C" void cuda_sim_switch(void** save_sp, void* new_sp);
+asm(R"(
+    .text
+    .globl cuda_sim_switch
+    .type cuda_sim_switch, @function
+cuda_sim_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size cuda_sim_switch, .-cuda_sim_switch
+    .section .note.GNU-stack,"",@progbits
+    .text
+)");
+struct Context {
+    void* sp = nullptr;
+};
+#else
+using Context = ucontext_t;
+#endif
+
+struct Thread {
+    Context context;
+    char* stack = nullptr;  // above a guard page, stack_bytes long
+    State state = State::ready;
+    uint3 idx{0, 0, 0};
+    int lane = 0, warp = 0;
+    const char* file = nullptr;  // the barrier or shuffle it waits at
+    int line = 0;
+};
+
+struct Warp {
+    int size = 0, arrived = 0, generation = 0;
+    const char* file = nullptr;
+    int line = 0;
+    std::uint64_t slots[2][32] = {};
+};
+
+struct Runner {
+    std::vector<Thread> threads;
+    std::vector<Warp> warps;
+    Context scheduler;
+    int current = -1;
+    int done = 0;
+    int arrived = 0;  // at the block barrier
+    const char* sync_file = nullptr;
+    int sync_line = 0;
+    void (*body)(void*) = nullptr;
+    void* arg = nullptr;
+    std::vector<unsigned char> dynamic_shared;
+    std::string failure;  // set by a thread that breaks a rule; ends the block
+    bool dirty_stacks = false;
+#ifdef CUDA_SIM_ASAN
+    const void* main_bottom = nullptr;
+    std::size_t main_size = 0;
+#endif
+    ~Runner() {
+        for (Thread& t : threads) {
+            if (t.stack) munmap(t.stack - page(), stack_bytes + page());
+        }
+    }
+    static std::size_t page() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+};
+
+Runner& runner() {
+    thread_local Runner r;
+    return r;
+}
+
+// Back on the scheduler's stack after a fiber ran.
+void fiber_main();
+
+void switch_context(Context* from, Context* to) {
+#ifdef CUDA_SIM_ASM_SWITCH
+    cuda_sim_switch(&from->sp, to->sp);
+#else
+    swapcontext(from, to);
+#endif
+}
+
+// A fresh context that starts fiber_main on `stack`.
+void make_context(Context* c, char* stack) {
+#ifdef CUDA_SIM_ASM_SWITCH
+    // At fiber_main's first instruction rsp must be 8 mod 16, as after a call: the switch's
+    // `ret` pops fiber_main's address from top − 16, above it a zero return address.
+    auto top = reinterpret_cast<std::uintptr_t>(stack + stack_bytes) & ~std::uintptr_t{15};
+    auto* slot = reinterpret_cast<void**>(top - 16);
+    slot[1] = nullptr;
+    slot[0] = reinterpret_cast<void*>(&fiber_main);
+    for (int i = 1; i <= 6; ++i) slot[-i] = nullptr;  // rbp, rbx, r12..r15
+    c->sp = slot - 6;
+#else
+    getcontext(c);
+    c->uc_stack.ss_sp = stack;
+    c->uc_stack.ss_size = stack_bytes;
+    c->uc_link = nullptr;
+    makecontext(c, fiber_main, 0);
+#endif
+}
+
+void resume(Runner& r, int i) {
+    Thread& t = r.threads[static_cast<std::size_t>(i)];
+    r.current = i;
+    threadIdx = t.idx;
+    ++stats().switches;
+#ifdef CUDA_SIM_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, t.stack, stack_bytes);
+    switch_context(&r.scheduler, &t.context);
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+    switch_context(&r.scheduler, &t.context);
+#endif
+    r.current = -1;
+}
+
+// From a fiber to the scheduler; returns when the scheduler resumes this thread.
+void yield(Runner& r) {
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+#ifdef CUDA_SIM_ASAN
+    void* fake = nullptr;
+    __sanitizer_start_switch_fiber(t.state == State::done ? nullptr : &fake, r.main_bottom,
+                                   r.main_size);
+    switch_context(&t.context, &r.scheduler);
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+    switch_context(&t.context, &r.scheduler);
+#endif
+}
+
+// A rule is broken: the block stops here (its fibers are abandoned, never resumed).
+[[noreturn]] void fail(Runner& r, const std::string& what) {
+    if (r.failure.empty()) r.failure = what;
+    r.threads[static_cast<std::size_t>(r.current)].state = State::done;
+    r.dirty_stacks = true;
+    yield(r);
+    std::abort();  // never resumed
+}
+
+void fiber_main() {
+    Runner& r = runner();
+#ifdef CUDA_SIM_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, &r.main_bottom, &r.main_size);
+#endif
+    r.body(r.arg);
+    r.threads[static_cast<std::size_t>(r.current)].state = State::done;
+    ++r.done;
+    yield(r);
+    std::abort();  // a finished thread is never resumed
+}
+
+std::string where(const char* file, int line) {
+    std::string f = file ? file : "?";
+    const auto slash = f.find_last_of('/');
+    if (slash != std::string::npos) f = f.substr(slash + 1);
+    return f + ":" + std::to_string(line);
+}
+
+std::string name3(uint3 v) {
+    return "(" + std::to_string(v.x) + "," + std::to_string(v.y) + "," + std::to_string(v.z) + ")";
+}
+
+// Why no thread of the block can go on, in one sentence.
+std::string deadlock(const Runner& r) {
+    const int n = static_cast<int>(r.threads.size());
+    if (r.arrived > 0) {
+        return "__syncthreads at " + where(r.sync_file, r.sync_line) + " is reached by " +
+               std::to_string(r.arrived) + " of the block's " + std::to_string(n) +
+               " threads; " + std::to_string(r.done) +
+               " returned without reaching it (on a GPU: a hang or wrong results)";
+    }
+    for (std::size_t w = 0; w < r.warps.size(); ++w) {
+        const Warp& wp = r.warps[w];
+        if (wp.arrived > 0) {
+            return "the warp shuffle at " + where(wp.file, wp.line) + " is reached by " +
+                   std::to_string(wp.arrived) + " of warp " + std::to_string(w) + "'s " +
+                   std::to_string(wp.size) + " lanes; the others returned";
+        }
+    }
+    return "no thread can run";
+}
+
+// Runs one block; false (with r.failure set) when a thread broke a rule.
+bool run_block(Runner& r, uint3 block, bool reverse) {
+    blockIdx = block;
+    const int n = static_cast<int>(r.threads.size());
+#ifdef CUDA_SIM_ASAN
+    if (r.dirty_stacks) {  // abandoned fibers leave poisoned frames behind
+        for (Thread& t : r.threads) __asan_unpoison_memory_region(t.stack, stack_bytes);
+    }
+#endif
+    r.dirty_stacks = false;
+    for (int i = 0; i < n; ++i) {
+        Thread& t = r.threads[static_cast<std::size_t>(i)];
+        t.state = State::ready;
+        make_context(&t.context, t.stack);
+    }
+    for (Warp& w : r.warps) w.arrived = 0;
+    r.arrived = 0;
+    r.done = 0;
+    std::fill(r.dynamic_shared.begin(), r.dynamic_shared.end(), 0xff);  // as uninitialised
+    for (;;) {
+        bool ran = false;
+        for (int k = 0; k < n; ++k) {
+            const int i = reverse ? n - 1 - k : k;
+            if (r.threads[static_cast<std::size_t>(i)].state != State::ready) continue;
+            resume(r, i);
+            ran = true;
+            if (!r.failure.empty()) return false;
+        }
+        if (r.done == n) return true;
+        if (!ran) {
+            r.failure = deadlock(r);
+            r.dirty_stacks = true;
+            return false;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The device: memory, streams, events, the error state.
+
+struct Device {
+    std::mutex mutex;
+    std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start → bytes
+    std::set<void*> pinned;
+    std::set<CUstream_st*> streams;
+    std::set<CUevent_st*> events;
+    std::map<std::uintptr_t, int> max_dynamic_shared;  // kernel → bytes allowed
+    cudaError_t last = cudaSuccess;
+    cudaError_t sticky = cudaSuccess;  // a kernel failed: every later call reports it
+    std::string detail;                // the last error in the simulator's words
+    bool racecheck = false;
+    std::map<std::string, int> race_checked;  // launches checked per kernel and configuration
+    Stats stats;
+
+    Device() {
+        const char* rc = std::getenv("CUDA_SIM_RACECHECK");
+        racecheck = rc && *rc && std::string(rc) != "0";
+    }
+};
+
+Device& device() {
+    static Device d;
+    return d;
+}
+
+cudaError_t error(cudaError_t err, const std::string& detail) {
+    Device& d = device();
+    d.last = err;
+    d.detail = detail;
+    return err;
+}
+
+}  // namespace
+
+// The allocation that holds [p, p + bytes), or why none does.
+bool in_device_memory(const void* p, std::size_t bytes, std::string* why) {
+    const Device& d = device();
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = d.allocations.upper_bound(a);
+    if (it == d.allocations.begin()) {
+        *why = "is not device memory";
+        return false;
+    }
+    --it;
+    if (a >= it->first + it->second && !(it->second == 0 && a == it->first)) {
+        *why = "is not device memory";
+        return false;
+    }
+    if (a + bytes > it->first + it->second) {
+        *why = "runs " + std::to_string(a + bytes - it->first - it->second) +
+               " bytes past the end of its device allocation of " + std::to_string(it->second) +
+               " bytes";
+        return false;
+    }
+    return true;
+}
+
+namespace {
+
+cudaError_t check_device_range(const char* call, const char* role, const void* p,
+                               std::size_t bytes) {
+    std::string why;
+    if (bytes == 0 || in_device_memory(p, bytes, &why)) return cudaSuccess;
+    return error(cudaErrorInvalidValue, std::string(call) + ": the " + role + " (" +
+                                            std::to_string(bytes) + " bytes) " + why);
+}
+
+#define SIM_STICKY()                                           \
+    do {                                                        \
+        if (device().sticky != cudaSuccess) return device().sticky; \
+    } while (false)
+
+std::vector<std::vector<unsigned char>> snapshot(const Device& d) {
+    std::vector<std::vector<unsigned char>> out;
+    out.reserve(d.allocations.size());
+    for (const auto& [start, bytes] : d.allocations) {
+        const auto* p = reinterpret_cast<const unsigned char*>(start);
+        out.emplace_back(p, p + bytes);
+    }
+    return out;
+}
+
+void restore(const Device& d, const std::vector<std::vector<unsigned char>>& s) {
+    std::size_t i = 0;
+    for (const auto& [start, bytes] : d.allocations) {
+        if (bytes) std::memcpy(reinterpret_cast<void*>(start), s[i].data(), bytes);
+        ++i;
+    }
+}
+
+// Every block of a launch, in forward or reverse order; "" or the failure.
+std::string run_grid(const LaunchConfig& c, bool reverse) {
+    Runner& r = runner();
+    const dim3 g = c.grid;
+    const std::size_t blocks = static_cast<std::size_t>(g.x) * g.y * g.z;
+    for (std::size_t k = 0; k < blocks; ++k) {
+        const std::size_t b = reverse ? blocks - 1 - k : k;
+        const uint3 idx{static_cast<unsigned>(b % g.x), static_cast<unsigned>(b / g.x % g.y),
+                        static_cast<unsigned>(b / g.x / g.y)};
+        if (!run_block(r, idx, reverse)) {
+            return "block " + name3(idx) + ": " + r.failure;
+        }
+    }
+    return "";
+}
+
+}  // namespace
+
+Stats& stats() { return device().stats; }
+void set_racecheck(bool on) { device().racecheck = on; }
+bool racecheck() { return device().racecheck; }
+
+std::string take_failure() {
+    Device& d = device();
+    std::string out = d.sticky != cudaSuccess || d.last != cudaSuccess ? d.detail : "";
+    d.sticky = d.last = cudaSuccess;
+    d.detail.clear();
+    return out;
+}
+
+int lane_id() {
+    Runner& r = runner();
+    return r.current < 0 ? 0 : r.threads[static_cast<std::size_t>(r.current)].lane;
+}
+
+void* dynamic_shared_memory() { return runner().dynamic_shared.data(); }
+
+void syncthreads(const char* file, int line) {
+    Runner& r = runner();
+    if (r.current < 0) return;  // host code: nothing to wait for
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    if (r.arrived > 0 && (r.sync_file != file || r.sync_line != line)) {
+        fail(r, "threads of one block wait at two different barriers, __syncthreads at " +
+                    where(r.sync_file, r.sync_line) + " and at " + where(file, line) +
+                    " (a barrier inside a branch that not all threads take)");
+    }
+    r.sync_file = file;
+    r.sync_line = line;
+    t.state = State::at_barrier;
+    if (++r.arrived == static_cast<int>(r.threads.size())) {
+        for (Thread& u : r.threads) u.state = State::ready;
+        r.arrived = 0;
+    }
+    yield(r);
+}
+
+std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, const char* file,
+                      int line) {
+    Runner& r = runner();
+    if (r.current < 0) return bits;
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    Warp& w = r.warps[static_cast<std::size_t>(t.warp)];
+    if (mask != 0xffffffffu || w.size != 32) {
+        char m[16];
+        std::snprintf(m, sizeof m, "0x%08x", mask);
+        fail(r, "the warp shuffle at " + where(file, line) + " has mask " + m + " in a warp of " +
+                    std::to_string(w.size) +
+                    " threads: the course's kernels shuffle whole warps (a block size that is "
+                    "a multiple of 32, mask 0xffffffff)");
+    }
+    if (w.arrived > 0 && (w.file != file || w.line != line)) {
+        fail(r, "lanes of one warp wait at two different shuffles, at " + where(w.file, w.line) +
+                    " and at " + where(file, line));
+    }
+    w.file = file;
+    w.line = line;
+    const int g = w.generation & 1;
+    w.slots[g][t.lane] = bits;
+    t.state = State::at_shuffle;
+    if (++w.arrived == w.size) {
+        const std::size_t first = static_cast<std::size_t>(t.warp) * 32;
+        for (std::size_t i = first; i < first + 32; ++i) r.threads[i].state = State::ready;
+        w.arrived = 0;
+        ++w.generation;
+    }
+    yield(r);
+    return own ? bits : w.slots[g][source];
+}
+
+cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {
+    Device& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    SIM_STICKY();
+    if (bytes < 0 || static_cast<std::size_t>(bytes) > optin_shared) {
+        return error(cudaErrorInvalidValue,
+                     "cudaFuncSetAttribute: " + std::to_string(bytes) +
+                         " bytes of dynamic shared memory, the device allows at most " +
+                         std::to_string(optin_shared));
+    }
+    d.max_dynamic_shared[kernel] = bytes;
+    return cudaSuccess;
+}
+
+void launch(const LaunchConfig& c, void (*body)(void*), void* arg) {
+    Device& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    const std::string kernel = c.name;
+    if (d.sticky != cudaSuccess) {
+        d.last = d.sticky;
+        return;
+    }
+    const unsigned bd[3] = {c.block.x, c.block.y, c.block.z};
+    const unsigned gd[3] = {c.grid.x, c.grid.y, c.grid.z};
+    const std::size_t threads = static_cast<std::size_t>(bd[0]) * bd[1] * bd[2];
+    for (int i = 0; i < 3; ++i) {
+        if (bd[i] == 0 || bd[i] > max_block_dim[i] || gd[i] == 0 || gd[i] > max_grid_dim[i]) {
+            error(cudaErrorInvalidConfiguration,
+                  kernel + ": grid (" + std::to_string(gd[0]) + "," + std::to_string(gd[1]) + "," +
+                      std::to_string(gd[2]) + ") of blocks (" + std::to_string(bd[0]) + "," +
+                      std::to_string(bd[1]) + "," + std::to_string(bd[2]) +
+                      "): each dimension must be at least 1, blocks at most (1024,1024,64), "
+                      "grids at most (2^31-1,65535,65535)");
+            return;
+        }
+    }
+    if (threads > max_threads_per_block) {
+        error(cudaErrorInvalidConfiguration, kernel + ": " + std::to_string(threads) +
+                                                 " threads per block, the limit is 1024");
+        return;
+    }
+    const auto allowed_it = d.max_dynamic_shared.find(c.kernel);
+    const std::size_t allowed = allowed_it == d.max_dynamic_shared.end()
+                                    ? default_shared
+                                    : static_cast<std::size_t>(allowed_it->second);
+    if (c.shared_bytes > allowed) {
+        error(cudaErrorInvalidValue,
+              kernel + ": " + std::to_string(c.shared_bytes) +
+                  " bytes of dynamic shared memory, the kernel may use " +
+                  std::to_string(allowed) +
+                  (allowed_it == d.max_dynamic_shared.end()
+                       ? " (above 48 KiB a kernel needs cudaFuncSetAttribute("
+                         "cudaFuncAttributeMaxDynamicSharedMemorySize))"
+                       : ""));
+        return;
+    }
+    if (c.stream && !d.streams.count(c.stream)) {
+        error(cudaErrorInvalidResourceHandle, kernel + ": launched on a destroyed stream");
+        return;
+    }
+
+    Runner& r = runner();
+    if (r.threads.size() != threads) {
+        const std::size_t page = Runner::page();
+        for (std::size_t i = r.threads.size(); i < threads; ++i) {
+            Thread t;
+            void* m = mmap(nullptr, stack_bytes + page, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m == MAP_FAILED) {
+                error(cudaErrorMemoryAllocation, kernel + ": no memory for the threads' stacks");
+                return;
+            }
+            mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting
+            t.stack = static_cast<char*>(m) + page;
+            r.threads.push_back(t);
+        }
+        while (r.threads.size() > threads) {
+            munmap(r.threads.back().stack - page, stack_bytes + page);
+            r.threads.pop_back();
+        }
+    }
+    for (std::size_t i = 0; i < threads; ++i) {
+        Thread& t = r.threads[i];
+        t.idx = {static_cast<unsigned>(i % bd[0]), static_cast<unsigned>(i / bd[0] % bd[1]),
+                 static_cast<unsigned>(i / bd[0] / bd[1])};
+        t.lane = static_cast<int>(i % 32);
+        t.warp = static_cast<int>(i / 32);
+    }
+    r.warps.assign((threads + 31) / 32, Warp{});
+    for (std::size_t w = 0; w < r.warps.size(); ++w) {
+        r.warps[w].size = static_cast<int>(std::min<std::size_t>(32, threads - w * 32));
+    }
+    r.dynamic_shared.assign(c.shared_bytes, 0xff);
+    r.body = body;
+    r.arg = arg;
+    r.failure.clear();
+    blockDim = c.block;
+    gridDim = c.grid;
+    ++d.stats.launches;
+    d.stats.blocks += static_cast<std::size_t>(gd[0]) * gd[1] * gd[2];
+    d.stats.threads += threads * gd[0] * gd[1] * gd[2];
+
+    std::string failure;
+    // Each kernel is race-checked at each configuration (grid, block, shared memory) the
+    // first two times it is launched: the check copies all of device memory twice.
+    const std::string shape = kernel + " " + name3({gd[0], gd[1], gd[2]}) + " " +
+                              name3({bd[0], bd[1], bd[2]}) + " " + std::to_string(c.shared_bytes);
+    if (d.racecheck && d.race_checked[shape]++ < 2) {
+        const auto before = snapshot(d);
+        failure = run_grid(c, false);
+        if (failure.empty()) {
+            const auto forward = snapshot(d);
+            restore(d, before);
+            failure = run_grid(c, true);
+            std::size_t i = 0;
+            for (const auto& [start, bytes] : d.allocations) {
+                if (!failure.empty()) break;
+                const auto* now = reinterpret_cast<const unsigned char*>(start);
+                for (std::size_t b = 0; b < bytes; ++b) {
+                    if (now[b] != forward[i][b]) {
+                        failure = "a race: the device buffer of " + std::to_string(bytes) +
+                                  " bytes differs at byte " + std::to_string(b) +
+                                  " between two runs with the threads and blocks in forward "
+                                  "and in reverse order (threads that touch the same memory "
+                                  "without a barrier between them, or atomics whose order "
+                                  "changes the result)";
+                        break;
+                    }
+                }
+                ++i;
+            }
+        }
+    } else {
+        failure = run_grid(c, false);
+    }
+    threadIdx = {0, 0, 0};
+    blockIdx = {0, 0, 0};
+    if (!failure.empty()) {
+        d.sticky = error(cudaErrorLaunchFailure, kernel + ": " + failure);
+        std::fprintf(stderr, "CUDA simulator: %s\n", d.detail.c_str());
+    }
+}
+
+}  // namespace cuda_sim
+
+using cuda_sim::check_device_range;
+using cuda_sim::device;
+using cuda_sim::error;
+
+// ---------------------------------------------------------------------------------------
+// The runtime API.
+
+cudaError_t cudaGetDeviceCount(int* count) {
+    *count = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int* d) {
+    *d = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaSetDevice(int d) {
+    return d == 0 ? cudaSuccess : error(cudaErrorInvalidValue, "cudaSetDevice: one device, 0");
+}
+
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int d) {
+    if (d != 0) return error(cudaErrorInvalidValue, "cudaGetDeviceProperties: one device, 0");
+    *p = cudaDeviceProp{};
+    std::snprintf(p->name, sizeof p->name, "CUDA simulator on the CPU");
+    p->totalGlobalMem = static_cast<std::size_t>(sysconf(_SC_PHYS_PAGES)) *
+                        static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+    p->sharedMemPerBlock = cuda_sim::default_shared;
+    p->sharedMemPerBlockOptin = cuda_sim::optin_shared;
+    p->warpSize = 32;
+    p->maxThreadsPerBlock = 1024;
+    p->maxThreadsDim[0] = 1024;
+    p->maxThreadsDim[1] = 1024;
+    p->maxThreadsDim[2] = 64;
+    p->maxGridSize[0] = 2147483647;
+    p->maxGridSize[1] = 65535;
+    p->maxGridSize[2] = 65535;
+    p->major = 9;
+    p->minor = 0;
+    p->multiProcessorCount = 1;
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
+    if (d != 0) return error(cudaErrorInvalidValue, "cudaDeviceGetAttribute: one device, 0");
+    switch (attr) {
+        case cudaDevAttrMaxThreadsPerBlock: *value = 1024; break;
+        case cudaDevAttrMaxSharedMemoryPerBlock: *value = 48 * 1024; break;
+        case cudaDevAttrMultiProcessorCount: *value = 1; break;
+        case cudaDevAttrComputeCapabilityMajor: *value = 9; break;
+        case cudaDevAttrComputeCapabilityMinor: *value = 0; break;
+        case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+            *value = static_cast<int>(cuda_sim::optin_shared);
+            break;
+        default: return error(cudaErrorInvalidValue, "cudaDeviceGetAttribute: not simulated");
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaDeviceSynchronize() { return device().sticky; }
+
+cudaError_t cudaGetLastError() {
+    auto& d = device();
+    const cudaError_t e = d.sticky != cudaSuccess ? d.sticky : d.last;
+    d.last = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError() {
+    auto& d = device();
+    return d.sticky != cudaSuccess ? d.sticky : d.last;
+}
+
+const char* cudaGetErrorName(cudaError_t err) {
+    switch (err) {
+        case cudaSuccess: return "cudaSuccess";
+        case cudaErrorInvalidValue: return "cudaErrorInvalidValue";
+        case cudaErrorMemoryAllocation: return "cudaErrorMemoryAllocation";
+        case cudaErrorInvalidConfiguration: return "cudaErrorInvalidConfiguration";
+        case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
+        case cudaErrorNoDevice: return "cudaErrorNoDevice";
+        case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+        case cudaErrorNotReady: return "cudaErrorNotReady";
+        case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
+    }
+    return "cudaErrorUnknown";
+}
+
+// CUDA's own text, then the simulator's detail about the last error of that kind.
+const char* cudaGetErrorString(cudaError_t err) {
+    const char* text = "unrecognized error code";
+    switch (err) {
+        case cudaSuccess: text = "no error"; break;
+        case cudaErrorInvalidValue: text = "invalid argument"; break;
+        case cudaErrorMemoryAllocation: text = "out of memory"; break;
+        case cudaErrorInvalidConfiguration: text = "invalid configuration argument"; break;
+        case cudaErrorInvalidDeviceFunction: text = "invalid device function"; break;
+        case cudaErrorNoDevice: text = "no CUDA-capable device is detected"; break;
+        case cudaErrorInvalidResourceHandle: text = "invalid resource handle"; break;
+        case cudaErrorNotReady: text = "device not ready"; break;
+        case cudaErrorLaunchFailure: text = "unspecified launch failure"; break;
+    }
+    thread_local std::string s;
+    s = text;
+    const auto& d = device();
+    if (err != cudaSuccess && !d.detail.empty()) s += " (CUDA simulator: " + d.detail + ")";
+    return s.c_str();
+}
+
+cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    std::size_t used = 0;
+    for (const auto& a : d.allocations) used += a.second;
+    cudaDeviceProp p;
+    cudaGetDeviceProperties(&p, 0);
+    *total = p.totalGlobalMem;
+    *free_bytes = *total > used ? *total - used : 0;
+    return cudaSuccess;
+}
+
+cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    // Exactly `bytes` long, so that AddressSanitizer catches an access one past the end.
+    void* p = ::operator new(bytes ? bytes : 1, std::align_val_t(256), std::nothrow);
+    if (!p) return error(cudaErrorMemoryAllocation, "cudaMalloc: " + std::to_string(bytes) + " bytes");
+    std::memset(p, 0xff, bytes);  // uninitialised device memory: NaN floats, -1 ints
+    d.allocations[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFree(void* ptr) {
+    if (!ptr) return cudaSuccess;
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    const auto it = d.allocations.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == d.allocations.end()) {
+        return error(cudaErrorInvalidValue, "cudaFree: not a pointer from cudaMalloc");
+    }
+    d.allocations.erase(it);
+    ::operator delete(ptr, std::align_val_t(256));
+    return d.sticky;
+}
+
+cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    void* p = std::malloc(bytes ? bytes : 1);
+    if (!p) return error(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
+    d.pinned.insert(p);
+    *ptr = p;
+    return cudaSuccess;
+}
+
+cudaError_t cudaFreeHost(void* ptr) {
+    if (!ptr) return cudaSuccess;
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (!d.pinned.erase(ptr)) {
+        return error(cudaErrorInvalidValue, "cudaFreeHost: not a pointer from cudaMallocHost");
+    }
+    std::free(ptr);
+    return d.sticky;
+}
+
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+    const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+    if (dst_dev) {
+        if (const cudaError_t e = check_device_range("cudaMemcpy", "destination", dst, bytes)) return e;
+    }
+    if (src_dev) {
+        if (const cudaError_t e = check_device_range("cudaMemcpy", "source", src, bytes)) return e;
+    }
+    if (bytes) std::memmove(dst, src, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream) {
+    if (stream && !device().streams.count(stream)) {
+        return error(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: a destroyed stream");
+    }
+    return cudaMemcpy(dst, src, bytes, kind);
+}
+
+cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                         std::size_t width, std::size_t height, cudaMemcpyKind kind) {
+    if (width > dpitch || width > spitch) {
+        return error(cudaErrorInvalidValue, "cudaMemcpy2D: width " + std::to_string(width) +
+                                                " is wider than a pitch");
+    }
+    for (std::size_t row = 0; row < height; ++row) {
+        const cudaError_t e = cudaMemcpy(static_cast<char*>(dst) + row * dpitch,
+                                         static_cast<const char*>(src) + row * spitch, width, kind);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                              std::size_t width, std::size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream) {
+    if (stream && !device().streams.count(stream)) {
+        return error(cudaErrorInvalidResourceHandle, "cudaMemcpy2DAsync: a destroyed stream");
+    }
+    return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+}
+
+cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (const cudaError_t e = check_device_range("cudaMemset", "destination", ptr, bytes)) return e;
+    if (bytes) std::memset(ptr, value, bytes);
+    return cudaSuccess;
+}
+
+cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream) {
+    if (stream && !device().streams.count(stream)) {
+        return error(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: a destroyed stream");
+    }
+    return cudaMemset(ptr, value, bytes);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    *stream = new CUstream_st{flags};
+    d.streams.insert(*stream);
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (!d.streams.erase(stream)) {
+        return error(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a live stream");
+    }
+    delete stream;
+    return cudaSuccess;
+}
+// Every call runs to completion when it is made: a stream is always idle.
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+    SIM_STICKY();
+    if (stream && !device().streams.count(stream)) {
+        return error(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a live stream");
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    *event = new CUevent_st{flags, false, {}};
+    d.events.insert(*event);
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t event) {
+    auto& d = device();
+    std::lock_guard<std::mutex> lock(d.mutex);
+    if (!d.events.erase(event)) {
+        return error(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not a live event");
+    }
+    delete event;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
+    SIM_STICKY();
+    auto& d = device();
+    if (!d.events.count(event) || (stream && !d.streams.count(stream))) {
+        return error(cudaErrorInvalidResourceHandle, "cudaEventRecord: not a live event or stream");
+    }
+    event->recorded = true;
+    event->when = std::chrono::steady_clock::now();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t event) {
+    SIM_STICKY();
+    if (!device().events.count(event)) {
+        return error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not a live event");
+    }
+    return cudaSuccess;
+}
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
+    SIM_STICKY();
+    auto& d = device();
+    if (!d.events.count(start) || !d.events.count(end) || (start->flags & cudaEventDisableTiming) ||
+        (end->flags & cudaEventDisableTiming)) {
+        return error(cudaErrorInvalidResourceHandle,
+                     "cudaEventElapsedTime: events must be live and created with timing");
+    }
+    if (!start->recorded || !end->recorded) {
+        return error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event not recorded");
+    }
+    *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
+    return cudaSuccess;
+}

@@ -1,0 +1,359 @@
+// A CUDA simulator: the part of CUDA's device language, runtime and cuBLAS that the course's
+// kernels use, on the CPU, so that the same .cu files compile as plain C++ and run (and are
+// tested) on a machine without a GPU.
+//
+// How it maps CUDA onto the CPU:
+//   - A launch runs its blocks one after another on the calling thread.
+//   - Inside a block every CUDA thread is a fiber (ucontext): its own stack, run until it
+//     reaches a barrier or returns, then the next thread runs. threadIdx, blockIdx, blockDim
+//     and gridDim are thread_local variables set before each fiber is resumed.
+//   - __syncthreads() parks the thread until every thread of the block has reached the same
+//     __syncthreads(); a barrier that some threads never reach (they returned, or wait at
+//     another barrier) is reported as a launch failure, never a hang.
+//   - A warp shuffle is a barrier of the warp's 32 lanes: each lane leaves its value in a
+//     slot, and once all lanes are there each one reads the slot of its source lane.
+//   - __shared__ is `static thread_local`: one copy per OS thread, which runs one block at a
+//     time, so all threads of a block (fibers on that OS thread) share it. Dynamic shared
+//     memory (ATTN_DYNAMIC_SHARED) is a per-launch buffer of the requested size.
+//   - Device memory is host memory from the allocator, filled with 0xff bytes (NaN floats)
+//     when allocated, as a GPU leaves it uninitialised; AddressSanitizer sees every access.
+//   - Race check (CUDA_SIM_RACECHECK=1): a launch runs twice, threads and blocks in forward
+//     then in reverse order, from the same device memory; any byte of device memory that
+//     differs between the two runs is a race (or an atomic whose order matters). Each
+//     kernel is checked on its first two launches at each grid and block shape.
+//
+// What it cannot show: speed, occupancy, the memory model between threads that are not
+// ordered by a barrier (it runs them one at a time), bank conflicts, the real cuBLAS.
+#pragma once
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <utility>
+
+// ---------------------------------------------------------------------------------------
+// The device language.
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__
+#define __launch_bounds__(...)
+#define __shared__ static thread_local
+
+struct uint3 {
+    unsigned int x, y, z;
+};
+struct dim3 {
+    unsigned int x, y, z;
+    constexpr dim3(unsigned int x_ = 1, unsigned int y_ = 1, unsigned int z_ = 1)
+        : x(x_), y(y_), z(z_) {}
+};
+
+// A 16-byte aligned vector, loaded in one instruction on a GPU (a misaligned address faults
+// there; UndefinedBehaviorSanitizer reports it here).
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
+
+extern thread_local uint3 threadIdx;
+extern thread_local uint3 blockIdx;
+extern thread_local dim3 blockDim;
+extern thread_local dim3 gridDim;
+constexpr int warpSize = 32;
+
+namespace cuda_sim {
+void syncthreads(const char* file, int line);
+// Leaves `bits` (the value's bytes) in this lane's slot, waits for the warp, returns the
+// bytes of lane `source` (or this lane's own, as CUDA does, when `source` is out of range).
+std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, const char* file,
+                      int line);
+int lane_id();
+void* dynamic_shared_memory();
+
+template <class T>
+T shfl(unsigned mask, T v, int source, bool own, const char* file, int line) {
+    static_assert(sizeof(T) <= 8, "shuffles move values of at most 8 bytes");
+    std::uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(T));
+    bits = shuffle(mask, bits, source, own, file, line);
+    T out;
+    std::memcpy(&out, &bits, sizeof(T));
+    return out;
+}
+// The source lanes, with CUDA's rules for a width below 32.
+inline int xor_source(int lane, int mask, int width) {
+    const int s = lane ^ mask;
+    return s / width > lane / width ? lane : s;  // a later group: the lane keeps its value
+}
+}  // namespace cuda_sim
+
+#define __syncthreads() ::cuda_sim::syncthreads(__FILE__, __LINE__)
+#define __shfl_xor_sync(...) ::cuda_sim::shfl_xor_(__FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_down_sync(...) ::cuda_sim::shfl_down_(__FILE__, __LINE__, __VA_ARGS__)
+#define __shfl_sync(...) ::cuda_sim::shfl_idx_(__FILE__, __LINE__, __VA_ARGS__)
+
+namespace cuda_sim {
+template <class T>
+T shfl_xor_(const char* file, int line, unsigned mask, T v, int lane_mask, int width = 32) {
+    const int lane = lane_id();
+    const int s = xor_source(lane, lane_mask, width);
+    return shfl(mask, v, s, s == lane, file, line);
+}
+template <class T>
+T shfl_down_(const char* file, int line, unsigned mask, T v, unsigned delta, int width = 32) {
+    const int lane = lane_id();
+    const bool own = lane % width + static_cast<int>(delta) >= width;
+    return shfl(mask, v, own ? lane : lane + static_cast<int>(delta), own, file, line);
+}
+template <class T>
+T shfl_idx_(const char* file, int line, unsigned mask, T v, int src, int width = 32) {
+    const int lane = lane_id();
+    return shfl(mask, v, lane / width * width + ((src % width) + width) % width, false, file, line);
+}
+}  // namespace cuda_sim
+
+// Blocks run one at a time on one OS thread: an atomic is a plain read-modify-write.
+template <class T>
+inline T atomicAdd(T* address, T value) {
+    const T old = *address;
+    *address = old + value;
+    return old;
+}
+
+// CUDA's device math that the C++ library lacks, or names differently.
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __expf(float x) { return std::exp(x); }
+inline float __logf(float x) { return std::log(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+
+// ---------------------------------------------------------------------------------------
+// The runtime API.
+
+enum cudaError_t {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorInvalidDeviceFunction = 98,
+    cudaErrorNoDevice = 100,
+    cudaErrorInvalidResourceHandle = 400,
+    cudaErrorNotReady = 600,
+    cudaErrorLaunchFailure = 719,
+};
+using cudaError = cudaError_t;
+
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+};
+
+struct CUstream_st;
+struct CUevent_st;
+using cudaStream_t = CUstream_st*;
+using cudaEvent_t = CUevent_st*;
+constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
+constexpr unsigned cudaEventDefault = 0, cudaEventDisableTiming = 2;
+
+struct cudaDeviceProp {
+    char name[256];
+    std::size_t totalGlobalMem;
+    std::size_t sharedMemPerBlock;
+    std::size_t sharedMemPerBlockOptin;
+    int warpSize;
+    int maxThreadsPerBlock;
+    int maxThreadsDim[3];
+    int maxGridSize[3];
+    int major, minor;
+    int multiProcessorCount;
+};
+
+enum cudaDeviceAttr {
+    cudaDevAttrMaxThreadsPerBlock = 1,
+    cudaDevAttrMaxSharedMemoryPerBlock = 8,
+    cudaDevAttrMultiProcessorCount = 16,
+    cudaDevAttrComputeCapabilityMajor = 75,
+    cudaDevAttrComputeCapabilityMinor = 76,
+    cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorString(cudaError_t err);
+const char* cudaGetErrorName(cudaError_t err);
+cudaError_t cudaMemGetInfo(std::size_t* free, std::size_t* total);
+
+cudaError_t cudaMalloc(void** ptr, std::size_t bytes);
+cudaError_t cudaFree(void* ptr);
+cudaError_t cudaMallocHost(void** ptr, std::size_t bytes);
+cudaError_t cudaFreeHost(void* ptr);
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t stream = nullptr);
+cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                         std::size_t width, std::size_t height, cudaMemcpyKind kind);
+cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                              std::size_t width, std::size_t height, cudaMemcpyKind kind,
+                              cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes);
+cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream = nullptr);
+template <class T>
+cudaError_t cudaMalloc(T** ptr, std::size_t bytes) {
+    return cudaMalloc(reinterpret_cast<void**>(ptr), bytes);
+}
+template <class T>
+cudaError_t cudaMallocHost(T** ptr, std::size_t bytes) {
+    return cudaMallocHost(reinterpret_cast<void**>(ptr), bytes);
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t* stream);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t stream);
+cudaError_t cudaStreamSynchronize(cudaStream_t stream);
+cudaError_t cudaEventCreate(cudaEvent_t* event);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags);
+cudaError_t cudaEventDestroy(cudaEvent_t event);
+cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t event);
+// The host time between the two records: the simulator's own time, never a GPU's.
+cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end);
+
+struct cudaFuncAttributes {
+    std::size_t sharedSizeBytes;
+    int maxThreadsPerBlock;
+    int ptxVersion, binaryVersion;
+};
+// Every kernel "has an image" for the simulator.
+template <class Kernel>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel*) {
+    *attributes = cudaFuncAttributes{0, 1024, 90, 90};
+    return cudaSuccess;
+}
+
+namespace cuda_sim {
+cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes);
+}
+template <class Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int value) {
+    if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize) return cudaErrorInvalidValue;
+    return cuda_sim::set_max_dynamic_shared(reinterpret_cast<std::uintptr_t>(kernel), value);
+}
+
+// ---------------------------------------------------------------------------------------
+// Launches: ATTN_LAUNCH(kernel, grid, block, shared_bytes, stream)(arguments...).
+
+namespace cuda_sim {
+
+struct LaunchConfig {
+    const char* name;
+    std::uintptr_t kernel;
+    dim3 grid, block;
+    std::size_t shared_bytes;
+    cudaStream_t stream;
+};
+
+// Runs `body(arg)` as every thread of every block (the one non-template entry point).
+void launch(const LaunchConfig& config, void (*body)(void*), void* arg);
+
+template <class F>
+class Launcher {
+public:
+    Launcher(const LaunchConfig& config, F f) : config_(config), f_(f) {}
+    template <class... A>
+    void operator()(A... args) const {
+        struct Call {
+            F f;
+            std::tuple<A...> args;
+        } call{f_, std::tuple<A...>(args...)};
+        launch(config_, [](void* p) {
+            auto* c = static_cast<Call*>(p);
+            std::apply(c->f, c->args);  // by value: each thread gets its own copies
+        }, &call);
+    }
+
+private:
+    LaunchConfig config_;
+    F f_;
+};
+
+template <class Kernel, class F>
+Launcher<F> make_launcher(const char* name, Kernel* kernel, F f, dim3 grid, dim3 block,
+                          std::size_t shared_bytes, cudaStream_t stream) {
+    return Launcher<F>({name, reinterpret_cast<std::uintptr_t>(kernel), grid, block, shared_bytes,
+                        stream},
+                       f);
+}
+
+// The simulator's settings and counters (tests and lessons read them).
+struct Stats {
+    std::size_t launches = 0, blocks = 0, threads = 0, switches = 0;
+};
+Stats& stats();
+// Runs every launch twice in two thread orders and compares (also CUDA_SIM_RACECHECK=1).
+void set_racecheck(bool on);
+bool racecheck();
+// Whether [p, p + bytes) lies inside one device allocation; if not, why not.
+bool in_device_memory(const void* p, std::size_t bytes, std::string* why);
+// The last kernel failure in words ("" if none); clears the sticky error (for tests).
+std::string take_failure();
+
+}  // namespace cuda_sim
+
+// ---------------------------------------------------------------------------------------
+// cuBLAS (on OpenBLAS, column-major as cuBLAS documents it).
+
+struct cublasContext;
+using cublasHandle_t = cublasContext*;
+enum cublasStatus_t {
+    CUBLAS_STATUS_SUCCESS = 0,
+    CUBLAS_STATUS_NOT_INITIALIZED = 1,
+    CUBLAS_STATUS_ALLOC_FAILED = 3,
+    CUBLAS_STATUS_INVALID_VALUE = 7,
+    CUBLAS_STATUS_EXECUTION_FAILED = 13,
+    CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
+enum cublasMath_t {
+    CUBLAS_DEFAULT_MATH = 0,
+    CUBLAS_TENSOR_OP_MATH = 1,
+    CUBLAS_PEDANTIC_MATH = 2,
+    CUBLAS_TF32_TENSOR_OP_MATH = 3,
+};
+
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasDestroy(cublasHandle_t handle);
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
+const char* cublasGetStatusString(cublasStatus_t status);
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa,
+                           cublasOperation_t transb, int m, int n, int k, const float* alpha,
+                           const float* A, int lda, const float* B, int ldb, const float* beta,
+                           float* C, int ldc);
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa,
+                                         cublasOperation_t transb, int m, int n, int k,
+                                         const float* alpha, const float* A, int lda,
+                                         long long strideA, const float* B, int ldb,
+                                         long long strideB, const float* beta, float* C, int ldc,
+                                         long long strideC, int batchCount);

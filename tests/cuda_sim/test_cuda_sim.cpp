@@ -1,0 +1,217 @@
+// The CUDA simulator's own checks: indices, barriers, shuffles, shared memory, the launch
+// limits a GPU enforces, a barrier not all threads reach, the race check, and cuBLAS's
+// column-major semantics against products computed by hand.
+#define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
+#include "cuda_sim.hpp"
+
+#include <doctest/doctest.h>
+
+#include <string>
+#include <vector>
+
+#define ATTN_LAUNCH(kernel, grid, block, shared_bytes, stream)                                 \
+    ::cuda_sim::make_launcher(                                                               \
+        #kernel, &kernel, [](auto... attn_args_) { kernel(attn_args_...); }, grid, block,  \
+        shared_bytes, stream)
+#define ATTN_DYNAMIC_SHARED(type, name) \
+    type* name = static_cast<type*>(::cuda_sim::dynamic_shared_memory())
+
+namespace {
+
+// A device buffer of n ints or floats for one test.
+template <class T>
+struct Buffer {
+    T* p = nullptr;
+    std::size_t n;
+    explicit Buffer(std::size_t n_) : n(n_) { REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess); }
+    Buffer(const std::vector<T>& host) : Buffer(host.size()) {
+        REQUIRE(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    }
+    ~Buffer() { cudaFree(p); }
+    std::vector<T> get() const {
+        std::vector<T> h(n);
+        REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+        return h;
+    }
+};
+
+__global__ void write_indices(int* out) {
+    const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const unsigned thread = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const unsigned per_block = blockDim.x * blockDim.y * blockDim.z;
+    out[block * per_block + thread] = static_cast<int>(block * 1000 + thread);
+}
+
+// Thread i writes its index to shared memory; after the barrier it reads its neighbour's.
+__global__ void rotate_through_shared(int* out) {
+    __shared__ int s[256];
+    const int t = static_cast<int>(threadIdx.x);
+    const int n = static_cast<int>(blockDim.x);
+    s[t] = t + 100 * static_cast<int>(blockIdx.x);
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s[(t + 1) % n];
+}
+
+// The same without the barrier: a race.
+__global__ void rotate_without_barrier(int* out) {
+    __shared__ int s[256];
+    const int t = static_cast<int>(threadIdx.x);
+    s[t] = t + 100 * static_cast<int>(blockIdx.x);
+    out[blockIdx.x * blockDim.x + threadIdx.x] = s[(t + 1) % static_cast<int>(blockDim.x)];
+}
+
+__global__ void shuffles(float* sum, float* down, float* bcast) {
+    const float x = static_cast<float>(threadIdx.x);
+    float s = x;
+    for (int o = 16; o > 0; o /= 2) s += __shfl_xor_sync(0xffffffffu, s, o);
+    sum[threadIdx.x] = s;
+    down[threadIdx.x] = __shfl_down_sync(0xffffffffu, x, 3);
+    bcast[threadIdx.x] = __shfl_sync(0xffffffffu, x, 5);
+}
+
+__global__ void dynamic_shared_sum(float* out, int n) {
+    ATTN_DYNAMIC_SHARED(float, buf);
+    buf[threadIdx.x] = static_cast<float>(threadIdx.x);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int i = 0; i < n; ++i) total += buf[i];
+        out[0] = total;
+    }
+}
+
+// Half the threads return before the barrier.
+__global__ void early_return(int* out) {
+    if (threadIdx.x % 2 == 1) return;
+    __syncthreads();
+    out[threadIdx.x] = 1;
+}
+
+__global__ void nothing(int*) {}
+
+}  // namespace
+
+TEST_CASE("every thread of a 3-D grid of 3-D blocks sees its own indices") {
+    const dim3 grid(2, 3, 2), block(4, 2, 3);
+    const std::size_t n = 2 * 3 * 2 * 4 * 2 * 3;
+    Buffer<int> out(n);
+    ATTN_LAUNCH(write_indices, grid, block, 0, nullptr)(out.p);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const auto h = out.get();
+    for (std::size_t i = 0; i < n; ++i) CHECK(h[i] == static_cast<int>(i / 24 * 1000 + i % 24));
+}
+
+TEST_CASE("__syncthreads orders shared memory across all threads of a block") {
+    Buffer<int> out(2 * 256);
+    cuda_sim::set_racecheck(true);
+    ATTN_LAUNCH(rotate_through_shared, 2, 256, 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    const auto h = out.get();
+    for (int b = 0; b < 2; ++b) {
+        for (int t = 0; t < 256; ++t) CHECK(h[b * 256 + t] == (t + 1) % 256 + 100 * b);
+    }
+    cuda_sim::set_racecheck(false);
+}
+
+TEST_CASE("the race check reports shared memory read without a barrier") {
+    Buffer<int> out(256);
+    cuda_sim::set_racecheck(true);
+    ATTN_LAUNCH(rotate_without_barrier, 1, 256, 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    CHECK(cuda_sim::take_failure().find("a race") != std::string::npos);
+    cuda_sim::set_racecheck(false);
+}
+
+TEST_CASE("warp shuffles follow CUDA's lane rules: xor butterflies, down, broadcast") {
+    Buffer<float> sum(64), down(64), bcast(64);
+    ATTN_LAUNCH(shuffles, 1, 64, 0, nullptr)(sum.p, down.p, bcast.p);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const auto s = sum.get(), d = down.get(), b = bcast.get();
+    for (int t = 0; t < 64; ++t) {
+        const int warp = t / 32, lane = t % 32;
+        CHECK(s[t] == static_cast<float>(32 * 31 / 2 + 32 * 32 * warp));  // Σ lanes of the warp
+        CHECK(d[t] == static_cast<float>(lane + 3 < 32 ? t + 3 : t));     // past 31: its own
+        CHECK(b[t] == static_cast<float>(32 * warp + 5));
+    }
+}
+
+TEST_CASE("a launch a GPU would refuse fails with the GPU's error") {
+    Buffer<int> out(1);
+    ATTN_LAUNCH(nothing, 1, 1025, 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    ATTN_LAUNCH(nothing, 1, dim3(1, 1, 65), 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    ATTN_LAUNCH(nothing, dim3(1, 65536), 1, 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    ATTN_LAUNCH(nothing, 0, 32, 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+    ATTN_LAUNCH(nothing, 1, 32, 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaSuccess);
+}
+
+TEST_CASE("dynamic shared memory above 48 KiB needs cudaFuncSetAttribute, up to 227 KiB") {
+    Buffer<float> out(1);
+    const std::size_t big = 64 * 1024;
+    ATTN_LAUNCH(dynamic_shared_sum, 1, 64, big, nullptr)(out.p, 64);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaFuncSetAttribute(dynamic_shared_sum, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(big)) == cudaSuccess);
+    ATTN_LAUNCH(dynamic_shared_sum, 1, 64, big, nullptr)(out.p, 64);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(out.get()[0] == 64.0f * 63.0f / 2.0f);
+    CHECK(cudaFuncSetAttribute(dynamic_shared_sum, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               300 * 1024) == cudaErrorInvalidValue);
+    cuda_sim::take_failure();
+}
+
+TEST_CASE("a __syncthreads that half the block returns before is reported, not a hang") {
+    Buffer<int> out(64);
+    ATTN_LAUNCH(early_return, 1, 64, 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    // The failure is sticky, as on a GPU: later calls report it too.
+    int* p = nullptr;
+    CHECK(cudaMalloc(&p, 4) == cudaErrorLaunchFailure);
+    const std::string why = cuda_sim::take_failure();
+    CHECK(why.find("reached by 32 of the block's 64 threads") != std::string::npos);
+    CHECK(cudaMalloc(&p, 4) == cudaSuccess);
+    cudaFree(p);
+}
+
+TEST_CASE("copies outside a device allocation are refused, naming the overrun") {
+    Buffer<float> b(4);
+    std::vector<float> h(8);
+    CHECK(cudaMemcpy(b.p, h.data(), 8 * sizeof(float), cudaMemcpyHostToDevice) ==
+          cudaErrorInvalidValue);
+    CHECK(cuda_sim::take_failure().find("16 bytes past the end") != std::string::npos);
+    CHECK(cudaMemcpy(h.data(), h.data() + 4, 4, cudaMemcpyDeviceToHost) == cudaErrorInvalidValue);
+    cuda_sim::take_failure();
+}
+
+TEST_CASE("cublasSgemm is column-major with cuBLAS's transposes and leading dimensions") {
+    // A stored column-major 2×3 with lda 3 (one unused row), B 3×2 with ldb 3.
+    // A = [1 2 3; 4 5 6], B = [1 0; 0 1; 1 1]: A·B = [4 5; 10 11] (by hand).
+    const std::vector<float> a = {1, 4, -9, 2, 5, -9, 3, 6, -9};
+    const std::vector<float> b = {1, 0, 1, 0, 1, 1};
+    Buffer<float> A(a), B(b), C(std::vector<float>(4, 7.0f));
+    cublasHandle_t h = nullptr;
+    REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    const float one = 1.0f, zero = 0.0f;
+    REQUIRE(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, A.p, 3, B.p, 3, &zero, C.p, 2) ==
+            CUBLAS_STATUS_SUCCESS);
+    CHECK(C.get() == std::vector<float>{4, 10, 5, 11});
+    // Bᵀ·Aᵀ = (A·B)ᵀ = [4 10; 5 11], with beta = 1 adding to C.
+    REQUIRE(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_T, 2, 2, 3, &one, B.p, 3, A.p, 3, &one, C.p, 2) ==
+            CUBLAS_STATUS_SUCCESS);
+    CHECK(C.get() == std::vector<float>{8, 15, 15, 22});
+    // A leading dimension below the rows is refused, as cuBLAS does.
+    CHECK(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 3, &one, A.p, 1, B.p, 3, &zero, C.p, 2) ==
+          CUBLAS_STATUS_INVALID_VALUE);
+    // Two batches at stride 4 of 1×1 products: C_b = A_b·B_b.
+    Buffer<float> a2(std::vector<float>{2, 0, 0, 0, 3}), b2(std::vector<float>{5, 0, 0, 0, 7}),
+        c2(std::vector<float>(5, 0.0f));
+    REQUIRE(cublasSgemmStridedBatched(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, a2.p, 1, 4, b2.p,
+                                      1, 4, &zero, c2.p, 1, 4, 2) == CUBLAS_STATUS_SUCCESS);
+    CHECK(c2.get() == std::vector<float>{10, 0, 0, 0, 21});
+    cublasDestroy(h);
+    cuda_sim::take_failure();
+}
