@@ -190,6 +190,8 @@ def console_problems(driver, seen_failures):
 
 
 def screenshot(driver, path):
+    # MathJax's "Typesetting math: 100%" box lingers a moment after typesetting
+    driver.execute_script("var m = document.getElementById('MathJax_Message'); if (m) m.style.display = 'none';")
     height = min(int(driver.execute_script(PAGE_HEIGHT)), MAX_SCREENSHOT_HEIGHT)
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                            {"width": WIDTH, "height": height, "deviceScaleFactor": 1, "mobile": False})
