@@ -14,7 +14,11 @@
     return;
   }
   var L = data.n_layer, NH = data.n_head, T = data.prompt.length;
+  // Start on the most focused head (the lowest mean entropy), at the last query.
   var state = { layer: 0, head: 0, query: T - 1 };
+  data.entropy.forEach(function (row, l) {
+    row.forEach(function (e, h) { if (e < data.entropy[state.layer][state.head]) { state.layer = l; state.head = h; } });
+  });
 
   function el(tag, cls, text) {
     var e = document.createElement(tag);
