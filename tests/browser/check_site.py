@@ -190,8 +190,10 @@ def console_problems(driver, seen_failures):
 
 
 def screenshot(driver, path):
-    # MathJax's "Typesetting math: 100%" box lingers a moment after typesetting
-    driver.execute_script("var m = document.getElementById('MathJax_Message'); if (m) m.style.display = 'none';")
+    # MathJax's "Typesetting math: 100%" box lingers, and comes back while it loads its menu
+    driver.execute_script("var s = document.createElement('style');"
+                          "s.textContent = '#MathJax_Message { display: none !important; }';"
+                          "document.head.appendChild(s);")
     height = min(int(driver.execute_script(PAGE_HEIGHT)), MAX_SCREENSHOT_HEIGHT)
     driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
                            {"width": WIDTH, "height": height, "deviceScaleFactor": 1, "mobile": False})
@@ -338,12 +340,12 @@ def main():
                 m = re.fullmatch(r"lesson(\d\d)\.html", rel)
                 if m:
                     page_problems += output_problems(found["text"], args.outputs / f"lesson{m.group(1)}.txt")
+                if m or rel == "attention_inspector.html":  # as it opens, before any click
+                    screenshot(driver, args.screenshots / page.with_suffix(".png").name)
                 if driver.execute_script("return !!document.getElementById('attention-inspector')"):
                     inspector_pages += 1
                     page_problems += check_inspector(driver)
                     page_problems += console_problems(driver, [])
-                if m or rel == "attention_inspector.html":
-                    screenshot(driver, args.screenshots / page.with_suffix(".png").name)
                 if page_problems:
                     problems[rel] = page_problems
         finally:
