@@ -3,6 +3,7 @@
 // It trains nanoGPT's CPU recipe on tiny shakespeare (about five minutes on two cores). The
 // environment variable ATTN_LESSON11_MAX_ITERS shortens the run (the test suite sets it;
 // the docs show the full run).
+#include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/lesson.hpp"
 #include "attn/print.hpp"
@@ -13,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <unistd.h>
 
@@ -88,6 +90,15 @@ int main(int argc, char** argv) {
         if (!opts.figures.empty()) {
             plot_losses(opts.figures / "lesson11_loss.png", run.steps, run.evals,
                         "CPU recipe, " + corpus.stem().string());
+            // The trained weights, for the attention inspector (`./workbook inspect`), with
+            // the corpus they learnt from.
+            const fs::path model_dir = opts.figures / "lesson11_model";
+            save_checkpoint(model_dir, trainer.model(), {data.vocab.chars(), trainer.step()});
+            std::ofstream(model_dir / "corpus.txt")
+                << (corpus.filename() == "tinyshakespeare.txt"
+                        ? std::string("tiny shakespeare")
+                        : "the fallback corpus " + corpus.string() + " (tiny shakespeare was not found)")
+                << "\n";
         }
 
         print_heading("Resuming reproduces the losses exactly");
