@@ -54,6 +54,7 @@ struct Flags {
     bool tf32 = false;
     std::string attention = "materialised";
     bool no_causal_mask = false;
+    bool no_attention_scale = false;
     int bench = 0;
 };
 
@@ -159,6 +160,7 @@ int run(const Flags& f) {
     if (f.dropout) config.dropout = *f.dropout;
     if (f.seed) config.seed = *f.seed;
     if (f.no_causal_mask) config.causal = false;
+    if (f.no_attention_scale) config.scaled_attention = false;
     config.validate();
 
     const fs::path corpus = corpus_of(f);
@@ -211,6 +213,7 @@ int run(const Flags& f) {
               << trainer->data().val.size() << " val tokens\n"
               << "model: " << c.n_layer << " layers, " << c.n_head << " heads, " << c.n_embd
               << " channels, block " << c.block_size << (c.causal ? ", " : ", NO causal mask, ")
+              << (c.scaled_attention ? "" : "NO attention scale, ")
               << trainer->model().config().num_parameters() << " parameters; batch " << c.batch_size
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
@@ -283,6 +286,9 @@ int main(int argc, char** argv) {
         ->excludes(resume);
     app.add_flag("--no-causal-mask", f.no_causal_mask,
                  "train without the causal mask: every position sees the future (lesson 08)")
+        ->excludes(resume)->excludes(init);
+    app.add_flag("--no-attention-scale", f.no_attention_scale,
+                 "train without the 1/sqrt(head size) on the attention scores (lesson 08; CPU only)")
         ->excludes(resume)->excludes(init);
     app.add_option("--dump-grads", f.dump_grads,
                    "write one step's gradients on the first batch (and the weights and batch) and exit")

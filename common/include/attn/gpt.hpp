@@ -28,6 +28,9 @@ struct GPTConfig {
     float dropout = 0.0f;  ///< dropout probability in training mode, in [0, 1)
     bool bias = true;      ///< whether the Linear layers and LayerNorms have biases
     bool causal = true;    ///< whether attention is causally masked (false: to see why it must be)
+    /// whether the attention scores are divided by √hs (false: q·kᵀ as it is, to measure
+    /// what the factor does; CPU only)
+    bool scaled_attention = true;
 
     /// Throws std::invalid_argument naming the first size that is not usable.
     void validate() const;

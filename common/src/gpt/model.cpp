@@ -312,7 +312,7 @@ void GPT::forward_slice(int b0, int B) {
         matmul_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C,
                        3 * C);
         attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &dropout_rng_, B, T,
-                          C, NH, config_.causal);
+                          C, NH, config_.causal, config_.scaled_attention);
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
         if (dropout)
@@ -475,7 +475,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
         // atty = attention(qkv)
         clear(dqkv, 3 * NC);
         attention_backward(dqkv, datt, datty, qkv, att, att_dropped, pdrop, B, T, C, NH,
-                           config_.causal);
+                           config_.causal, config_.scaled_attention);
         // qkv = ln1 · c_attnᵀ + b
         clear(dln, NC);
         matmul_backward(dln, g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr, dqkv, ln1,
