@@ -259,7 +259,7 @@ int main(int argc, char** argv) {
         // Lesson 11's CPU recipe (hs = 32), with and without the 1/√hs, several seeds: same
         // seed, same initial weights and batches within a pair. The environment variables make
         // the run longer, e.g. ATTN_LESSON08_STEPS=1000 ATTN_LESSON08_SEEDS=3.
-        const int steps = from_environment("ATTN_LESSON08_STEPS", 200, 1);
+        const int steps = from_environment("ATTN_LESSON08_STEPS", 150, 1);
         const int seeds = from_environment("ATTN_LESSON08_SEEDS", 2, 1);
         std::vector<int> probe;  // one batch of 4 validation windows, to look at the attention
         for (int b = 0; b < 4; ++b) {
@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
                     steps, uniform_causal_entropy(64));
         double init_rms[2] = {0.0, 0.0};  // the scores' spread at step 0, with and without
         int unscaled_better = 0;
-        double sum_difference = 0.0;
+        double sum_difference = 0.0, mean_rms[2] = {0.0, 0.0}, mean_entropy[2] = {0.0, 0.0};
         for (int s = 0; s < seeds; ++s) {
             double val[2], rms[2], entropy[2];
             for (const bool scaled : {true, false}) {
@@ -295,6 +295,10 @@ int main(int argc, char** argv) {
             }
             std::printf("%4d   %20.3f   %9.2f   %7.2f   %12.3f   %9.2f   %7.2f\n", 1337 + s, val[0], rms[0],
                         entropy[0], val[1], rms[1], entropy[1]);
+            for (int i = 0; i < 2; ++i) {
+                mean_rms[i] += rms[i] / seeds;
+                mean_entropy[i] += entropy[i] / seeds;
+            }
             unscaled_better += val[1] < val[0];
             sum_difference += val[1] - val[0];
         }
@@ -309,5 +313,10 @@ int main(int argc, char** argv) {
         print_claim("unscaled_seeds", std::to_string(seeds));
         print_claim("unscaled_lower_in", std::to_string(unscaled_better) + " of " + std::to_string(seeds));
         print_claim("unscaled_mean_difference", mean_difference, 3);
+        print_claim("trained_rms_scaled", mean_rms[0], 2);
+        print_claim("trained_rms_unscaled", mean_rms[1], 2);
+        print_claim("trained_entropy_scaled", mean_entropy[0], 2);
+        print_claim("trained_entropy_unscaled", mean_entropy[1], 2);
+        print_claim("trained_entropy_uniform", uniform_causal_entropy(64), 2);
     });
 }
