@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,29 @@ TEST_CASE("a checkpoint written and reloaded gives bit-identical logits and its 
         model.forward(x, {}, 2, 6);
         loaded.forward(x, {}, 2, 6);
         CHECK(loaded.logits() == model.logits());
+    }
+}
+
+TEST_CASE("a model without the attention scale keeps it through a checkpoint; others omit the key") {
+    for (bool scaled : {true, false}) {
+        CAPTURE(scaled);
+        GPTConfig config = small_config();
+        config.scaled_attention = scaled;
+        GPT model(config, 7);
+        const fs::path dir = fs::temp_directory_path() / "attn_checkpoint_unscaled";
+        fs::remove_all(dir);
+        save_checkpoint(dir, model, {"abcdefghijklm", 0});
+        std::ifstream in(dir / "config.json");
+        const std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        // nanoGPT's config has no such key: it is written only for the unscaled model.
+        CHECK((json.find("scaled_attention") != std::string::npos) == !scaled);
+        GPT loaded = load_checkpoint(dir);
+        CHECK(loaded.config().scaled_attention == scaled);
+        const std::vector<int> x = {1, 2, 3, 4, 5, 6, 7, 8};
+        model.forward(x, {}, 1, 8);
+        loaded.forward(x, {}, 1, 8);
+        CHECK(loaded.logits() == model.logits());
+        fs::remove_all(dir);
     }
 }
 

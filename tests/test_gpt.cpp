@@ -356,3 +356,59 @@ TEST_CASE("a fused-attention model trains with dropout on the materialised atten
     materialised.train(false);
     CHECK(std::fabs(fused.forward(x, y, 2, 16) - materialised.forward(x, y, 2, 16)) <= 4e-6);
 }
+
+TEST_CASE("without the attention scale the model equals a scaled one whose W_q is √hs larger") {
+    // Leaving out 1/√hs is a reparametrisation: q·kᵀ = (√hs·q)·kᵀ/√hs. So an unscaled model
+    // with weights W has the loss of a scaled model with W_q multiplied by √hs, and by the
+    // chain rule its W_q gradient is √hs times that model's; every other gradient is the same.
+    // hs = 16 makes √hs = 4 a power of two, so the rescaled weights are exact in float.
+    GPTConfig config;
+    config.vocab_size = 11;
+    config.block_size = 8;
+    config.n_layer = 2;
+    config.n_head = 2;
+    config.n_embd = 32;  // hs = 16
+    config.bias = false;
+    const int C = config.n_embd, B = 3, T = 8;
+    const float root_hs = 4.0f;
+    GPTConfig unscaled_config = config;
+    unscaled_config.scaled_attention = false;
+    GPT unscaled(unscaled_config, 7), scaled(config, 7), same_weights(config, 7);
+    REQUIRE(unscaled.parameters() == scaled.parameters());
+    // W_q is the first C rows of each layer's c_attn (3C, C).
+    for (int l = 0; l < config.n_layer; ++l) {
+        float* wq = scaled.params().qkvw + static_cast<std::size_t>(l) * 3 * C * C;
+        for (int i = 0; i < C * C; ++i) wq[i] *= root_hs;
+    }
+    Rng rng(3);
+    std::vector<int> x(B * T), y(B * T);
+    for (int& t : x) t = static_cast<int>(rng.below(11));
+    for (int& t : y) t = static_cast<int>(rng.below(11));
+    const float loss_unscaled = unscaled.forward(x, y, B, T);
+    const float loss_scaled = scaled.forward(x, y, B, T);
+    const float loss_same_weights = same_weights.forward(x, y, B, T);
+    CHECK(loss_unscaled == doctest::Approx(loss_scaled).epsilon(1e-6));
+    // The flag must change something: on the same weights the two models differ.
+    CHECK(std::fabs(loss_unscaled - loss_same_weights) > 1e-4);
+
+    unscaled.zero_grad();
+    unscaled.backward();
+    scaled.zero_grad();
+    scaled.backward();
+    const std::vector<float>& gu = unscaled.gradients();
+    const std::vector<float>& gs = scaled.gradients();
+    double largest = 0.0;
+    for (float g : gs) largest = std::max(largest, static_cast<double>(std::fabs(g)));
+    REQUIRE(largest > 0.0);
+    const std::size_t qkvw = static_cast<std::size_t>(unscaled.params().qkvw - unscaled.parameters().data());
+    for (std::size_t i = 0; i < gu.size(); ++i) {
+        const std::size_t in_qkvw = i - qkvw;
+        const bool is_wq = i >= qkvw && in_qkvw < static_cast<std::size_t>(config.n_layer) * 3 * C * C &&
+                           (in_qkvw % (3 * static_cast<std::size_t>(C) * C)) < static_cast<std::size_t>(C) * C;
+        const double expected = is_wq ? root_hs * gs[i] : gs[i];
+        CAPTURE(i);
+        CAPTURE(is_wq);
+        // Float rounding of sums of a few hundred products, relative to the largest gradient.
+        CHECK(std::fabs(gu[i] - expected) <= 1e-5 * largest);
+    }
+}

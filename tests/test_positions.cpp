@@ -235,7 +235,7 @@ TEST_CASE("ALiBi adds m·(j − i) to the scores before the softmax") {
     for (int t = 0; t < T; ++t) qkv[t * 3 * C + 2 * C] = static_cast<float>(t);  // v = (t, 0)
     const float slope = 0.5f;
     attention_forward(out.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, 1, T, C, 1,
-                      true, &slope);
+                      true, true, &slope);
     const double e0 = std::exp(-1.0), e1 = std::exp(-0.5), e2 = 1.0, z = e0 + e1 + e2;
     CHECK(att[6] == doctest::Approx(e0 / z).epsilon(1e-6));
     CHECK(att[7] == doctest::Approx(e1 / z).epsilon(1e-6));

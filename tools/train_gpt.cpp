@@ -57,6 +57,7 @@ struct Flags {
     std::string attention = "materialised";
     bool no_causal_mask = false;
     std::string position;  // empty: the recipe's (learned)
+    bool no_attention_scale = false;
     int bench = 0;
     int threads = 0;  // 0: the library's policy (OMP_NUM_THREADS, else the CPUs)
     bool threads_info = false;
@@ -211,6 +212,7 @@ int run(const Flags& f) {
     if (f.seed) config.seed = *f.seed;
     if (f.no_causal_mask) config.causal = false;
     if (!f.position.empty()) config.position = parse_position(f.position);
+    if (f.no_attention_scale) config.scaled_attention = false;
     config.validate();
 
     const fs::path corpus = corpus_of(f);
@@ -274,6 +276,7 @@ int run(const Flags& f) {
               << "model: " << c.n_layer << " layers, " << c.n_head << " heads, " << c.n_embd
               << " channels, block " << c.block_size << (c.causal ? ", " : ", NO causal mask, ")
               << (c.position == Position::learned ? "" : std::string(position_name(c.position)) + ", ")
+              << (c.scaled_attention ? "" : "NO attention scale, ")
               << trainer->model().config().num_parameters() << " parameters; batch " << c.batch_size
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
@@ -358,6 +361,9 @@ int main(int argc, char** argv) {
     app.add_option("--position", f.position,
                    "where position enters: learned (the default, nanoGPT's), rope or alibi (lesson 15)")
         ->check(CLI::IsMember({"learned", "rope", "alibi"}))
+        ->excludes(resume)->excludes(init);
+    app.add_flag("--no-attention-scale", f.no_attention_scale,
+                 "train without the 1/sqrt(head size) on the attention scores (lesson 08; CPU only)")
         ->excludes(resume)->excludes(init);
     app.add_option("--dump-grads", f.dump_grads,
                    "write one step's gradients on the first batch (and the weights and batch) and exit")

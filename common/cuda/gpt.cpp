@@ -264,6 +264,11 @@ CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t see
     std::string why;
     if (!device_available(&why)) throw std::runtime_error("CudaGPT: no usable CUDA device (" + why + ")");
     Impl& d = *impl_;
+    if (!config_.scaled_attention) {
+        throw std::invalid_argument(
+            "CudaGPT: the GPU kernels always divide the attention scores by √hs; train a model "
+            "without the factor on the CPU");
+    }
     if (options.attention == AttentionKind::fused &&
         !flash_attention_supports(static_cast<size_t>(config_.n_embd / config_.n_head))) {
         throw std::invalid_argument(

@@ -24,6 +24,9 @@ void require_fits(const KVCache& cache, const GPTConfig& config, const char* who
     require(config.causal, std::string(who) +
                                ": the model is not causal, so an earlier position's key and value "
                                "would change with every new token and cannot be cached");
+    require(config.scaled_attention,
+            std::string(who) + ": the cached path always divides the scores by √hs; this model "
+                               "does not (generate_text, which runs the whole forward pass, samples from it)");
     require(cache.n_layer() == config.n_layer && cache.n_head() == config.n_head &&
                 cache.head_size() * cache.n_head() == config.n_embd,
             std::string(who) + ": the cache is (L, NH, hs) = (" + std::to_string(cache.n_layer()) +

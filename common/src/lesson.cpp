@@ -2,8 +2,11 @@
 
 #include "attn/threads.hpp"
 
+#include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <stdexcept>
 #include <iostream>
 #include <string_view>
 
@@ -60,6 +63,22 @@ int run_lesson(int argc, char** argv, const std::string& title,
         std::cerr << program << ": error: " << e.what() << "\n";
         return 1;
     }
+}
+
+void print_claim(const std::string& name, const std::string& value) {
+    bool ok = !name.empty();
+    for (char c : name) ok = ok && (std::isalnum(static_cast<unsigned char>(c)) || c == '_');
+    if (!ok) {
+        throw std::invalid_argument("print_claim: the name '" + name +
+                                    "' must be letters, digits and underscores");
+    }
+    std::cout << "claim " << name << " = " << value << "\n";
+}
+
+void print_claim(const std::string& name, double value, int decimals) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+    print_claim(name, std::string(buf));
 }
 
 }  // namespace attn

@@ -93,6 +93,7 @@ GPTConfig TrainConfig::model_config(int vocab_size) const {
     g.bias = bias;
     g.causal = causal;
     g.position = position;
+    g.scaled_attention = scaled_attention;
     return g;
 }
 
@@ -108,6 +109,7 @@ json config_to_json(const TrainConfig& c) {
             {"bias", c.bias},
             {"causal", c.causal},
             {"position", position_name(c.position)},
+            {"scaled_attention", c.scaled_attention},
             {"batch_size", c.batch_size},
             {"max_iters", c.max_iters},
             {"learning_rate", c.learning_rate},
@@ -151,6 +153,8 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
             throw CheckpointError(file.string() + ": " + e.what());
         }
     }
+    c.scaled_attention =
+        j.contains("scaled_attention") ? field<bool>(j, "scaled_attention", file) : true;
     c.batch_size = field<int>(j, "batch_size", file);
     c.max_iters = field<std::int64_t>(j, "max_iters", file);
     c.learning_rate = field<double>(j, "learning_rate", file);
@@ -244,6 +248,7 @@ void Trainer::finish_setup(bool from_weights) {
         config_.dropout = g.dropout;
         config_.causal = g.causal;
         config_.position = g.position;
+        config_.scaled_attention = g.scaled_attention;
     }
     config_.validate();
     check_data(data_, model_.config());
@@ -407,7 +412,8 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
     if (got.n_layer != expected.n_layer || got.n_head != expected.n_head ||
         got.n_embd != expected.n_embd || got.block_size != expected.block_size ||
         got.bias != expected.bias || got.causal != expected.causal ||
-        got.position != expected.position) {
+        got.position != expected.position ||
+        got.scaled_attention != expected.scaled_attention) {
         throw CheckpointError(dir.string() + ": config.json and trainer.json describe different models");
     }
     if (info.vocab != data.vocab.chars()) {

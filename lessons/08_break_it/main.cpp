@@ -1,6 +1,7 @@
 // Lesson 08: break it. The page that narrates this program is lesson.md beside it.
 #include "attn/data.hpp"
 #include "attn/entropy.hpp"
+#include "attn/gpt_inspect.hpp"
 #include "attn/heatmap.hpp"
 #include "attn/lesson.hpp"
 #include "attn/multi_head.hpp"
@@ -11,11 +12,15 @@
 
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 using namespace attn;
@@ -47,6 +52,41 @@ Tensor4 raw_scores(const Tensor4& q, const Tensor4& k) {
                     s(b, h, i, j) = static_cast<float>(dot);
                 }
     return s;
+}
+
+// A whole number from the environment, or `fallback` when the variable is not set.
+int from_environment(const char* name, int fallback, int smallest) {
+    const char* value = std::getenv(name);
+    if (!value) return fallback;
+    const int n = std::atoi(value);
+    if (n < smallest) {
+        throw std::invalid_argument(std::string(name) + " must be a whole number of at least " +
+                                    std::to_string(smallest) + ", got '" + value + "'");
+    }
+    std::printf("(%s=%d)\n", name, n);
+    return n;
+}
+
+// What a trained model's attention looks like on one batch: the root mean square of the
+// scores that enter the softmax (q·kᵀ/√hs, or q·kᵀ without the scale) and the mean entropy,
+// over every layer and head.
+std::pair<double, double> score_rms_and_entropy(GPT& model, const std::vector<int>& x, int B, int T) {
+    model.train(false);
+    model.forward(x, {}, B, T);
+    const GPTConfig& c = model.config();
+    const double scale = c.scaled_attention ? 1.0 / std::sqrt(double(c.n_embd / c.n_head)) : 1.0;
+    double sum2 = 0.0, entropy = 0.0;
+    std::size_t n = 0;
+    for (int l = 0; l < c.n_layer; ++l) {
+        const Tensor4 q = attention_queries_or_keys(model, l, 0), k = attention_queries_or_keys(model, l, 1);
+        const Tensor4 s = raw_scores(q, k);  // (B, NH, T, T)
+        for (std::size_t b = 0; b < s.shape()[0]; ++b)
+            for (std::size_t h = 0; h < s.shape()[1]; ++h)
+                for (std::size_t i = 0; i < s.shape()[2]; ++i)
+                    for (std::size_t j = 0; j <= i; ++j, ++n) sum2 += std::pow(scale * s(b, h, i, j), 2);
+        entropy += xt::mean(mean_entropy_per_head(attention_weights(model, l)))() / c.n_layer;
+    }
+    return {std::sqrt(sum2 / double(n)), entropy};
 }
 
 // Whether two tensors hold the same bits (not merely equal values).
@@ -81,6 +121,7 @@ int main(int argc, char** argv) {
                     raw_std, raw_max);
         std::printf("scaled scores q.k/8:  std %6.2f   largest |score| %6.2f\n", raw_std / 8,
                     raw_max / 8);
+        print_claim("raw_score_std", raw_std, 1);
 
         Tensor2 head0_scaled = xt::view(w_scaled, 0, 0), head0_unscaled = xt::view(w_unscaled, 0, 0);
         std::cout << "\nhead 0 weights, scaled:\n" << format_tensor(head0_scaled, {3})
@@ -92,6 +133,9 @@ int main(int argc, char** argv) {
                              {"head 0, scores / sqrt(64)", "head 0, raw scores"}, tokens, tokens, 2);
         }
 
+        int saturated_rows = 0;  // rows of head 0 with 0.98 or more on one token, unscaled
+        for (std::size_t i = 0; i < T; ++i) saturated_rows += xt::amax(xt::view(head0_unscaled, i))() >= 0.98f;
+        print_claim("saturated_rows", std::to_string(saturated_rows));
         //! [entropy]
         const Tensor1 h_scaled = mean_entropy_per_head(w_scaled);      // (NH), nats
         const Tensor1 h_unscaled = mean_entropy_per_head(w_unscaled);  // (NH)
@@ -104,6 +148,9 @@ int main(int argc, char** argv) {
                         entropy_bar(h_unscaled(h), uniform).c_str());
         }
 
+        print_claim("entropy_scaled_mean", xt::mean(h_scaled)(), 2);
+        print_claim("entropy_unscaled_mean", xt::mean(h_unscaled)(), 2);
+        print_claim("entropy_uniform", uniform, 2);
         std::printf("\nthe larger the head, the worse (mean over 4 heads, fresh q, k, v each):\n"
                     "   hs   raw score std   entropy scaled   entropy unscaled\n");
         //! [sizes]
@@ -136,6 +183,7 @@ int main(int argc, char** argv) {
         const Tensor3 y_masked = masked.forward(x, &w_masked);
         const Tensor3 y_unmasked = unmasked.forward(x, &w_unmasked);
         std::printf("share of each row's weight that lands on future tokens (mean over rows):\n");
+        double future_min = 1.0, future_max = 0.0;
         for (std::size_t h = 0; h < 4; ++h) {
             double masked_future = 0.0, unmasked_future = 0.0;
             for (std::size_t i = 0; i < T; ++i)
@@ -145,7 +193,11 @@ int main(int argc, char** argv) {
                 }
             std::printf("head %zu   with mask %.3f   without mask %.3f\n", h, masked_future / T,
                         unmasked_future / T);
+            future_min = std::min(future_min, unmasked_future / T);
+            future_max = std::max(future_max, unmasked_future / T);
         }
+        print_claim("future_share_min", future_min, 2);
+        print_claim("future_share_max", future_max, 2);
         Tensor2 head0_unmasked = xt::view(w_unmasked, 0, 0);
         std::cout << "\nhead 0 without the mask: weight above the diagonal\n"
                   << heatmap_text(head0_unmasked, tokens, tokens);
@@ -199,7 +251,72 @@ int main(int argc, char** argv) {
                         causal ? "with the causal mask   " : "WITHOUT the causal mask", e.train_loss,
                         e.val_loss, static_cast<long long>(trainer.step()));
             std::cout << "  generated:" << text << "\n\n";
+            print_claim(causal ? "honest_val" : "cheater_val", e.val_loss, 2);
         }
         //! [cheat]
+
+        print_heading("(d) Train a model without the scaling");
+        // Lesson 11's CPU recipe (hs = 32), with and without the 1/√hs, several seeds: same
+        // seed, same initial weights and batches within a pair. The environment variables make
+        // the run longer, e.g. ATTN_LESSON08_STEPS=1000 ATTN_LESSON08_SEEDS=3.
+        const int steps = from_environment("ATTN_LESSON08_STEPS", 150, 1);
+        const int seeds = from_environment("ATTN_LESSON08_SEEDS", 2, 1);
+        std::vector<int> probe;  // one batch of 4 validation windows, to look at the attention
+        for (int b = 0; b < 4; ++b) {
+            const std::size_t start = static_cast<std::size_t>(b) * ((data.val.size() - 64) / 4);
+            probe.insert(probe.end(), data.val.begin() + static_cast<std::ptrdiff_t>(start),
+                         data.val.begin() + static_cast<std::ptrdiff_t>(start + 64));
+        }
+        std::printf("%d steps each; val loss, and on 4 validation windows the rms of the scores that\n"
+                    "enter the softmax and the mean attention entropy (uniform: %.2f nats)\n\n"
+                    "seed   with 1/sqrt(hs): val   score rms   entropy   without: val   score rms   entropy\n",
+                    steps, uniform_causal_entropy(64));
+        double init_rms[2] = {0.0, 0.0};  // the scores' spread at step 0, with and without
+        int unscaled_better = 0;
+        double sum_difference = 0.0, mean_rms[2] = {0.0, 0.0}, mean_entropy[2] = {0.0, 0.0};
+        for (int s = 0; s < seeds; ++s) {
+            double val[2], rms[2], entropy[2];
+            for (const bool scaled : {true, false}) {
+                //! [unscaled_training]
+                TrainConfig config = TrainConfig::named("cpu");
+                config.max_iters = config.lr_decay_iters = steps;
+                config.warmup_iters = std::min<std::int64_t>(config.warmup_iters, steps);
+                config.seed = 1337 + static_cast<std::uint64_t>(s);
+                config.scaled_attention = scaled;  // false: scores q·kᵀ, no 1/√hs
+                Trainer trainer(config, data);
+                if (s == 0) init_rms[scaled ? 0 : 1] = score_rms_and_entropy(trainer.model(), probe, 4, 64).first;
+                trainer.model().train(true);
+                while (!trainer.done()) trainer.train_step();
+                const EvalRecord e = trainer.evaluate();
+                //! [unscaled_training]
+                val[scaled ? 0 : 1] = e.val_loss;
+                std::tie(rms[scaled ? 0 : 1], entropy[scaled ? 0 : 1]) =
+                    score_rms_and_entropy(trainer.model(), probe, 4, 64);
+            }
+            std::printf("%4d   %20.3f   %9.2f   %7.2f   %12.3f   %9.2f   %7.2f\n", 1337 + s, val[0], rms[0],
+                        entropy[0], val[1], rms[1], entropy[1]);
+            for (int i = 0; i < 2; ++i) {
+                mean_rms[i] += rms[i] / seeds;
+                mean_entropy[i] += entropy[i] / seeds;
+            }
+            unscaled_better += val[1] < val[0];
+            sum_difference += val[1] - val[0];
+        }
+        const double mean_difference = sum_difference / seeds;
+        std::printf("\nat step 0 (seed 1337) the scores that enter the softmax have rms %.3f with the\n"
+                    "scale and %.3f without it\n", init_rms[0], init_rms[1]);
+        print_claim("init_score_rms_scaled", init_rms[0], 2);
+        print_claim("init_score_rms_unscaled", init_rms[1], 2);
+        std::printf("\nwithout the scale the val loss is lower in %d of %d seeds; mean difference %+.3f\n",
+                    unscaled_better, seeds, mean_difference);
+        print_claim("unscaled_steps", std::to_string(steps));
+        print_claim("unscaled_seeds", std::to_string(seeds));
+        print_claim("unscaled_lower_in", std::to_string(unscaled_better) + " of " + std::to_string(seeds));
+        print_claim("unscaled_mean_difference", mean_difference, 3);
+        print_claim("trained_rms_scaled", mean_rms[0], 2);
+        print_claim("trained_rms_unscaled", mean_rms[1], 2);
+        print_claim("trained_entropy_scaled", mean_entropy[0], 2);
+        print_claim("trained_entropy_unscaled", mean_entropy[1], 2);
+        print_claim("trained_entropy_uniform", uniform_causal_entropy(64), 2);
     });
 }

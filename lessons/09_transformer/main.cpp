@@ -101,9 +101,16 @@ int main(int argc, char** argv) {
         }
         std::printf("loss %.4f, ln V = ln %d = %.4f\n", static_cast<double>(loss),
                     config.vocab_size, uniform_loss);
+        const double logit_rms = std::sqrt(sum_sq / static_cast<double>(a.logits.size()));
         std::printf("logits lie in [%.3f, %.3f], rms %.3f: every character about equally likely\n",
-                    static_cast<double>(logit_min), static_cast<double>(logit_max),
-                    std::sqrt(sum_sq / static_cast<double>(a.logits.size())));
+                    static_cast<double>(logit_min), static_cast<double>(logit_max), logit_rms);
+        print_claim("vocab_size", std::to_string(config.vocab_size));
+        print_claim("init_loss", loss, 4);
+        print_claim("ln_v", uniform_loss, 4);
+        print_claim("init_loss_vs_ln_v", loss < uniform_loss ? "below" : "above");
+        print_claim("init_loss_minus_ln_v", loss - uniform_loss, 4);
+        print_claim("logit_rms", logit_rms, 3);
+        print_claim("half_logit_variance", logit_rms * logit_rms / 2, 3);
 
         print_heading("Causal: a later character cannot change an earlier prediction");
         //! [causal]
@@ -114,8 +121,9 @@ int main(int argc, char** argv) {
         const std::size_t V = static_cast<std::size_t>(config.vocab_size);
         //! [causal]
         const float* after = model.logits().data();
-        std::printf("positions 0..19 of sequence 0: largest logit change %.3g\n",
-                    static_cast<double>(max_abs_diff(before.data(), after, 20 * V)));
+        const double earlier_change = max_abs_diff(before.data(), after, 20 * V);
+        std::printf("positions 0..19 of sequence 0: largest logit change %.3g\n", earlier_change);
+        print_claim("earlier_change", earlier_change, 1);
         std::printf("positions 20..31 of sequence 0: largest logit change %.3g\n",
                     static_cast<double>(max_abs_diff(before.data() + 20 * V, after + 20 * V, 12 * V)));
         std::printf("sequences 1..3: largest logit change %.3g\n",

@@ -5,23 +5,75 @@
 // the docs show the full run).
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
+#include "attn/entropy.hpp"
+#include "attn/gpt_inspect.hpp"
+#include "attn/heatmap.hpp"
 #include "attn/lesson.hpp"
 #include "attn/print.hpp"
 #include "attn/run_control.hpp"
 #include "attn/threads.hpp"
 #include "attn/trainer.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <string>
+#include <vector>
 #include <unistd.h>
 
 using namespace attn;
 namespace fs = std::filesystem;
 
 namespace {
+
+// The first line of the validation text that is between 30 and 60 characters long,
+// with its newline: the line the trained model's attention is drawn on.
+std::vector<int> probe_line(const TextDataset& data) {
+    const std::vector<int> newline = data.vocab.encode("\n");
+    std::size_t start = 0;
+    for (std::size_t i = 0; i < data.val.size(); ++i) {
+        if (data.val[i] != newline.at(0)) continue;
+        const std::size_t length = i + 1 - start;
+        if (length >= 30 && length <= 60) {
+            return {data.val.begin() + static_cast<std::ptrdiff_t>(start),
+                    data.val.begin() + static_cast<std::ptrdiff_t>(i + 1)};
+        }
+        start = i + 1;
+    }
+    return {data.val.begin(), data.val.begin() + 48};  // no such line: 48 characters
+}
+
+// A character as a label a picture can print: space and newline made visible.
+std::string label(const std::string& c) { return c == " " ? "_" : c == "\n" ? "nl" : c; }
+
+// The mean loss on `count` windows of (B, T) spread evenly over the validation split:
+// the same windows every call, so losses of different weights compare directly.
+double fixed_val_loss(GPT& model, const std::vector<int>& val, int B, int T, int count) {
+    const std::size_t stride = (val.size() - static_cast<std::size_t>(T) - 1) / static_cast<std::size_t>(B * count);
+    std::vector<int> x(static_cast<std::size_t>(B * T)), y(x.size());
+    double sum = 0.0;
+    for (int n = 0; n < count; ++n) {
+        for (int b = 0; b < B; ++b) {
+            const std::size_t start = static_cast<std::size_t>(n * B + b) * stride;
+            std::copy_n(val.begin() + static_cast<std::ptrdiff_t>(start), T, x.begin() + b * T);
+            std::copy_n(val.begin() + static_cast<std::ptrdiff_t>(start + 1), T, y.begin() + b * T);
+        }
+        sum += model.forward(x, y, B, T);
+    }
+    return sum / count;
+}
+
+// Every layer's mean entropy per head on one line: (L, NH).
+std::vector<Tensor1> entropy_per_layer(GPT& model, const std::vector<int>& line) {
+    model.train(false);
+    model.forward(line, {}, 1, static_cast<int>(line.size()));
+    std::vector<Tensor1> out;
+    for (int l = 0; l < model.config().n_layer; ++l) out.push_back(mean_entropy_per_head(attention_weights(model, l)));
+    return out;
+}
 
 }  // namespace
 
@@ -65,6 +117,11 @@ int main(int argc, char** argv) {
                         trainer.learning_rate(step));
         }
 
+        // The line the trained model's attention is drawn on at the end, and the entropy of
+        // every head on it before training.
+        const std::vector<int> line = probe_line(data);
+        const std::vector<Tensor1> entropy_at_init = entropy_per_layer(trainer.model(), line);
+
         print_heading("Training");
         std::printf("%s\n", describe_threads().c_str());
         std::printf("%lld parameters; at initialisation the loss should be about ln %zu = %.4f\n",
@@ -87,6 +144,11 @@ int main(int argc, char** argv) {
         std::printf("the training steps alone: %.1f ms/step, %.0f tokens/s on this machine\n",
                     1e3 * run.step_seconds / static_cast<double>(run.steps.size()),
                     tokens / run.step_seconds);
+        print_claim("vocab", std::to_string(data.vocab.size()));
+        print_claim("ln_vocab", std::log(static_cast<double>(data.vocab.size())), 2);
+        print_claim("first_val", run.evals.front().val_loss, 2);
+        print_claim("final_train", last.train_loss, 2);
+        print_claim("final_val", last.val_loss, 2);
         if (!opts.figures.empty()) {
             plot_losses(opts.figures / "lesson11_loss.png", run.steps, run.evals,
                         "CPU recipe, " + corpus.stem().string());
@@ -137,5 +199,79 @@ int main(int argc, char** argv) {
         sample.top_k = 0;
         std::cout << "temperature 2.0 (flattened: nearly random characters):\n"
                   << generate_text(resumed.model(), data.vocab, "ROMEO:", sample) << "\n";
+
+        print_heading("What did it learn: every head on one line of the validation text");
+        GPT& model = resumed.model();
+        const int L = model.config().n_layer, NH = model.config().n_head, T = static_cast<int>(line.size());
+        std::vector<std::string> chars;
+        for (int id : line) chars.push_back(label(data.vocab.at(id)));
+        std::string shown;
+        for (int id : line) shown += data.vocab.at(id) == "\n" ? "" : data.vocab.at(id);
+        std::printf("the line (%d characters with its newline): \"%s\"\n", T, shown.c_str());
+        //! [inspect]
+        model.train(false);
+        model.forward(line, {}, 1, T);
+        std::vector<Tensor2> maps;      // L·NH weight matrices (T, T)
+        std::vector<std::string> titles;
+        std::vector<Tensor1> entropy_trained, previous;  // (L, NH)
+        for (int l = 0; l < L; ++l) {
+            const Tensor4 w = attention_weights(model, l);  // (1, NH, T, T)
+            entropy_trained.push_back(mean_entropy_per_head(w));
+            previous.push_back(previous_token_weight(w));  // mean w[i, i-1]
+            for (int h = 0; h < NH; ++h) {
+                maps.push_back(xt::view(w, 0, h));
+                titles.push_back("layer " + std::to_string(l) + " head " + std::to_string(h));
+            }
+        }
+        //! [inspect]
+        if (!opts.figures.empty()) {
+            heatmap_grid_png(opts.figures / "lesson11_heads.png", maps, titles, chars, chars,
+                             static_cast<std::size_t>(NH));
+        }
+
+        //! [ablate]
+        // Switch each head off in turn and measure the validation loss on fixed windows.
+        constexpr int windows = 10;
+        const double base = fixed_val_loss(model, data.val, 12, config.block_size, windows);
+        const std::vector<float> weights = model.parameters();  // to put each head back
+        std::vector<std::vector<double>> delta(static_cast<std::size_t>(L));
+        for (int l = 0; l < L; ++l)
+            for (int h = 0; h < NH; ++h) {
+                zero_head(model, l, h);
+                delta[l].push_back(fixed_val_loss(model, data.val, 12, config.block_size, windows) - base);
+                model.parameters() = weights;
+            }
+        //! [ablate]
+
+        const double uniform = uniform_causal_entropy(static_cast<std::size_t>(T));
+        std::printf("entropy in nats (uniform over the visible characters: %.2f); weight on the previous\n"
+                    "character; change of the validation loss (%.4f on %d batches) with the head switched off\n\n"
+                    "layer head   entropy at init   trained   previous char   val loss change\n",
+                    uniform, base, windows);
+        int best_l = 0, best_h = 0, worst_l = 0, worst_h = 0;
+        double init_mean = 0, trained_mean = 0;
+        for (int l = 0; l < L; ++l)
+            for (int h = 0; h < NH; ++h) {
+                std::printf("%5d %4d   %15.2f   %7.2f   %13.2f   %+15.4f\n", l, h,
+                            static_cast<double>(entropy_at_init[l](h)), static_cast<double>(entropy_trained[l](h)),
+                            static_cast<double>(previous[l](h)), delta[l][static_cast<std::size_t>(h)]);
+                init_mean += entropy_at_init[l](h) / double(L * NH);
+                trained_mean += entropy_trained[l](h) / double(L * NH);
+                if (previous[l](h) > previous[best_l](best_h)) best_l = l, best_h = h;
+                if (delta[l][static_cast<std::size_t>(h)] > delta[worst_l][static_cast<std::size_t>(worst_h)])
+                    worst_l = l, worst_h = h;
+            }
+        print_claim("line_length", std::to_string(T));
+        print_claim("entropy_uniform", uniform, 2);
+        print_claim("entropy_init_mean", init_mean, 2);
+        print_claim("entropy_trained_mean", trained_mean, 2);
+        print_claim("previous_token_head", "layer " + std::to_string(best_l) + ", head " + std::to_string(best_h));
+        print_claim("previous_token_weight", previous[best_l](best_h), 2);
+        double previous_if_uniform = 0.0;  // mean over i ≥ 1 of 1/(i+1): weights spread evenly
+        for (int i = 1; i < T; ++i) previous_if_uniform += 1.0 / (i + 1) / (T - 1);
+        print_claim("previous_token_uniform", previous_if_uniform, 2);
+        print_claim("ablation_base", base, 3);
+        print_claim("ablation_worst_head", "layer " + std::to_string(worst_l) + ", head " + std::to_string(worst_h));
+        print_claim("ablation_worst_delta", delta[worst_l][static_cast<std::size_t>(worst_h)], 3);
     });
 }

@@ -48,6 +48,9 @@ struct GPTConfig {
     /// Where position enters: learned (nanoGPT's `wpe`, T ≤ block_size) or rope / alibi (no
     /// `wpe`; any T, block_size is then only the training context)
     Position position = Position::learned;
+    /// whether the attention scores are divided by √hs (false: q·kᵀ as it is, to measure
+    /// what the factor does; CPU only)
+    bool scaled_attention = true;
 
     /// Throws std::invalid_argument naming the first size that is not usable.
     void validate() const;

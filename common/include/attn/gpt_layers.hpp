@@ -83,7 +83,8 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* weight, int N, int C, int OC);
 
 /// Causal multi-head self-attention on the fused projection `qkv`, without the output
-/// projection: per batch item and head, `att = softmax(mask(q·kᵀ/√hs))`, then
+/// projection: per batch item and head, `att = softmax(mask(q·kᵀ/√hs))` (or of q·kᵀ
+/// unscaled), then
 /// `out = dropout(att) · v`, with the heads written side by side into `out`.
 /// @param out (B, T, C) the heads' outputs, head h in channels [h·hs, (h+1)·hs)
 /// @param att (B, NH, T, T) the attention weights; zero above the diagonal when causal
@@ -94,12 +95,14 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 /// @param rng the source of the dropout mask; unused (may be nullptr) when dropout_p is 0
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
 /// @param causal false attends to every position, future ones included (no mask)
+/// @param scaled false leaves out the 1/√hs (scores q·kᵀ as they are)
 /// @param alibi_slopes (NH) ALiBi's slope m per head: `m·(j − i)` is added to the score of
 ///        query i and key j before the softmax; nullptr for none. The bias is a constant, so
 ///        attention_backward needs no change for it.
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, Rng* rng, int B, int T, int C, int NH,
-                       bool causal = true, const float* alibi_slopes = nullptr);
+                       bool causal = true, bool scaled = true,
+                       const float* alibi_slopes = nullptr);
 
 /// Backward of attention_forward.
 /// @param dqkv (B, T, 3C) accumulated
@@ -112,9 +115,10 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 /// @param dropout_p the dropout probability the forward pass used
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
 /// @param causal as given to attention_forward
+/// @param scaled as given to attention_forward
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const float* att_dropped, float dropout_p, int B,
-                        int T, int C, int NH, bool causal = true);
+                        int T, int C, int NH, bool causal = true, bool scaled = true);
 
 /// ALiBi's slopes for NH heads (Press et al. 2021, "Train Short, Test Long"): for NH a power
 /// of two, the geometric sequence `m_h = 2^(−8(h+1)/NH)`, h = 0 … NH−1 (1/2, 1/4, … for 8

@@ -29,4 +29,17 @@ struct LessonOptions {
 int run_lesson(int argc, char** argv, const std::string& title,
                const std::function<void(const LessonOptions&)>& body);
 
+/// Prints `claim <name> = <value>`: a number the lesson's page quotes. The docs build puts
+/// it in place of `@claim{name}` on the page, or checks it against `@claim{name=value}`
+/// (cmake/fill_claims.cmake), so the page says what the program printed.
+/// @param name letters, digits and underscores
+/// @param value the text the page shows, e.g. "3.40" or "below"
+/// @throws std::invalid_argument for an empty name or one with other characters
+void print_claim(const std::string& name, const std::string& value);
+
+/// print_claim() of a number with a fixed number of decimals: `print_claim("loss", 3.4, 2)`
+/// prints `claim loss = 3.40`.
+/// @param name as print_claim() @param value the number @param decimals digits after the point
+void print_claim(const std::string& name, double value, int decimals);
+
 }  // namespace attn

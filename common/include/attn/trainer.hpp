@@ -40,6 +40,8 @@ struct TrainConfig {
     /// (the model then "cheats": low training loss, useless generation).
     bool causal = true;
     Position position = Position::learned;  ///< where position enters (gpt.hpp's Position)
+    /// Divide the attention scores by √hs; false trains without the factor (lesson 08).
+    bool scaled_attention = true;
     // The optimisation.
     int batch_size = 12;                ///< B, sequences per step
     std::int64_t max_iters = 2000;      ///< steps in the whole run

@@ -65,6 +65,7 @@ void save_checkpoint(const fs::path& dir, const GPT& model, const CheckpointInfo
               {"step", info.step}};
     if (!c.causal) j["causal"] = false;  // only then: nanoGPT's config has no such key
     if (c.position != Position::learned) j["position"] = position_name(c.position);  // likewise
+    if (!c.scaled_attention) j["scaled_attention"] = false;  // likewise
     const fs::path config_file = dir / "config.json";
     std::ofstream out(config_file);
     out << j.dump(2) << "\n";
@@ -102,6 +103,9 @@ GPTConfig load_config(const fs::path& dir, CheckpointInfo* info) {
     c.dropout = j.contains("dropout") ? config_field<float>(j, "dropout", file) : 0.0f;
     c.bias = j.contains("bias") ? config_field<bool>(j, "bias", file) : true;
     c.causal = j.contains("causal") ? config_field<bool>(j, "causal", file) : true;
+    c.scaled_attention = j.contains("scaled_attention")
+                             ? config_field<bool>(j, "scaled_attention", file)
+                             : true;
     try {
         // absent: nanoGPT's learned positions
         if (j.contains("position"))

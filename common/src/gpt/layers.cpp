@@ -139,10 +139,10 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 ATTN_SIMD_CLONES
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, Rng* rng, int B, int T, int C, int NH, bool causal,
-                       const float* alibi_slopes) {
+                       bool scaled, const float* alibi_slopes) {
     const int hs = C / NH;
     const int C3 = 3 * C;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const float scale = scaled ? 1.0f / std::sqrt(static_cast<float>(hs)) : 1.0f;
     const bool dropout = dropout_p > 0.0f;
     for (int b = 0; b < B; ++b) {
         for (int h = 0; h < NH; ++h) {
@@ -152,7 +152,7 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
             const float* v = q + 2 * C;
             const size_t bh = (static_cast<size_t>(b) * NH + h) * T * T;
             float* a = att + bh;  // (T, T)
-            // scores (T, T) = q · kᵀ / √hs; the entries above the diagonal are overwritten below
+            // scores (T, T) = q · kᵀ / √hs (or · 1 unscaled); the entries above the diagonal are overwritten below
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3,
                         0.0f, a, T);
             // ALiBi: scores[t, j] += m·(j − t), a penalty growing with the distance
@@ -196,10 +196,10 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const float* att_dropped, float dropout_p, int B,
-                        int T, int C, int NH, bool causal) {
+                        int T, int C, int NH, bool causal, bool scaled) {
     const int hs = C / NH;
     const int C3 = 3 * C;
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    const float scale = scaled ? 1.0f / std::sqrt(static_cast<float>(hs)) : 1.0f;
     const bool dropout = dropout_p > 0.0f;
     const float keep_scale = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
     for (int b = 0; b < B; ++b) {

@@ -245,6 +245,11 @@ void GPT::set_attention(AttentionKind kind) {
         throw std::invalid_argument("the fused attention adds no bias to its scores, so it cannot "
                                     "run an ALiBi model: use the materialised attention");
     }
+    if (kind == AttentionKind::fused && !config_.scaled_attention) {
+        throw std::invalid_argument("the fused attention always divides the scores by the square "
+                                    "root of the head size: use the materialised attention for a "
+                                    "model without the scale");
+    }
     attention_ = kind;
 }
 
@@ -363,7 +368,7 @@ void GPT::forward_slice(int b0, int B) {
             attention_fused_forward(atty, att_lse, qkv, B, T, C, NH, config_.causal);
         } else {
             attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &dropout_rng_,
-                              B, T, C, NH, config_.causal,
+                              B, T, C, NH, config_.causal, config_.scaled_attention,
                               alibi_slopes_.empty() ? nullptr : alibi_slopes_.data());
         }
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
@@ -535,7 +540,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
             attention_fused_backward(dqkv, datty, qkv, atty, att_lse, B, T, C, NH, config_.causal);
         } else {
             attention_backward(dqkv, datt, datty, qkv, att, att_dropped, pdrop, B, T, C, NH,
-                               config_.causal);
+                               config_.causal, config_.scaled_attention);
         }
         // qkv = rope(qkv) (the activation holds the rotated q and k that attention read)
         if (config_.position == Position::rope) rope_backward(dqkv, B, T, C, NH);
