@@ -57,6 +57,8 @@ struct Flags {
     std::string attention = "materialised";
     bool no_causal_mask = false;
     std::string position;  // empty: the recipe's (learned)
+    int kv_heads = 0;      // 0: the recipe's (one per query head)
+    int window = 0;        // 0: the recipe's (the whole context)
     int bench = 0;
     int threads = 0;  // 0: the library's policy (OMP_NUM_THREADS, else the CPUs)
     bool threads_info = false;
@@ -122,10 +124,19 @@ int bench(Trainer& trainer, int steps) {
 // --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one).
 void choose_device(Trainer& trainer, const Flags& f) {
     if (f.device == "cpu") return;
-    const Position position = trainer.model().config().position;
+    const GPTConfig& mc = trainer.model().config();
+    const Position position = mc.position;
     if (position != Position::learned) {  // the GPU model has wpe only (lesson 15)
         const std::string why = std::string("the GPU model has learned positions only, this one ") +
                                 position_name(position);
+        if (f.device == "cuda") throw std::runtime_error("--device cuda: " + why);
+        std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
+        return;
+    }
+    if (mc.kv_heads() != mc.n_head || mc.window != 0) {  // full multi-head only (lesson 16)
+        const std::string why = "the GPU model has one key/value head per query head and no "
+                                "window, this one " + std::to_string(mc.kv_heads()) +
+                                " key/value heads and window " + std::to_string(mc.window);
         if (f.device == "cuda") throw std::runtime_error("--device cuda: " + why);
         std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
         return;
@@ -166,6 +177,11 @@ int run(const Flags& f) {
         throw std::invalid_argument("--device cuda: the GPU model has learned positions only, "
                                     "not --position " + f.position + ": train it on the CPU");
     }
+    if (f.device == "cuda" && (f.kv_heads != 0 || f.window != 0)) {
+        throw std::invalid_argument("--device cuda: the GPU model has multi-head attention over "
+                                    "the whole context only, not --kv-heads/--window: train it "
+                                    "on the CPU");
+    }
     if (f.device == "cuda") {  // fail before any work when the GPU cannot be had
 #if ATTN_HAVE_CUDA
         std::string why;
@@ -189,6 +205,8 @@ int run(const Flags& f) {
     if (f.seed) config.seed = *f.seed;
     if (f.no_causal_mask) config.causal = false;
     if (!f.position.empty()) config.position = parse_position(f.position);
+    if (f.kv_heads != 0) config.n_kv_head = f.kv_heads;
+    if (f.window != 0) config.window = f.window;
     config.validate();
 
     const fs::path corpus = corpus_of(f);
@@ -242,6 +260,9 @@ int run(const Flags& f) {
               << "model: " << c.n_layer << " layers, " << c.n_head << " heads, " << c.n_embd
               << " channels, block " << c.block_size << (c.causal ? ", " : ", NO causal mask, ")
               << (c.position == Position::learned ? "" : std::string(position_name(c.position)) + ", ")
+              << (c.n_kv_head == 0 || c.n_kv_head == c.n_head ? ""
+                 : std::to_string(c.n_kv_head) + (c.n_kv_head == 1 ? " key/value head, " : " key/value heads, "))
+              << (c.window == 0 ? "" : "window " + std::to_string(c.window) + ", ")
               << trainer->model().config().num_parameters() << " parameters; batch " << c.batch_size
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
@@ -324,6 +345,16 @@ int main(int argc, char** argv) {
     app.add_option("--position", f.position,
                    "where position enters: learned (the default, nanoGPT's), rope or alibi (lesson 15)")
         ->check(CLI::IsMember({"learned", "rope", "alibi"}))
+        ->excludes(resume)->excludes(init);
+    app.add_option("--kv-heads", f.kv_heads,
+                   "G key/value heads shared by n_head/G query heads each: 1 is multi-query, "
+                   "n_head (the default) multi-head attention (lesson 16)")
+        ->check(whole_number_at_least(1))
+        ->excludes(resume)->excludes(init);
+    app.add_option("--window", f.window,
+                   "W: each query sees only the last W positions, itself included "
+                   "(default: the whole context; lesson 16)")
+        ->check(whole_number_at_least(1))
         ->excludes(resume)->excludes(init);
     app.add_option("--dump-grads", f.dump_grads,
                    "write one step's gradients on the first batch (and the weights and batch) and exit")
