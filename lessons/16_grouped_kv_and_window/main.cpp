@@ -63,12 +63,12 @@ int main(int argc, char** argv) {
         print_heading("One recipe, nine attentions");
         //! [recipe]
         TrainConfig recipe = TrainConfig::named("cpu");  // 4 layers, 4 heads, 128 channels, block 64
-        if (!opts.full) {  // the short default: a smaller model, 150 steps
+        if (!opts.full) {  // the short default: a smaller model, 600 steps
             recipe.n_layer = 2;
             recipe.n_embd = 64;  // 4 heads of 16 channels
             recipe.batch_size = 8;
-            recipe.max_iters = recipe.lr_decay_iters = 150;
-            recipe.warmup_iters = 15;
+            recipe.max_iters = recipe.lr_decay_iters = 600;
+            recipe.warmup_iters = 60;
         }
         //! [recipe]
         std::printf("%s: %zu train / %zu val tokens, vocabulary %zu\n", corpus.filename().c_str(),
