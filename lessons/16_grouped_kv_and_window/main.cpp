@@ -14,6 +14,7 @@
 #include "attn/gpt_layers.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/lesson.hpp"
+#include "attn/plot.hpp"
 #include "attn/print.hpp"
 #include "attn/trainer.hpp"
 
@@ -102,6 +103,7 @@ int main(int argc, char** argv) {
         std::printf("%3s %5s %11s %9s %11s %16s %11s %11s %12s %8s\n", "G", "W", "parameters",
                     "val loss", "KV B/token", "KV at 1024 tok", "tok/s@256", "tok/s@1024",
                     "same text", "train s");
+        std::vector<PlotSeries> memory;  // the cache's size against the tokens generated
         for (int G : {4, 2, 1}) {
             for (int W : {0, 32, 16}) {
                 //! [train]
@@ -135,11 +137,28 @@ int main(int argc, char** argv) {
                     if (i == 0) same = text == generate_text(timing_model, data.vocab, "", o);
                 }
                 //! [decode]
+                if (W == 0 || (G == 4 && W == 32) || (G == 1 && W == 16)) {
+                    PlotSeries line{"G=" + std::to_string(G) + ", W=" + window_name(W), {}, {}};
+                    for (int n = 0; n <= 1024; n += 16) {  // a ring holds at most W positions
+                        line.x.push_back(n);
+                        line.y.push_back(static_cast<double>(per_token) *
+                                         std::min(n, cache.capacity()) / 1024.0);
+                    }
+                    memory.push_back(line);
+                }
                 std::printf("%3d %5s %11zu %9.4f %11zu %13.1f KiB %11.0f %11.0f %12s %8.1f\n", G,
                             window_name(W).c_str(), c.model_config(V).num_parameters(), val,
                             per_token, static_cast<double>(at_1024) / 1024.0, rate[0], rate[1],
                             same ? "yes" : "NO", train_s);
             }
+        }
+        if (!opts.figures.empty()) {
+            line_plot_png(opts.figures / "lesson16_cache_memory.png", memory,
+                          "KV cache held while generating (" + std::to_string(recipe.n_layer) +
+                              " layers, " + std::to_string(NH) + " query heads of " +
+                              std::to_string(recipe.n_embd / NH) + ")",
+                          "tokens generated", "KiB");
+            std::printf("\nchart: lesson16_cache_memory.png\n");
         }
         if (!opts.full) {
             std::printf("\nThis was the short run; the full one (nanoGPT's CPU recipe, 2000 steps per "
