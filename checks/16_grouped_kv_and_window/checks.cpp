@@ -87,7 +87,7 @@ TEST_CASE("the shapes follow: (G, T, hs) to (NH, T, hs) and back") {
     CHECK(back(1, 2, 4) == 3.0f);
 }
 
-TEST_CASE("G that does not divide NH, a head outside [0, NH) or a count below 1 throws "
+TEST_CASE("G that does not divide NH, a head outside 0 to NH − 1 or a count below 1 throws "
           "std::invalid_argument") {
     CHECK_THROWS_AS(kv_head(0, 4, 3), std::invalid_argument);
     CHECK_THROWS_AS(kv_head(4, 4, 2), std::invalid_argument);
