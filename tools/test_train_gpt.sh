@@ -33,6 +33,11 @@ expect_one_line "an unknown attention" --attention sparse
 expect_one_line "an unknown position scheme" --position sinusoidal
 expect_one_line "RoPE on the GPU" --position rope --device cuda
 expect_one_line "the fused attention with ALiBi" "${tiny[@]}" --position alibi --attention fused
+expect_one_line "key/value heads that do not divide the heads" "${tiny[@]}" --kv-heads 3
+expect_one_line "zero key/value heads" --kv-heads 0
+expect_one_line "a window of zero" --window 0
+expect_one_line "grouped keys and values on the GPU" --kv-heads 1 --device cuda
+expect_one_line "a window on the GPU" --window 16 --device cuda
 expect_one_line "a missing corpus" --data "$tmp/nowhere.txt"
 expect_one_line "an empty corpus" --data "$tmp/empty.txt"
 expect_one_line "a binary corpus" --data "$tmp/binary.txt"

@@ -58,6 +58,8 @@ struct Flags {
     bool no_causal_mask = false;
     std::string position;  // empty: the recipe's (learned)
     bool no_attention_scale = false;
+    int kv_heads = 0;      // 0: the recipe's (one per query head)
+    int window = 0;        // 0: the recipe's (the whole context)
     int bench = 0;
     int threads = 0;  // 0: the library's policy (OMP_NUM_THREADS, else the CPUs)
     bool threads_info = false;
@@ -142,11 +144,20 @@ void check_simulator_choice(const Flags& f) {
 // sim (see check_simulator_choice).
 void choose_device(Trainer& trainer, const Flags& f) {
     if (f.device == "cpu") return;
-    const Position position = trainer.model().config().position;
+    const GPTConfig& mc = trainer.model().config();
+    const Position position = mc.position;
     if (position != Position::learned) {  // the GPU model has wpe only (lesson 15)
         const std::string why = std::string("the GPU model has learned positions only, this one ") +
                                 position_name(position);
         if (f.device != "auto") throw std::runtime_error("--device " + f.device + ": " + why);
+        std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
+        return;
+    }
+    if (mc.kv_heads() != mc.n_head || mc.window != 0) {  // full multi-head only (lesson 16)
+        const std::string why = "the GPU model has one key/value head per query head and no "
+                                "window, this one " + std::to_string(mc.kv_heads()) +
+                                " key/value heads and window " + std::to_string(mc.window);
+        if (f.device == "cuda") throw std::runtime_error("--device cuda: " + why);
         std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
         return;
     }
@@ -189,6 +200,11 @@ int run(const Flags& f) {
         throw std::invalid_argument("--device cuda: the GPU model has learned positions only, "
                                     "not --position " + f.position + ": train it on the CPU");
     }
+    if (f.device == "cuda" && (f.kv_heads != 0 || f.window != 0)) {
+        throw std::invalid_argument("--device cuda: the GPU model has multi-head attention over "
+                                    "the whole context only, not --kv-heads/--window: train it "
+                                    "on the CPU");
+    }
     if (f.device == "cuda") {  // fail before any work when the GPU cannot be had
 #if ATTN_HAVE_CUDA
         std::string why;
@@ -213,6 +229,8 @@ int run(const Flags& f) {
     if (f.no_causal_mask) config.causal = false;
     if (!f.position.empty()) config.position = parse_position(f.position);
     if (f.no_attention_scale) config.scaled_attention = false;
+    if (f.kv_heads != 0) config.n_kv_head = f.kv_heads;
+    if (f.window != 0) config.window = f.window;
     config.validate();
 
     const fs::path corpus = corpus_of(f);
@@ -277,6 +295,9 @@ int run(const Flags& f) {
               << " channels, block " << c.block_size << (c.causal ? ", " : ", NO causal mask, ")
               << (c.position == Position::learned ? "" : std::string(position_name(c.position)) + ", ")
               << (c.scaled_attention ? "" : "NO attention scale, ")
+              << (c.n_kv_head == 0 || c.n_kv_head == c.n_head ? ""
+                 : std::to_string(c.n_kv_head) + (c.n_kv_head == 1 ? " key/value head, " : " key/value heads, "))
+              << (c.window == 0 ? "" : "window " + std::to_string(c.window) + ", ")
               << trainer->model().config().num_parameters() << " parameters; batch " << c.batch_size
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
@@ -364,6 +385,16 @@ int main(int argc, char** argv) {
         ->excludes(resume)->excludes(init);
     app.add_flag("--no-attention-scale", f.no_attention_scale,
                  "train without the 1/sqrt(head size) on the attention scores (lesson 08; CPU only)")
+        ->excludes(resume)->excludes(init);
+    app.add_option("--kv-heads", f.kv_heads,
+                   "G key/value heads shared by n_head/G query heads each: 1 is multi-query, "
+                   "n_head (the default) multi-head attention (lesson 16)")
+        ->check(whole_number_at_least(1))
+        ->excludes(resume)->excludes(init);
+    app.add_option("--window", f.window,
+                   "W: each query sees only the last W positions, itself included "
+                   "(default: the whole context; lesson 16)")
+        ->check(whole_number_at_least(1))
         ->excludes(resume)->excludes(init);
     app.add_option("--dump-grads", f.dump_grads,
                    "write one step's gradients on the first batch (and the weights and batch) and exit")

@@ -261,6 +261,12 @@ CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t see
                                                 "only; this model's are ") +
                                     position_name(config_.position) + ": train it on the CPU");
     }
+    if (config_.kv_heads() != config_.n_head || config_.window != 0) {
+        throw std::invalid_argument("CudaGPT: the GPU model has multi-head attention over the whole "
+                                    "context only; this model has " +
+                                    std::to_string(config_.kv_heads()) + " key/value heads and window " +
+                                    std::to_string(config_.window) + ": train it on the CPU");
+    }
     std::string why;
     if (!device_available(&why)) throw std::runtime_error("CudaGPT: no usable CUDA device (" + why + ")");
     Impl& d = *impl_;

@@ -28,12 +28,23 @@ void require_fits(const KVCache& cache, const GPTConfig& config, const char* who
             std::string(who) + ": the cached path always divides the scores by √hs; this model "
                                "does not (generate_text, which runs the whole forward pass, samples from it)");
     require(cache.n_layer() == config.n_layer && cache.n_head() == config.n_head &&
+                cache.n_kv_head() == config.kv_heads() &&
                 cache.head_size() * cache.n_head() == config.n_embd,
-            std::string(who) + ": the cache is (L, NH, hs) = (" + std::to_string(cache.n_layer()) +
-                ", " + std::to_string(cache.n_head()) + ", " + std::to_string(cache.head_size()) +
+            std::string(who) + ": the cache is (L, NH, G, hs) = (" +
+                std::to_string(cache.n_layer()) + ", " + std::to_string(cache.n_head()) + ", " +
+                std::to_string(cache.n_kv_head()) + ", " + std::to_string(cache.head_size()) +
                 "), the model (" + std::to_string(config.n_layer) + ", " +
-                std::to_string(config.n_head) + ", " +
+                std::to_string(config.n_head) + ", " + std::to_string(config.kv_heads()) + ", " +
                 std::to_string(config.n_embd / config.n_head) + ")");
+    require(!cache.ring() || (config.window > 0 && cache.capacity() >= config.window),
+            std::string(who) + ": a ring-buffer cache of " + std::to_string(cache.capacity()) +
+                " positions forgets keys that this model's attention (window " +
+                std::to_string(config.window) + ", 0: all) still reads");
+}
+
+// The positions that a query at `pos` attends over: the last min(pos + 1, W) of them.
+int attended(const GPTConfig& config, int pos) {
+    return config.window > 0 ? std::min(pos + 1, config.window) : pos + 1;
 }
 
 const float* layer_ptr(const float* p, size_t per_layer, int l) {
@@ -45,51 +56,72 @@ const float* layer_ptr(const float* p, size_t per_layer, int l) {
 // ---------------------------------------------------------------------------------------
 // The cache
 
-KVCache::KVCache(int n_layer, int n_head, int n_embd, int capacity)
-    : L_(n_layer), NH_(n_head), hs_(n_head > 0 ? n_embd / n_head : 0), capacity_(capacity) {
-    require(n_layer > 0 && n_head > 0 && n_embd > 0 && capacity > 0,
+KVCache::KVCache(int n_layer, int n_head, int n_embd, int capacity, int n_kv_head, bool ring)
+    : L_(n_layer), NH_(n_head), G_(n_kv_head > 0 ? n_kv_head : n_head),
+      hs_(n_head > 0 ? n_embd / n_head : 0), capacity_(capacity), ring_(ring) {
+    require(n_layer > 0 && n_head > 0 && n_embd > 0 && capacity > 0 && n_kv_head >= 0,
             "KVCache: every size must be positive, got L = " + std::to_string(n_layer) +
                 ", NH = " + std::to_string(n_head) + ", C = " + std::to_string(n_embd) +
-                ", capacity = " + std::to_string(capacity));
+                ", capacity = " + std::to_string(capacity) + ", G = " + std::to_string(n_kv_head));
     require(n_embd % n_head == 0, "KVCache: NH = " + std::to_string(n_head) +
                                       " does not divide C = " + std::to_string(n_embd));
-    const size_t n = static_cast<size_t>(L_) * NH_ * capacity_ * hs_;
+    require(n_head % G_ == 0, "KVCache: the key/value heads G = " + std::to_string(G_) +
+                                  " do not divide NH = " + std::to_string(n_head));
+    const size_t n = static_cast<size_t>(L_) * G_ * capacity_ * hs_;
     keys_.assign(n, 0.0f);
     values_.assign(n, 0.0f);
-    sizes_.assign(static_cast<size_t>(L_), 0);
+    counts_.assign(static_cast<size_t>(L_), 0);
 }
 
+namespace {
+// A window shorter than the block needs only its W most recent positions: a ring of W.
+int cache_capacity(const GPTConfig& c) {
+    return c.window > 0 ? std::min(c.window, c.block_size) : c.block_size;
+}
+}  // namespace
+
 KVCache::KVCache(const GPTConfig& config)
-    : KVCache(config.n_layer, config.n_head, config.n_embd, config.block_size) {}
+    : KVCache(config.n_layer, config.n_head, config.n_embd, cache_capacity(config),
+              config.kv_heads(), config.window > 0 && config.window < config.block_size) {}
 
 size_t KVCache::layer_offset(int layer) const {
     require(layer >= 0 && layer < L_, "KVCache: layer " + std::to_string(layer) +
                                           " is outside [0, " + std::to_string(L_) + ")");
-    return static_cast<size_t>(layer) * NH_ * capacity_ * hs_;
+    return static_cast<size_t>(layer) * G_ * capacity_ * hs_;
 }
 
 void KVCache::append(int layer, const float* key, const float* value) {
     const size_t base = layer_offset(layer);
-    const int pos = sizes_[static_cast<size_t>(layer)];
-    require(pos < capacity_, "KVCache::append: layer " + std::to_string(layer) +
-                                 " already holds its capacity of " + std::to_string(capacity_) +
-                                 " positions");
-    // key (C) = NH rows of hs side by side; head h's row goes to (h, pos, :)
-    for (int h = 0; h < NH_; ++h) {
-        const size_t row = base + (static_cast<size_t>(h) * capacity_ + pos) * hs_;
-        std::copy(key + h * hs_, key + (h + 1) * hs_, keys_.begin() + static_cast<long>(row));
-        std::copy(value + h * hs_, value + (h + 1) * hs_, values_.begin() + static_cast<long>(row));
+    const int pos = counts_[static_cast<size_t>(layer)];
+    require(ring_ || pos < capacity_, "KVCache::append: layer " + std::to_string(layer) +
+                                          " already holds its capacity of " +
+                                          std::to_string(capacity_) + " positions");
+    // a ring overwrites its oldest row: position pos lives in row pos mod capacity
+    const int slot = pos % capacity_;
+    // key (G·hs) = G rows of hs side by side; head g's row goes to (g, slot, :)
+    for (int g = 0; g < G_; ++g) {
+        const size_t row = base + (static_cast<size_t>(g) * capacity_ + slot) * hs_;
+        std::copy(key + g * hs_, key + (g + 1) * hs_, keys_.begin() + static_cast<long>(row));
+        std::copy(value + g * hs_, value + (g + 1) * hs_, values_.begin() + static_cast<long>(row));
     }
-    ++sizes_[static_cast<size_t>(layer)];
+    ++counts_[static_cast<size_t>(layer)];
 }
 
-void KVCache::clear() { std::fill(sizes_.begin(), sizes_.end(), 0); }
+void KVCache::clear() { std::fill(counts_.begin(), counts_.end(), 0); }
 
-int KVCache::size() const { return *std::min_element(sizes_.begin(), sizes_.end()); }
+int KVCache::size() const {
+    return std::min(*std::min_element(counts_.begin(), counts_.end()), capacity_);
+}
 
 int KVCache::size(int layer) const {
     (void)layer_offset(layer);  // validates the layer
-    return sizes_[static_cast<size_t>(layer)];
+    return std::min(counts_[static_cast<size_t>(layer)], capacity_);
+}
+
+int KVCache::positions() const { return *std::min_element(counts_.begin(), counts_.end()); }
+
+std::size_t KVCache::bytes_per_position() const {
+    return 2 * static_cast<size_t>(L_) * G_ * hs_ * sizeof(float);
 }
 
 const float* KVCache::keys(int layer) const { return keys_.data() + layer_offset(layer); }
@@ -99,20 +131,33 @@ const float* KVCache::values(int layer) const { return values_.data() + layer_of
 // One row of attention
 
 void attention_step_forward(float* out, float* att, const float* q, const float* key_cache,
-                            const float* value_cache, int T, int capacity, int C, int NH) {
+                            const float* value_cache, int T, int capacity, int C, int NH,
+                            int NKV, int first) {
+    const int G = NKV > 0 ? NKV : NH;
+    require(NH % G == 0 && T >= 1 && T <= capacity && first >= 0 && first < capacity,
+            "attention_step_forward: need G | NH, 1 ≤ T ≤ capacity and 0 ≤ first < capacity, "
+            "got G = " + std::to_string(G) + ", NH = " + std::to_string(NH) + ", T = " +
+                std::to_string(T) + ", first = " + std::to_string(first) + ", capacity = " +
+                std::to_string(capacity));
     const int hs = C / NH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    // position j of the T, oldest first, is row (first + j) mod capacity: a ring buffer
+    auto row = [first, capacity](int j) {
+        const int r = first + j;
+        return static_cast<size_t>(r < capacity ? r : r - capacity);
+    };
     for (int h = 0; h < NH; ++h) {
-        const float* q_h = q + h * hs;                                            // (hs)
-        const float* k_h = key_cache + static_cast<size_t>(h) * capacity * hs;    // (T, hs)
-        const float* v_h = value_cache + static_cast<size_t>(h) * capacity * hs;  // (T, hs)
-        float* a = att + static_cast<size_t>(h) * T;                              // (T)
+        const int kvh = kv_head_of(h, NH, G);  // the key/value head of h's group
+        const float* q_h = q + h * hs;                                              // (hs)
+        const float* k_h = key_cache + static_cast<size_t>(kvh) * capacity * hs;    // (cap, hs)
+        const float* v_h = value_cache + static_cast<size_t>(kvh) * capacity * hs;  // (cap, hs)
+        float* a = att + static_cast<size_t>(h) * T;                                // (T)
         // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied after the sum as
         // attention_forward's sgemm does. Plain loops, not BLAS: OpenBLAS may hand a
         // matrix-vector product this small to its threads, and waking them costs more than
         // the T·hs multiply-adds (much more when another program is using the cores).
         for (int j = 0; j < T; ++j) {
-            const float* k_j = k_h + static_cast<size_t>(j) * hs;
+            const float* k_j = k_h + row(j) * hs;
             float dot = 0.0f;
             for (int i = 0; i < hs; ++i) dot += q_h[i] * k_j[i];
             a[j] = dot * scale;
@@ -131,7 +176,7 @@ void attention_step_forward(float* out, float* att, const float* q, const float*
         float* out_h = out + h * hs;
         std::fill(out_h, out_h + hs, 0.0f);
         for (int j = 0; j < T; ++j) {
-            const float* v_j = v_h + static_cast<size_t>(j) * hs;
+            const float* v_j = v_h + row(j) * hs;
             for (int i = 0; i < hs; ++i) out_h[i] += a[j] * v_j[i];
         }
     }
@@ -147,17 +192,18 @@ const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVC
     require_fits(cache, cfg, "forward_cached");
     require(token >= 0 && token < V, "forward_cached: token id " + std::to_string(token) +
                                          " is outside [0, " + std::to_string(V) + ")");
-    require(pos >= 0 && pos < cfg.block_size && pos < cache.capacity(),
+    const int limit = cache.ring() ? cfg.block_size : std::min(cfg.block_size, cache.capacity());
+    require(pos >= 0 && pos < limit,
             "forward_cached: position " + std::to_string(pos) + " is outside [0, " +
-                std::to_string(std::min(cfg.block_size, cache.capacity())) +
-                ") (the block size and the cache's capacity)");
-    require(pos == cache.size(), "forward_cached: position " + std::to_string(pos) +
-                                     " must be the next free one, " +
-                                     std::to_string(cache.size()));
+                std::to_string(limit) + ") (the block size and the cache's capacity)");
+    require(pos == cache.positions(), "forward_cached: position " + std::to_string(pos) +
+                                          " must be the next free one, " +
+                                          std::to_string(cache.positions()));
+    const int G = cfg.kv_heads(), QKV = cfg.qkv_channels(), hs = C / NH;
     const size_t uC = static_cast<size_t>(C);
     s.x.resize(uC);
     s.ln.resize(uC);
-    s.qkv.resize(3 * uC);
+    s.qkv.resize(static_cast<size_t>(QKV));
     s.atty.resize(uC);
     s.att.resize(static_cast<size_t>(NH) * cache.capacity());
     s.proj.resize(uC);
@@ -167,7 +213,8 @@ const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVC
     s.residual.resize(uC);
     float mean = 0.0f, rstd = 0.0f;   // LayerNorm's saved statistics, unused here
     const ParameterTensors& p = model.params();
-    const int T = pos + 1;            // positions attended over, this one included
+    const int T = attended(cfg, pos);  // positions attended over, this one included
+    const int first = (pos + 1 - T) % cache.capacity();  // the row of the oldest of them
 
     // x = wte[token] + wpe[pos]                                               (C)
     encoder_forward(s.x.data(), &token, p.wte, p.wpe + static_cast<size_t>(pos) * C, 1, 1, C);
@@ -175,11 +222,12 @@ const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVC
         // x = x + c_proj(attention(c_attn(ln_1(x)))), with this token's k, v appended first
         layernorm_forward(s.ln.data(), &mean, &rstd, s.x.data(), p.ln1w + l * uC,
                           layer_ptr(p.ln1b, uC, l), 1, 1, C);
-        matmul_forward(s.qkv.data(), s.ln.data(), p.qkvw + l * 3 * uC * C,
-                       layer_ptr(p.qkvb, 3 * uC, l), 1, C, 3 * C);
-        cache.append(l, s.qkv.data() + C, s.qkv.data() + 2 * C);
+        // qkv (C + 2·G·hs) = q (C), G keys, G values
+        matmul_forward(s.qkv.data(), s.ln.data(), p.qkvw + static_cast<size_t>(l) * QKV * C,
+                       layer_ptr(p.qkvb, static_cast<size_t>(QKV), l), 1, C, QKV);
+        cache.append(l, s.qkv.data() + C, s.qkv.data() + C + G * hs);
         attention_step_forward(s.atty.data(), s.att.data(), s.qkv.data(), cache.keys(l),
-                               cache.values(l), T, cache.capacity(), C, NH);
+                               cache.values(l), T, cache.capacity(), C, NH, G, first);
         matmul_forward(s.proj.data(), s.atty.data(), p.attprojw + l * uC * C,
                        layer_ptr(p.attprojb, uC, l), 1, C, C);
         residual_forward(s.residual.data(), s.x.data(), s.proj.data(), C);
@@ -205,19 +253,22 @@ const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVC
 void prefill(std::vector<float>& logits, GPT& model, KVCache& cache, const int* tokens, int T) {
     const GPTConfig& cfg = model.config();
     const int V = cfg.vocab_size, C = cfg.n_embd, L = cfg.n_layer;
+    const int G = cfg.kv_heads(), hs = C / cfg.n_head;
+    const size_t QKV = static_cast<size_t>(cfg.qkv_channels());
     require_fits(cache, cfg, "prefill");
-    require(T >= 1 && T <= cfg.block_size && T <= cache.capacity(),
-            "prefill: the context length " + std::to_string(T) + " is outside [1, " +
-                std::to_string(std::min(cfg.block_size, cache.capacity())) + "]");
+    const int limit = cache.ring() ? cfg.block_size : std::min(cfg.block_size, cache.capacity());
+    require(T >= 1 && T <= limit, "prefill: the context length " + std::to_string(T) +
+                                      " is outside [1, " + std::to_string(limit) + "]");
     model.train(false);
     model.forward(tokens, nullptr, 1, T);  // checks the token ids
-    // The forward pass saved every layer's qkv (L, 1, T, 3C): copy out k and v.
+    // The forward pass saved every layer's qkv (L, 1, T, C + 2·G·hs): copy out k and v (a
+    // ring keeps the last `capacity` of them).
     const float* qkv = model.activations().qkv.data();
     cache.clear();
     for (int l = 0; l < L; ++l) {
         for (int t = 0; t < T; ++t) {
-            const float* row = qkv + (static_cast<size_t>(l) * T + t) * 3 * C;
-            cache.append(l, row + C, row + 2 * C);
+            const float* row = qkv + (static_cast<size_t>(l) * T + t) * QKV;
+            cache.append(l, row + C, row + C + G * hs);
         }
     }
     const float* last = model.logits().data() + static_cast<size_t>(T - 1) * V;

@@ -94,6 +94,8 @@ GPTConfig TrainConfig::model_config(int vocab_size) const {
     g.causal = causal;
     g.position = position;
     g.scaled_attention = scaled_attention;
+    g.n_kv_head = n_kv_head;
+    g.window = window;
     return g;
 }
 
@@ -110,6 +112,8 @@ json config_to_json(const TrainConfig& c) {
             {"causal", c.causal},
             {"position", position_name(c.position)},
             {"scaled_attention", c.scaled_attention},
+            {"n_kv_head", c.n_kv_head},
+            {"window", c.window},
             {"batch_size", c.batch_size},
             {"max_iters", c.max_iters},
             {"learning_rate", c.learning_rate},
@@ -155,6 +159,9 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
     }
     c.scaled_attention =
         j.contains("scaled_attention") ? field<bool>(j, "scaled_attention", file) : true;
+    // optional: multi-head attention over the whole context
+    c.n_kv_head = j.contains("n_kv_head") ? field<int>(j, "n_kv_head", file) : 0;
+    c.window = j.contains("window") ? field<int>(j, "window", file) : 0;
     c.batch_size = field<int>(j, "batch_size", file);
     c.max_iters = field<std::int64_t>(j, "max_iters", file);
     c.learning_rate = field<double>(j, "learning_rate", file);
@@ -249,6 +256,8 @@ void Trainer::finish_setup(bool from_weights) {
         config_.causal = g.causal;
         config_.position = g.position;
         config_.scaled_attention = g.scaled_attention;
+        config_.n_kv_head = g.n_kv_head;
+        config_.window = g.window;
     }
     config_.validate();
     check_data(data_, model_.config());
@@ -412,8 +421,8 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
     if (got.n_layer != expected.n_layer || got.n_head != expected.n_head ||
         got.n_embd != expected.n_embd || got.block_size != expected.block_size ||
         got.bias != expected.bias || got.causal != expected.causal ||
-        got.position != expected.position ||
-        got.scaled_attention != expected.scaled_attention) {
+        got.position != expected.position || got.kv_heads() != expected.kv_heads() ||
+        got.window != expected.window || got.scaled_attention != expected.scaled_attention) {
         throw CheckpointError(dir.string() + ": config.json and trainer.json describe different models");
     }
     if (info.vocab != data.vocab.chars()) {

@@ -51,9 +51,21 @@ struct GPTConfig {
     /// whether the attention scores are divided by √hs (false: q·kᵀ as it is, to measure
     /// what the factor does; CPU only)
     bool scaled_attention = true;
+    /// G, the key/value heads: 0 (or n_head) is multi-head attention, nanoGPT's; 1 is
+    /// multi-query attention (Shazeer 2019); 1 < G < n_head is grouped-query attention
+    /// (Ainslie et al. 2023), query head h reading key/value head h / (n_head / G). Must
+    /// divide n_head. `c_attn` then produces C + 2·G·hs channels: q, then G keys, then G values.
+    int n_kv_head = 0;
+    /// W, the sliding window: query i sees keys i − W + 1 … i only (Child et al. 2019,
+    /// Beltagy et al. 2020, Mistral 7B); 0 is the full causal context.
+    int window = 0;
 
     /// Throws std::invalid_argument naming the first size that is not usable.
     void validate() const;
+    /// G, the key/value heads actually used: n_kv_head, or n_head when it is 0.
+    int kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+    /// The width of `c_attn`'s output, C + 2·G·hs (3C for multi-head attention).
+    int qkv_channels() const { return n_embd + 2 * kv_heads() * (n_embd / n_head); }
     /// The number of parameters (the tied embedding counted once).
     std::size_t num_parameters() const;
 };
@@ -84,8 +96,8 @@ struct ParameterTensors {
     float* wpe = nullptr;       ///< (block_size, C) position embedding; nullptr unless learned
     float* ln1w = nullptr;      ///< (L, C)
     float* ln1b = nullptr;      ///< (L, C)
-    float* qkvw = nullptr;      ///< (L, 3C, C) `attn.c_attn.weight`
-    float* qkvb = nullptr;      ///< (L, 3C)
+    float* qkvw = nullptr;      ///< (L, C + 2·G·hs, C) `attn.c_attn.weight` (3C rows for G = NH)
+    float* qkvb = nullptr;      ///< (L, C + 2·G·hs)
     float* attprojw = nullptr;  ///< (L, C, C) `attn.c_proj.weight`
     float* attprojb = nullptr;  ///< (L, C)
     float* ln2w = nullptr;      ///< (L, C)

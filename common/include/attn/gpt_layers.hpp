@@ -99,13 +99,25 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 /// @param alibi_slopes (NH) ALiBi's slope m per head: `m·(j − i)` is added to the score of
 ///        query i and key j before the softmax; nullptr for none. The bias is a constant, so
 ///        attention_backward needs no change for it.
+/// @param NKV G, the key/value heads (0: NH, multi-head attention). qkv's rows are then
+///        C + 2·G·hs wide: the NH queries, then G keys, then G values; query head h reads
+///        key/value head kv_head_of(h, NH, G). G = 1 is multi-query attention.
+/// @param window W: query t sees keys t − W + 1 … t only (0: all of 0 … t); needs causal
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, Rng* rng, int B, int T, int C, int NH,
                        bool causal = true, bool scaled = true,
-                       const float* alibi_slopes = nullptr);
+                       const float* alibi_slopes = nullptr, int NKV = 0, int window = 0);
+
+/// The key/value head that serves query head h in grouped-query attention (Ainslie et al.
+/// 2023): the NH query heads form G groups of NH/G consecutive heads, group g sharing key
+/// and value head g, so `h / (NH/G)`. G = NH gives h itself; G = 1 gives 0 for every head.
+/// @param h the query head, 0 ≤ h < NH  @param NH query heads  @param G key/value heads,
+///        a divisor of NH
+/// @return the key/value head, in [0, G)
+int kv_head_of(int h, int NH, int G);
 
 /// Backward of attention_forward.
-/// @param dqkv (B, T, 3C) accumulated
+/// @param dqkv (B, T, C + 2·G·hs) accumulated
 /// @param scratch (B, NH, T, T) working space, one (T, T) block per (batch, head) pair so
 ///        that the pairs can run on different threads
 /// @param dout (B, T, C)
@@ -115,10 +127,14 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 /// @param dropout_p the dropout probability the forward pass used
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
 /// @param causal as given to attention_forward
+/// @param NKV as given to attention_forward: the gradient of a shared key/value head is
+///        the sum of the gradients its NH/G query heads send it
+/// @param window as given to attention_forward
 /// @param scaled as given to attention_forward
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const float* att_dropped, float dropout_p, int B,
-                        int T, int C, int NH, bool causal = true, bool scaled = true);
+                        int T, int C, int NH, bool causal = true, bool scaled = true,
+                        int NKV = 0, int window = 0);
 
 /// ALiBi's slopes for NH heads (Press et al. 2021, "Train Short, Test Long"): for NH a power
 /// of two, the geometric sequence `m_h = 2^(−8(h+1)/NH)`, h = 0 … NH−1 (1/2, 1/4, … for 8
@@ -144,15 +160,16 @@ double rope_angle(int pos, int i, int hs, double base = 10000.0);
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
 ///        (the head size hs = C/NH must be even)
 /// @param pos0 the position of the first token (0 in training)
-void rope_forward(float* qkv, int B, int T, int C, int NH, int pos0 = 0);
+/// @param NKV G, the key heads (0: NH); qkv's rows are C + 2·G·hs wide
+void rope_forward(float* qkv, int B, int T, int C, int NH, int pos0 = 0, int NKV = 0);
 
 /// Backward of rope_forward, in place: a rotation's transpose is the rotation by −angle, so
 /// `(d₀, d₁) ← (d₀·cos + d₁·sin, −d₀·sin + d₁·cos)` on the q and k parts of `dqkv`.
 /// @param dqkv (B, T, 3C) the gradient with respect to the rotated q and k on entry, to
 ///        the unrotated ones on exit
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
-/// @param pos0 as given to rope_forward
-void rope_backward(float* dqkv, int B, int T, int C, int NH, int pos0 = 0);
+/// @param pos0 as given to rope_forward  @param NKV as given to rope_forward
+void rope_backward(float* dqkv, int B, int T, int C, int NH, int pos0 = 0, int NKV = 0);
 
 /// attention_forward() without the (T, T) weights and without dropout: the tiled CPU
 /// attention of flash.hpp (attention_fast_forward()) on the heads of `qkv` in place.

@@ -23,52 +23,71 @@ namespace attn {
 
 /// The keys and values of every layer for the positions generated so far.
 ///
-/// Keys and values are stored per layer and head, (L, NH, capacity, hs), so that one head's
-/// cached keys are `size()` contiguous rows of `hs` floats: the rows a new query reads.
+/// Keys and values are stored per layer and key/value head, (L, G, capacity, hs), so that
+/// one head's cached keys are `size()` contiguous rows of `hs` floats: the rows a new query
+/// reads. With grouped-query attention (G < NH key/value heads, lesson 16) the cache holds G
+/// heads, not NH; with a sliding window of W it can be a ring of W rows.
 /// Each layer appends its own row; size() counts the positions that every layer holds.
 class KVCache {
 public:
     /// An empty cache.
     /// @param n_layer L  @param n_head NH  @param n_embd C, a multiple of NH
     /// @param capacity the most positions it holds
-    /// @throws std::invalid_argument if a size is not positive or NH does not divide C
-    KVCache(int n_layer, int n_head, int n_embd, int capacity);
-    /// An empty cache for `config`, holding block_size positions.
+    /// @param n_kv_head G, the key/value heads it stores (0: NH); grouped-query attention
+    ///        stores G heads, not NH, so a position costs 2·L·G·hs floats
+    /// @param ring false: append throws once `capacity` positions are held; true: a ring
+    ///        buffer, position p lives in row p mod capacity and a new position overwrites
+    ///        the oldest (sliding-window attention needs only its last W positions)
+    /// @throws std::invalid_argument if a size is not positive, NH does not divide C or G
+    ///         does not divide NH
+    KVCache(int n_layer, int n_head, int n_embd, int capacity, int n_kv_head = 0,
+            bool ring = false);
+    /// An empty cache for `config`: G = config.kv_heads() heads; block_size positions, or
+    /// with a window W < block_size a ring of W positions.
     /// @param config the model's sizes
     explicit KVCache(const GPTConfig& config);
 
-    /// Appends one position's key and value to a layer, at row size(layer).
+    /// Appends one position's key and value to a layer, at row positions(layer) (mod
+    /// capacity for a ring).
     /// @param layer in [0, L)
-    /// @param key (C) the token's key, heads side by side as `c_attn` produces it
-    /// @param value (C) the token's value, same layout
-    /// @throws std::invalid_argument for a layer outside [0, L) or a full layer
+    /// @param key (G·hs) the token's key, heads side by side as `c_attn` produces it
+    /// @param value (G·hs) the token's value, same layout
+    /// @throws std::invalid_argument for a layer outside [0, L) or a full layer (not a ring)
     void append(int layer, const float* key, const float* value);
 
     /// Forgets every position (the memory is kept).
     void clear();
 
-    /// The number of positions that every layer holds.
+    /// The number of positions that every layer holds (at most capacity).
     int size() const;
     /// The number of positions that one layer holds. @param layer in [0, L)
     int size(int layer) const;
+    /// The number of positions every layer has been given since clear(); a ring holds the
+    /// last size() of them.
+    int positions() const;
+    /// Bytes of keys and values per cached position: 2·L·G·hs·sizeof(float).
+    std::size_t bytes_per_position() const;
     int capacity() const { return capacity_; }  ///< the most positions a layer holds
+    bool ring() const { return ring_; }         ///< whether append overwrites the oldest row
     int n_layer() const { return L_; }          ///< L
     int n_head() const { return NH_; }          ///< NH
+    int n_kv_head() const { return G_; }        ///< G, the key/value heads stored
     int head_size() const { return hs_; }       ///< hs = C / NH
 
-    /// One layer's cached keys, (NH, capacity, hs); rows 0..size(layer)−1 of each head are
-    /// filled. @param layer in [0, L)
+    /// One layer's cached keys, (G, capacity, hs); position p is row p (p mod capacity for
+    /// a ring). @param layer in [0, L)
     const float* keys(int layer) const;
-    /// One layer's cached values, (NH, capacity, hs). @param layer in [0, L)
+    /// One layer's cached values, (G, capacity, hs). @param layer in [0, L)
     const float* values(int layer) const;
 
 private:
     std::size_t layer_offset(int layer) const;
 
-    int L_, NH_, hs_, capacity_;
-    std::vector<float> keys_;    // (L, NH, capacity, hs)
-    std::vector<float> values_;  // (L, NH, capacity, hs)
-    std::vector<int> sizes_;     // (L) positions held per layer
+    int L_, NH_, G_, hs_, capacity_;
+    bool ring_;
+    std::vector<float> keys_;    // (L, G, capacity, hs)
+    std::vector<float> values_;  // (L, G, capacity, hs)
+    std::vector<int> counts_;    // (L) positions appended per layer since clear()
 };
 
 /// Attention of one new query per head over the cached keys and values, the cached
@@ -78,20 +97,24 @@ private:
 /// @param out (C) the heads' outputs side by side, head h in channels [h·hs, (h+1)·hs)
 /// @param att (NH, T) the attention weights
 /// @param q (C) the new token's query, heads side by side
-/// @param key_cache (NH, capacity, hs) one layer's keys, rows 0..T−1 filled
-/// @param value_cache (NH, capacity, hs) one layer's values
+/// @param key_cache (G, capacity, hs) one layer's keys
+/// @param value_cache (G, capacity, hs) one layer's values
 /// @param T the number of positions to attend over, 1 ≤ T ≤ capacity (the new one included)
 /// @param capacity the cache's rows per head
-/// @param C channels  @param NH heads
+/// @param C channels  @param NH query heads
+/// @param NKV G, the key/value heads (0: NH); query head h reads kv_head_of(h, NH, G)
+/// @param first the row of the oldest of the T positions; they are rows first, first + 1,
+///        … mod capacity (0 for a cache that is not a ring)
 void attention_step_forward(float* out, float* att, const float* q, const float* key_cache,
-                            const float* value_cache, int T, int capacity, int C, int NH);
+                            const float* value_cache, int T, int capacity, int C, int NH,
+                            int NKV = 0, int first = 0);
 
 /// Working buffers of one cached step, for one token; reused from step to step.
 struct DecodeScratch {
     std::vector<float> x;         ///< (C) the residual stream
     std::vector<float> residual;  ///< (C) the stream after a branch is added
     std::vector<float> ln;        ///< (C) a LayerNorm's output
-    std::vector<float> qkv;       ///< (3C) the token's query, key and value
+    std::vector<float> qkv;       ///< (C + 2·G·hs) the token's query, keys and values
     std::vector<float> atty;      ///< (C) the heads' outputs
     std::vector<float> att;       ///< (NH, capacity) attention weights
     std::vector<float> proj;      ///< (C) an output projection
@@ -111,10 +134,10 @@ struct DecodeScratch {
 /// @param cache the keys and values of positions 0..pos−1, of the model's sizes; this
 ///        token's are appended
 /// @param token the new token's id, in [0, V)
-/// @param pos its position: must be cache.size(), and below block_size
+/// @param pos its position: must be cache.positions(), and below block_size
 /// @return scratch.logits, (V) the logits for position pos
 /// @throws std::invalid_argument for a token outside the vocabulary, a position that is not
-/// cache.size() or not below block_size, a cache of other sizes, or a model that is not causal
+/// cache.positions() or not below block_size, a cache of other sizes, or a model that is not causal
 const std::vector<float>& forward_cached(DecodeScratch& scratch, const GPT& model, KVCache& cache,
                                          int token, int pos);
 

@@ -42,6 +42,8 @@ struct TrainConfig {
     Position position = Position::learned;  ///< where position enters (gpt.hpp's Position)
     /// Divide the attention scores by √hs; false trains without the factor (lesson 08).
     bool scaled_attention = true;
+    int n_kv_head = 0;  ///< G, key/value heads (0: n_head, multi-head attention; gpt.hpp)
+    int window = 0;     ///< W, the sliding attention window (0: the whole context; gpt.hpp)
     // The optimisation.
     int batch_size = 12;                ///< B, sequences per step
     std::int64_t max_iters = 2000;      ///< steps in the whole run

@@ -66,6 +66,8 @@ void save_checkpoint(const fs::path& dir, const GPT& model, const CheckpointInfo
     if (!c.causal) j["causal"] = false;  // only then: nanoGPT's config has no such key
     if (c.position != Position::learned) j["position"] = position_name(c.position);  // likewise
     if (!c.scaled_attention) j["scaled_attention"] = false;  // likewise
+    if (c.kv_heads() != c.n_head) j["n_kv_head"] = c.kv_heads();                   // likewise
+    if (c.window != 0) j["window"] = c.window;                                       // likewise
     const fs::path config_file = dir / "config.json";
     std::ofstream out(config_file);
     out << j.dump(2) << "\n";
@@ -110,6 +112,9 @@ GPTConfig load_config(const fs::path& dir, CheckpointInfo* info) {
         // absent: nanoGPT's learned positions
         if (j.contains("position"))
             c.position = parse_position(config_field<std::string>(j, "position", file));
+        // absent: one key/value head per query head, attention over the whole context
+        if (j.contains("n_kv_head")) c.n_kv_head = config_field<int>(j, "n_kv_head", file);
+        if (j.contains("window")) c.window = config_field<int>(j, "window", file);
         c.validate();
     } catch (const std::invalid_argument& e) {
         throw CheckpointError(file.string() + ": " + e.what());

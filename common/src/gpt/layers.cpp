@@ -136,20 +136,31 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
     }
 }
 
+int kv_head_of(int h, int NH, int G) {
+    // NH/G consecutive query heads form a group; the group's index is its key/value head
+    return h / (NH / G);
+}
+
 ATTN_SIMD_CLONES
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, Rng* rng, int B, int T, int C, int NH, bool causal,
-                       bool scaled, const float* alibi_slopes) {
+                       bool scaled, const float* alibi_slopes, int NKV, int window) {
+    const int G = NKV > 0 ? NKV : NH;
+    require(NH % G == 0, "attention_forward: the key/value heads G = " + std::to_string(G) +
+                             " must divide NH = " + std::to_string(NH));
     const int hs = C / NH;
-    const int C3 = 3 * C;
+    const int C3 = C + 2 * G * hs;  // the row of qkv: q (C), G keys, G values
     const float scale = scaled ? 1.0f / std::sqrt(static_cast<float>(hs)) : 1.0f;
     const bool dropout = dropout_p > 0.0f;
     for (int b = 0; b < B; ++b) {
         for (int h = 0; h < NH; ++h) {
-            // q, k, v (T, hs) are column blocks of qkv (T, 3C): leading dimension 3C.
-            const float* q = qkv + static_cast<size_t>(b) * T * C3 + h * hs;
-            const float* k = q + C;
-            const float* v = q + 2 * C;
+            // q, k, v (T, hs) are column blocks of qkv (T, C + 2·G·hs); query head h reads
+            // key/value head h / (NH/G), the one its group shares
+            const int kvh = kv_head_of(h, NH, G);
+            const float* rows = qkv + static_cast<size_t>(b) * T * C3;  // this sequence's
+            const float* q = rows + h * hs;
+            const float* k = rows + C + kvh * hs;
+            const float* v = rows + C + (G + kvh) * hs;
             const size_t bh = (static_cast<size_t>(b) * NH + h) * T * T;
             float* a = att + bh;  // (T, T)
             // scores (T, T) = q · kᵀ / √hs (or · 1 unscaled); the entries above the diagonal are overwritten below
@@ -163,18 +174,21 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
                     for (int j = 0; j < T; ++j) row[j] += m * static_cast<float>(j - t);
                 }
             }
-            // causal mask and softmax: row t attends to positions 0..t only
+            // causal mask and softmax: row t attends to positions first..t only (first = 0,
+            // or t − W + 1 with a window)
             for (int t = 0; t < T; ++t) {
                 float* row = a + static_cast<size_t>(t) * T;
                 const int last = causal ? t : T - 1;  // without the mask: every position
-                float maxval = row[0];
-                for (int j = 1; j <= last; ++j) maxval = std::max(maxval, row[j]);
+                const int first = window > 0 ? std::max(0, t - window + 1) : 0;
+                float maxval = row[first];
+                for (int j = first + 1; j <= last; ++j) maxval = std::max(maxval, row[j]);
                 // exp_approx in a loop of its own vectorises; the sum stays in order
-                for (int j = 0; j <= last; ++j) row[j] = exp_approx(row[j] - maxval);
+                for (int j = first; j <= last; ++j) row[j] = exp_approx(row[j] - maxval);
                 float sum = 0.0f;
-                for (int j = 0; j <= last; ++j) sum += row[j];
+                for (int j = first; j <= last; ++j) sum += row[j];
                 const float inv = 1.0f / sum;
-                for (int j = 0; j <= last; ++j) row[j] *= inv;
+                for (int j = first; j <= last; ++j) row[j] *= inv;
+                for (int j = 0; j < first; ++j) row[j] = 0.0f;
                 for (int j = last + 1; j < T; ++j) row[j] = 0.0f;
             }
             const float* weights = a;
@@ -196,21 +210,30 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 
 void attention_backward(float* dqkv, float* scratch, const float* dout, const float* qkv,
                         const float* att, const float* att_dropped, float dropout_p, int B,
-                        int T, int C, int NH, bool causal, bool scaled) {
+                        int T, int C, int NH, bool causal, bool scaled, int NKV, int window) {
+    const int G = NKV > 0 ? NKV : NH;
+    require(NH % G == 0, "attention_backward: the key/value heads G = " + std::to_string(G) +
+                             " must divide NH = " + std::to_string(NH));
     const int hs = C / NH;
-    const int C3 = 3 * C;
+    const int C3 = C + 2 * G * hs;
     const float scale = scaled ? 1.0f / std::sqrt(static_cast<float>(hs)) : 1.0f;
     const bool dropout = dropout_p > 0.0f;
     const float keep_scale = dropout ? 1.0f / (1.0f - dropout_p) : 1.0f;
     for (int b = 0; b < B; ++b) {
         for (int h = 0; h < NH; ++h) {
-            const size_t qkv_off = static_cast<size_t>(b) * T * C3 + h * hs;
-            const float* q = qkv + qkv_off;
-            const float* k = q + C;
-            const float* v = q + 2 * C;
-            float* dq = dqkv + qkv_off;
-            float* dk = dq + C;
-            float* dv = dq + 2 * C;
+            // a shared key/value head's gradient is the sum over the query heads of its group:
+            // each of them adds its part into the same dk and dv columns (beta = 1 below)
+            const int kvh = kv_head_of(h, NH, G);
+            const size_t rows = static_cast<size_t>(b) * T * C3;  // this sequence's
+            const size_t q_off = rows + h * hs;
+            const size_t k_off = rows + C + kvh * hs;
+            const size_t v_off = rows + C + (G + kvh) * hs;
+            const float* q = qkv + q_off;
+            const float* k = qkv + k_off;
+            const float* v = qkv + v_off;
+            float* dq = dqkv + q_off;
+            float* dk = dqkv + k_off;
+            float* dv = dqkv + v_off;
             const size_t bh = (static_cast<size_t>(b) * NH + h) * T * T;
             const float* a = att + bh;                                              // (T, T)
             const float* weights = dropout ? att_dropped + bh : a;                  // (T, T)
@@ -238,10 +261,12 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
                 const float* arow = a + static_cast<size_t>(t) * T;
                 float* drow = datt + static_cast<size_t>(t) * T;
                 const int last = causal ? t : T - 1;
+                const int first = window > 0 ? std::max(0, t - window + 1) : 0;
                 float dot = 0.0f;
-                for (int j = 0; j <= last; ++j) dot += arow[j] * drow[j];
-                for (int j = 0; j <= last; ++j) drow[j] = arow[j] * (drow[j] - dot);
+                for (int j = first; j <= last; ++j) dot += arow[j] * drow[j];
+                for (int j = first; j <= last; ++j) drow[j] = arow[j] * (drow[j] - dot);
                 // masked positions: their scores never reached the output
+                for (int j = 0; j < first; ++j) drow[j] = 0.0f;
                 for (int j = last + 1; j < T; ++j) drow[j] = 0.0f;
             }
             // forward: scores = scale · q · kᵀ
@@ -277,12 +302,13 @@ double rope_angle(int pos, int i, int hs, double base) {
 
 namespace {
 // Rotates every pair (2i, 2i+1) of q and k by sign·angle(pos0 + t, i), in place.
-void rope_rotate(float* qkv, int B, int T, int C, int NH, int pos0, float sign) {
+void rope_rotate(float* qkv, int B, int T, int C, int NH, int pos0, float sign, int NKV) {
     require(NH > 0 && C % NH == 0 && (C / NH) % 2 == 0,
             "rope: the head size C/NH must be even, got C " + std::to_string(C) + " and NH " +
                 std::to_string(NH));
     const int hs = C / NH;
-    const size_t C3 = 3 * static_cast<size_t>(C);
+    const int G = NKV > 0 ? NKV : NH;
+    const size_t C3 = static_cast<size_t>(C) + 2 * static_cast<size_t>(G) * hs;
     for (int t = 0; t < T; ++t) {
         for (int i = 0; i < hs / 2; ++i) {
             const double angle = rope_angle(pos0 + t, i, hs);
@@ -290,9 +316,10 @@ void rope_rotate(float* qkv, int B, int T, int C, int NH, int pos0, float sign) 
             const float s = sign * static_cast<float>(std::sin(angle));
             for (int b = 0; b < B; ++b) {
                 float* row = qkv + (static_cast<size_t>(b) * T + t) * C3;  // (3C)
-                // q is channels [0, C), k is [C, 2C); head h's pair i at h·hs + 2i
+                // q is channels [0, C) (NH heads), k is [C, C + G·hs) (G heads); head h's
+                // pair i at h·hs + 2i
                 for (int part = 0; part < 2; ++part) {
-                    for (int h = 0; h < NH; ++h) {
+                    for (int h = 0; h < (part == 0 ? NH : G); ++h) {
                         float* x = row + part * C + h * hs + 2 * i;
                         const float x0 = x[0], x1 = x[1];
                         x[0] = x0 * c - x1 * s;
@@ -305,13 +332,13 @@ void rope_rotate(float* qkv, int B, int T, int C, int NH, int pos0, float sign) 
 }
 }  // namespace
 
-void rope_forward(float* qkv, int B, int T, int C, int NH, int pos0) {
-    rope_rotate(qkv, B, T, C, NH, pos0, 1.0f);
+void rope_forward(float* qkv, int B, int T, int C, int NH, int pos0, int NKV) {
+    rope_rotate(qkv, B, T, C, NH, pos0, 1.0f, NKV);
 }
 
-void rope_backward(float* dqkv, int B, int T, int C, int NH, int pos0) {
+void rope_backward(float* dqkv, int B, int T, int C, int NH, int pos0, int NKV) {
     // forward: y = R(angle)·x, so dx = R(angle)ᵀ·dy = R(−angle)·dy
-    rope_rotate(dqkv, B, T, C, NH, pos0, -1.0f);
+    rope_rotate(dqkv, B, T, C, NH, pos0, -1.0f, NKV);
 }
 
 // GELU's erf and exp are the branch-free ones of fast_math.hpp, so these loops vectorise:

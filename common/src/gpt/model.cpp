@@ -74,12 +74,21 @@ void GPTConfig::validate() const {
     require(position != Position::rope || (n_embd / n_head) % 2 == 0,
             "GPT config: rope rotates pairs of channels, so the head size n_embd/n_head must be "
             "even, got " + std::to_string(n_embd / n_head));
+    require(n_kv_head >= 0 && n_kv_head <= n_head && (n_kv_head == 0 || n_head % n_kv_head == 0),
+            "GPT config: the key/value heads n_kv_head must divide n_head = " +
+                std::to_string(n_head) + " (each group of n_head/n_kv_head query heads shares "
+                "one), got " + std::to_string(n_kv_head));
+    require(window >= 0, "GPT config: the attention window must be at least 1 (0: the whole "
+                         "context), got " + std::to_string(window));
+    require(window == 0 || causal,
+            "GPT config: a sliding window is a causal mask; it cannot be used without one");
 }
 
 std::size_t GPTConfig::num_parameters() const {
     const size_t V = vocab_size, C = n_embd, L = n_layer, Tb = block_size;
-    size_t per_layer = 2 * C + 3 * C * C + C * C + 2 * C + 4 * C * C + 4 * C * C;
-    if (bias) per_layer += 3 * C + C + 4 * C + C;
+    const size_t QKV = static_cast<size_t>(qkv_channels());  // 3C for multi-head attention
+    size_t per_layer = 2 * C + QKV * C + C * C + 2 * C + 4 * C * C + 4 * C * C;
+    if (bias) per_layer += QKV + C + 4 * C + C;
     const size_t wpe = position == Position::learned ? Tb * C : 0;
     return V * C + wpe + L * per_layer + C + (bias ? C : 0);
 }
@@ -89,6 +98,7 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
     config_.validate();
     const size_t V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
                  Tb = config_.block_size;
+    const size_t QKV = static_cast<size_t>(config_.qkv_channels());  // 3C for multi-head
     const bool bias = config_.bias;
 
     // The state_dict's tensors in nanoGPT's order; `float* ParameterTensors::*` says where
@@ -106,8 +116,8 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
     const std::vector<Kind> per_layer = {
         {"ln_1.weight", &ParameterTensors::ln1w, {C}, true},
         {"ln_1.bias", &ParameterTensors::ln1b, {C}, bias},
-        {"attn.c_attn.weight", &ParameterTensors::qkvw, {3 * C, C}, true},
-        {"attn.c_attn.bias", &ParameterTensors::qkvb, {3 * C}, bias},
+        {"attn.c_attn.weight", &ParameterTensors::qkvw, {QKV, C}, true},
+        {"attn.c_attn.bias", &ParameterTensors::qkvb, {QKV}, bias},
         {"attn.c_proj.weight", &ParameterTensors::attprojw, {C, C}, true},
         {"attn.c_proj.bias", &ParameterTensors::attprojb, {C}, bias},
         {"ln_2.weight", &ParameterTensors::ln2w, {C}, true},
@@ -197,7 +207,8 @@ void GPT::allocate_activations(int B, int T) {
     resize_zero(a.ln1, L * BT * C);
     resize_zero(a.ln1_mean, L * BT);
     resize_zero(a.ln1_rstd, L * BT);
-    resize_zero(a.qkv, L * BT * 3 * C);
+    const size_t QKV = static_cast<size_t>(config_.qkv_channels());
+    resize_zero(a.qkv, L * BT * QKV);
     resize_zero(a.atty, L * BT * C);
     // The (T, T) weights only for the materialised attention (forward() reallocates when a
     // later pass needs them).
@@ -227,7 +238,7 @@ void GPT::allocate_activations(int B, int T) {
     GradientScratch& s = scratch_;
     resize_zero(s.dresidual, BT * C);
     resize_zero(s.dln, BT * C);
-    resize_zero(s.dqkv, BT * 3 * C);
+    resize_zero(s.dqkv, BT * QKV);
     resize_zero(s.datty, BT * C);
     resize_zero(s.dfch, BT * 4 * C);
     resize_zero(s.dfch_gelu, BT * 4 * C);
@@ -244,6 +255,11 @@ void GPT::set_attention(AttentionKind kind) {
     if (kind == AttentionKind::fused && config_.position == Position::alibi) {
         throw std::invalid_argument("the fused attention adds no bias to its scores, so it cannot "
                                     "run an ALiBi model: use the materialised attention");
+    }
+    if (kind == AttentionKind::fused && (config_.kv_heads() != config_.n_head || config_.window != 0)) {
+        throw std::invalid_argument("the fused attention has one key/value head per query head and "
+                                    "no window: use the materialised attention for grouped keys "
+                                    "and values or a sliding window");
     }
     if (kind == AttentionKind::fused && !config_.scaled_attention) {
         throw std::invalid_argument("the fused attention always divides the scores by the square "
@@ -316,6 +332,8 @@ void GPT::forward_slice(int b0, int B) {
     // whole batch B_, so a layer's tensor starts at l * BTC and the slice at row b0 * T.
     const int T = T_;
     const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
+    const int G = config_.kv_heads();
+    const size_t QKV = static_cast<size_t>(config_.qkv_channels());  // c_attn's output width
     const ParameterTensors& p = params_;
     Activations& a = acts_;
     const float pdrop = config_.dropout;
@@ -343,7 +361,7 @@ void GPT::forward_slice(int b0, int B) {
         const size_t at = l * BTC + row0 * C;  // this layer's (B, T, C) tensors, at the slice
         const float* residual = l == 0 ? encoded : a.residual3.data() + at - BTC;
         float* ln1 = a.ln1.data() + at;
-        float* qkv = a.qkv.data() + 3 * at;
+        float* qkv = a.qkv.data() + l * BT * QKV + row0 * QKV;
         float* atty = a.atty.data() + at;
         // (B, NH, T, T) weights, or (B, NH, T) log-sum-exps for the fused attention
         float* att = fused ? nullptr : a.att.data() + l * att_layer + att0;
@@ -361,15 +379,16 @@ void GPT::forward_slice(int b0, int B) {
         // x = x + drop(c_proj(attention(c_attn(ln_1(x)))))
         layernorm_forward(ln1, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, residual,
                           p.ln1w + lc, p.ln1b ? p.ln1b + lc : nullptr, B, T, C);
-        matmul_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C,
-                       3 * C);
-        if (config_.position == Position::rope) rope_forward(qkv, B, T, C, NH);
-        if (fused) {
+        matmul_forward(qkv, ln1, p.qkvw + l * QKV * C, p.qkvb ? p.qkvb + l * QKV : nullptr, N, C,
+                       static_cast<int>(QKV));
+        if (config_.position == Position::rope) rope_forward(qkv, B, T, C, NH, 0, G);
+        if (fused) {  // full multi-head attention only: set_attention refuses the others
             attention_fused_forward(atty, att_lse, qkv, B, T, C, NH, config_.causal);
         } else {
             attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &dropout_rng_,
                               B, T, C, NH, config_.causal, config_.scaled_attention,
-                              alibi_slopes_.empty() ? nullptr : alibi_slopes_.data());
+                              alibi_slopes_.empty() ? nullptr : alibi_slopes_.data(), G,
+                              config_.window);
         }
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
@@ -446,6 +465,8 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
     // (B_, T, ...) for the whole batch: each slice works in its own rows of them.
     const int T = T_;
     const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
+    const int G = config_.kv_heads();
+    const size_t QKV = static_cast<size_t>(config_.qkv_channels());  // c_attn's output width
     const size_t BT = static_cast<size_t>(B_) * T;
     const size_t BTC = BT * C;
     const size_t TT = static_cast<size_t>(T) * T;
@@ -465,7 +486,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
     // this slice's rows of the scratch buffers, zeroed where a backward adds into them
     float* dresidual = s.dresidual.data() + row0 * C;  // (B, T, C)
     float* dln = s.dln.data() + row0 * C;              // (B, T, C)
-    float* dqkv = s.dqkv.data() + 3 * row0 * C;        // (B, T, 3C)
+    float* dqkv = s.dqkv.data() + row0 * QKV;          // (B, T, C + 2·G·hs)
     float* datty = s.datty.data() + row0 * C;          // (B, T, C)
     float* dfch = s.dfch.data() + 4 * row0 * C;        // (B, T, 4C)
     float* dfch_gelu = s.dfch_gelu.data() + 4 * row0 * C;
@@ -497,7 +518,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
         const float* residual =
             l == 0 ? a.encoded.data() + row0 * C : a.residual3.data() + at - BTC;
         const float* ln1 = a.ln1.data() + at;
-        const float* qkv = a.qkv.data() + 3 * at;
+        const float* qkv = a.qkv.data() + l * BT * QKV + row0 * QKV;
         const float* atty = a.atty.data() + at;
         const float* att = fused ? nullptr : a.att.data() + l * att_layer + att0;
         const float* att_dropped = dropout ? a.att_dropped.data() + l * att_layer + att0 : nullptr;
@@ -535,19 +556,19 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
         matmul_backward(datty, g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr, dinner,
                         atty, p.attprojw + lc * C, N, C, C);
         // atty = attention(qkv)
-        clear(dqkv, 3 * NC);
+        clear(dqkv, static_cast<size_t>(N) * QKV);
         if (fused) {
             attention_fused_backward(dqkv, datty, qkv, atty, att_lse, B, T, C, NH, config_.causal);
         } else {
             attention_backward(dqkv, datt, datty, qkv, att, att_dropped, pdrop, B, T, C, NH,
-                               config_.causal, config_.scaled_attention);
+                               config_.causal, config_.scaled_attention, G, config_.window);
         }
         // qkv = rope(qkv) (the activation holds the rotated q and k that attention read)
-        if (config_.position == Position::rope) rope_backward(dqkv, B, T, C, NH);
+        if (config_.position == Position::rope) rope_backward(dqkv, B, T, C, NH, 0, G);
         // qkv = ln1 · c_attnᵀ + b
         clear(dln, NC);
-        matmul_backward(dln, g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr, dqkv, ln1,
-                        p.qkvw + lc * 3 * C, N, C, 3 * C);
+        matmul_backward(dln, g.qkvw + l * QKV * C, g.qkvb ? g.qkvb + l * QKV : nullptr, dqkv, ln1,
+                        p.qkvw + l * QKV * C, N, C, static_cast<int>(QKV));
         // ln1 = ln_1(residual)
         layernorm_backward(dresidual, g.ln1w + lc, g.ln1b ? g.ln1b + lc : nullptr, dln, residual,
                            p.ln1w + lc, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, B,

@@ -1,0 +1,100 @@
+// Checks for exercise 16: grouped-query attention's head mapping and its backward.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xbuilder.hpp>
+
+#include <stdexcept>
+
+using attn::Tensor3;
+using exercise::expand_kv;
+using exercise::expand_kv_backward;
+using exercise::kv_head;
+
+namespace {
+float sum_of_products(const Tensor3& a, const Tensor3& b) {
+    float s = 0.0f;
+    for (std::size_t i = 0; i < a.size(); ++i) s += a.flat(i) * b.flat(i);
+    return s;
+}
+}  // namespace
+
+TEST_CASE("8 query heads in 2 groups: heads 0 to 3 read key/value head 0, heads 4 to 7 head 1") {
+    for (int h = 0; h < 4; ++h) CHECK(kv_head(h, 8, 2) == 0);
+    for (int h = 4; h < 8; ++h) CHECK(kv_head(h, 8, 2) == 1);
+    // 6 heads in 3 groups of 2: 0 0 1 1 2 2
+    CHECK(kv_head(1, 6, 3) == 0);
+    CHECK(kv_head(2, 6, 3) == 1);
+    CHECK(kv_head(5, 6, 3) == 2);
+}
+
+TEST_CASE("G = NH is multi-head attention and G = 1 multi-query attention") {
+    for (int h = 0; h < 4; ++h) {
+        CAPTURE(h);
+        CHECK(kv_head(h, 4, 4) == h);  // every head its own
+        CHECK(kv_head(h, 4, 1) == 0);  // every head reads the one
+    }
+}
+
+TEST_CASE("expand_kv copies each key/value head to the query heads of its group, as worked by hand") {
+    // G = 2 heads, T = 1, hs = 2: head 0 holds (1, 2), head 1 holds (3, 4). With NH = 4 the
+    // query heads read 0, 0, 1, 1.
+    const Tensor3 kv = {{{1, 2}}, {{3, 4}}};
+    const Tensor3 expected = {{{1, 2}}, {{1, 2}}, {{3, 4}}, {{3, 4}}};
+    CHECK_CLOSE(expand_kv(kv, 4), expected, 0.0);
+    // NH = G: unchanged
+    CHECK_CLOSE(expand_kv(kv, 2), kv, 0.0);
+}
+
+TEST_CASE("the gradient of a shared head is the sum over its group, as worked by hand") {
+    // NH = 4 query heads' gradients (T = 1, hs = 2): (1, 0), (2, 0), (0, 10), (0, 20).
+    // G = 2: head 0 gets (1 + 2, 0) = (3, 0), head 1 gets (0, 10 + 20) = (0, 30).
+    const Tensor3 d = {{{1, 0}}, {{2, 0}}, {{0, 10}}, {{0, 20}}};
+    const Tensor3 expected2 = {{{3, 0}}, {{0, 30}}};
+    CHECK_CLOSE(expand_kv_backward(d, 2), expected2, 0.0);
+    // G = 1 (multi-query): the one head gets the sum of all four, (3, 30)
+    const Tensor3 expected1 = {{{3, 30}}};
+    CHECK_CLOSE(expand_kv_backward(d, 1), expected1, 0.0);
+    // G = 4: every head its own gradient
+    CHECK_CLOSE(expand_kv_backward(d, 4), d, 0.0);
+}
+
+TEST_CASE("the backward pass is the forward's transpose: sum(d * expand(kv)) = sum(backward(d) * kv)") {
+    attn::Rng rng(16);
+    for (int G : {1, 2, 3, 6}) {
+        CAPTURE(G);
+        const Tensor3 kv = rng.normal_tensor<3>({static_cast<std::size_t>(G), 5, 4});
+        const Tensor3 d = rng.normal_tensor<3>({6, 5, 4});
+        const float forward_side = sum_of_products(d, expand_kv(kv, 6));
+        const float backward_side = sum_of_products(expand_kv_backward(d, G), kv);
+        // sums of 120 products of size ~1 in float: rounding ~1e-5; a wrong mapping is O(1) off
+        CHECK(backward_side == doctest::Approx(forward_side).epsilon(1e-4));
+    }
+}
+
+TEST_CASE("the shapes follow: (G, T, hs) to (NH, T, hs) and back") {
+    const Tensor3 kv = xt::ones<float>({2, 3, 5});
+    const Tensor3 out = expand_kv(kv, 6);
+    CHECK(out.shape()[0] == 6);
+    CHECK(out.shape()[1] == 3);
+    CHECK(out.shape()[2] == 5);
+    const Tensor3 back = expand_kv_backward(out, 2);
+    CHECK(back.shape()[0] == 2);
+    // each of the 2 heads collects 3 query heads' ones
+    CHECK(back(1, 2, 4) == 3.0f);
+}
+
+TEST_CASE("G that does not divide NH, a head outside 0 to NH − 1 or a count below 1 throws "
+          "std::invalid_argument") {
+    CHECK_THROWS_AS(kv_head(0, 4, 3), std::invalid_argument);
+    CHECK_THROWS_AS(kv_head(4, 4, 2), std::invalid_argument);
+    CHECK_THROWS_AS(kv_head(-1, 4, 2), std::invalid_argument);
+    CHECK_THROWS_AS(kv_head(0, 4, 0), std::invalid_argument);
+    CHECK_THROWS_AS(kv_head(0, 0, 1), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv(xt::ones<float>({3, 1, 2}), 4), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv_backward(xt::ones<float>({4, 1, 2}), 3), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv_backward(xt::ones<float>({4, 1, 2}), 0), std::invalid_argument);
+}

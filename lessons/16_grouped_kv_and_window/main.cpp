@@ -1,0 +1,168 @@
+// Lesson 16: fewer keys and values, and a window. The page that narrates this program is
+// lesson.md beside it.
+//
+// It trains the same small GPT (4 query heads) nine times: with G = 4, 2 and 1 key/value
+// heads (multi-head, grouped-query, multi-query attention), each with attention over the
+// whole context and with sliding windows of 32 and 16 positions. For each it reports the
+// validation loss, the parameters, the KV cache's bytes per token and its size after 1024
+// tokens, and the decode speed with the cache at 256 and 1024 tokens (a random-initialised
+// copy with a block of 1024, lesson 14's method). `--full` runs nanoGPT's CPU recipe
+// (4 layers, 128 channels, 2000 steps) instead of the short default. Timings are printed,
+// never checked.
+#include "attn/data.hpp"
+#include "attn/gpt.hpp"
+#include "attn/gpt_layers.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/lesson.hpp"
+#include "attn/plot.hpp"
+#include "attn/print.hpp"
+#include "attn/trainer.hpp"
+
+#include <cblas.h>  // openblas_set_num_threads
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+using namespace attn;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Wall-clock seconds of one call.
+template <class F>
+double seconds(F&& f) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The mean loss over the first `n` next-token predictions of `tokens`, in windows of T.
+double loss_on_text(GPT& model, const std::vector<int>& tokens, int n, int T) {
+    const int B = n / T;
+    std::vector<int> x(static_cast<std::size_t>(B) * T), y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        x[i] = tokens[i];
+        y[i] = tokens[i + 1];
+    }
+    model.train(false);
+    return model.forward(x, y, B, T);
+}
+
+std::string window_name(int W) { return W == 0 ? "full" : std::to_string(W); }
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    return run_lesson(argc, argv, "Lesson 16: fewer keys and values, and a window", [](const LessonOptions& opts) {
+        const fs::path corpus = find_corpus(&std::cout);
+        const TextDataset data = make_dataset(read_corpus(corpus));
+
+        print_heading("One recipe, nine attentions");
+        //! [recipe]
+        TrainConfig recipe = TrainConfig::named("cpu");  // 4 layers, 4 heads, 128 channels, block 64
+        if (!opts.full) {  // the short default: a smaller model, 600 steps
+            recipe.n_layer = 2;
+            recipe.n_embd = 64;  // 4 heads of 16 channels
+            recipe.batch_size = 8;
+            recipe.max_iters = recipe.lr_decay_iters = 600;
+            recipe.warmup_iters = 60;
+        }
+        //! [recipe]
+        std::printf("%s: %zu train / %zu val tokens, vocabulary %zu\n", corpus.filename().c_str(),
+                    data.train.size(), data.val.size(), data.vocab.size());
+        std::printf("%s run: %d layers, %d heads, %d channels, block %d, batch %d, %lld steps, seed %llu\n",
+                    opts.full ? "full" : "short", recipe.n_layer, recipe.n_head, recipe.n_embd,
+                    recipe.block_size, recipe.batch_size, static_cast<long long>(recipe.max_iters),
+                    static_cast<unsigned long long>(recipe.seed));
+
+        print_heading("Which key/value head serves each query head");
+        const int NH = recipe.n_head;
+        for (int G : {4, 2, 1}) {
+            std::printf("G = %d:", G);
+            for (int h = 0; h < NH; ++h) std::printf("  q%d -> kv%d", h, kv_head_of(h, NH, G));
+            std::printf("   (c_attn: %d outputs = C + 2*G*hs = %d + 2*%d*%d)\n",
+                        recipe.n_embd + 2 * G * (recipe.n_embd / NH), recipe.n_embd, G,
+                        recipe.n_embd / NH);
+        }
+
+        print_heading("Training, and the cost of the cache");
+        // One BLAS thread for the decode timings: the comparison is then about the work per
+        // token, not about how many cores happen to be free.
+        openblas_set_num_threads(1);  // the library's default too; training splits the batch
+        const int V = static_cast<int>(data.vocab.size());
+        const int n_val = 4096;  // validation targets scored, in windows of the block (64)
+        std::printf("val loss: the mean over %d validation tokens in windows of %d; decode: "
+                    "tokens per second\nwith the KV cache from a one-token prompt (the faster of two runs), "
+                    "a random-initialised copy\nwith block 1024, top-k 10, one core; same text: "
+                    "the cached 256 tokens equal the uncached ones\n",
+                    n_val, recipe.block_size);
+        std::printf("%3s %5s %11s %9s %11s %16s %11s %11s %12s %8s\n", "G", "W", "parameters",
+                    "val loss", "KV B/token", "KV at 1024 tok", "tok/s@256", "tok/s@1024",
+                    "same text", "train s");
+        std::vector<PlotSeries> memory;  // the cache's size against the tokens generated
+        for (int G : {4, 2, 1}) {
+            for (int W : {0, 32, 16}) {
+                //! [train]
+                TrainConfig c = recipe;
+                c.n_kv_head = G;  // the only differences: same seed, same batches
+                c.window = W;
+                Trainer trainer(c, data);
+                const double train_s = seconds([&] {
+                    while (!trainer.done()) trainer.train_step();
+                });
+                const double val = loss_on_text(trainer.model(), data.val, n_val, c.block_size);
+                //! [train]
+                //! [decode]
+                GPTConfig big = c.model_config(V);  // random weights: the time per token does
+                big.block_size = 1024;              // not depend on their values
+                GPT timing_model(big, 1337);
+                const KVCache cache(big);  // G heads; a ring of W positions with a window
+                const std::size_t per_token = cache.bytes_per_position();
+                const std::size_t at_1024 = per_token * static_cast<std::size_t>(cache.capacity());
+                double rate[2] = {0.0, 0.0};
+                bool same = false;
+                for (int i = 0; i < 2; ++i) {
+                    SampleOptions o;
+                    o.max_new_tokens = i == 0 ? 256 : 1024;
+                    o.top_k = 10;
+                    std::string text;
+                    double s = 1e30;  // the faster of two runs: other programs share the cores
+                    for (int round = 0; round < 2; ++round)
+                        s = std::min(s, seconds([&] { text = generate_cached(timing_model, data.vocab, "", o); }));
+                    rate[i] = o.max_new_tokens / s;
+                    if (i == 0) same = text == generate_text(timing_model, data.vocab, "", o);
+                }
+                //! [decode]
+                if (W == 0 || (G == 4 && W == 32) || (G == 1 && W == 16)) {
+                    PlotSeries line{"G=" + std::to_string(G) + ", W=" + window_name(W), {}, {}};
+                    for (int n = 0; n <= 1024; n += 16) {  // a ring holds at most W positions
+                        line.x.push_back(n);
+                        line.y.push_back(static_cast<double>(per_token) *
+                                         std::min(n, cache.capacity()) / 1024.0);
+                    }
+                    memory.push_back(line);
+                }
+                std::printf("%3d %5s %11zu %9.4f %11zu %13.1f KiB %11.0f %11.0f %12s %8.1f\n", G,
+                            window_name(W).c_str(), c.model_config(V).num_parameters(), val,
+                            per_token, static_cast<double>(at_1024) / 1024.0, rate[0], rate[1],
+                            same ? "yes" : "NO", train_s);
+            }
+        }
+        if (!opts.figures.empty()) {
+            line_plot_png(opts.figures / "lesson16_cache_memory.png", memory,
+                          "KV cache held while generating (" + std::to_string(recipe.n_layer) +
+                              " layers, " + std::to_string(NH) + " query heads of " +
+                              std::to_string(recipe.n_embd / NH) + ")",
+                          "tokens generated", "KiB");
+            std::printf("\nchart: lesson16_cache_memory.png\n");
+        }
+        if (!opts.full) {
+            std::printf("\nThis was the short run; the full one (nanoGPT's CPU recipe, 2000 steps per "
+                        "model): ./build/lesson_16 --full\n");
+        }
+    });
+}

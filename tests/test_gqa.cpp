@@ -1,0 +1,341 @@
+// Fewer keys and values, and a window (lesson 16): grouped-query and multi-query attention
+// and sliding-window attention in the GPT, against PyTorch (fixtures from
+// tools/reference/make_gqa_fixtures.py), against finite differences, and the KV cache that
+// stores G heads and, with a window, is a ring buffer.
+#include "attn/checkpoint.hpp"
+#include "attn/gpt.hpp"
+#include "attn/gpt_layers.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/npy.hpp"
+#include "attn/trainer.hpp"
+
+#include "attn/gradcheck.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+using namespace attn;
+
+namespace {
+namespace fs = std::filesystem;
+const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gqa";
+const std::string kChars = "\n abcdefghij";  // V = 12
+
+std::vector<int> load_ids(const fs::path& file) {
+    const NpyArray a = read_npy(file);
+    return std::vector<int>(a.data.begin(), a.data.end());
+}
+
+double max_abs_diff(const float* actual, const NpyArray& expected, std::size_t size) {
+    if (expected.data.size() != size) return INFINITY;
+    double worst = 0.0;
+    for (std::size_t i = 0; i < size; ++i) {
+        worst = std::max(worst, std::fabs(static_cast<double>(actual[i]) - expected.data[i]));
+    }
+    return worst;
+}
+
+GPTConfig small_config(int n_kv_head, int window, int block_size = 8) {
+    GPTConfig config;
+    config.vocab_size = static_cast<int>(kChars.size());
+    config.block_size = block_size;
+    config.n_layer = 2;
+    config.n_head = 4;
+    config.n_embd = 16;
+    config.n_kv_head = n_kv_head;
+    config.window = window;
+    return config;
+}
+
+// Parameters of size ~1 (LayerNorm weights around 1), so that logits are far from uniform
+// and greedy choices are decided by clear margins.
+GPT sharp_model(const GPTConfig& config, std::uint64_t seed) {
+    GPT model(config, seed);
+    Rng rng(seed + 1);
+    for (float& w : model.parameters()) w = 0.3f * rng.normal();
+    for (const ParameterInfo& info : model.parameter_table()) {
+        const std::string& n = info.name;
+        if (n.find(".ln_") == std::string::npos || n.find(".weight") == std::string::npos) continue;
+        float* w = model.parameters().data() + info.offset;
+        for (std::size_t i = 0; i < info.size; ++i) w[i] += 1.0f;
+    }
+    return model;
+}
+
+constexpr double parity_tol = 1e-5;  // float32 on both sides, sums in another order
+}  // namespace
+
+TEST_CASE("grouped-query, multi-query and windowed models match PyTorch on logits, loss and "
+          "every gradient") {
+    for (const std::string name : {"gqa", "mqa_window", "gqa_rope_window"}) {
+        CAPTURE(name);
+        const fs::path dir = fixtures / name;
+        GPT model = load_checkpoint(dir / "weights");
+        model.train(false);
+        const std::vector<int> x = load_ids(dir / "x.npy"), y = load_ids(dir / "y.npy");
+        const NpyArray xs = read_npy(dir / "x.npy");
+        const int B = static_cast<int>(xs.shape[0]), T = static_cast<int>(xs.shape[1]);
+        const float loss = model.forward(x, y, B, T);
+        model.zero_grad();
+        model.backward();
+        const double loss_diff = std::fabs(loss - read_npy(dir / "loss.npy").data[0]);
+        const double logits_diff = max_abs_diff(model.logits().data(), read_npy(dir / "logits.npy"),
+                                                model.logits().size());
+        CHECK(loss_diff <= parity_tol);
+        CHECK(logits_diff <= parity_tol);
+        double worst = 0.0;
+        for (const ParameterInfo& p : model.parameter_table()) {
+            CAPTURE(p.name);
+            const NpyArray expected = read_npy(dir / "grad" / (p.name + ".npy"));
+            REQUIRE(expected.shape == p.shape);
+            const double d = max_abs_diff(model.gradients().data() + p.offset, expected, p.size);
+            CHECK(d <= parity_tol);
+            worst = std::max(worst, d);
+        }
+        MESSAGE(name << ": |loss - torch| = " << loss_diff << ", max |logits - torch| = "
+                     << logits_diff << ", worst gradient difference " << worst);
+    }
+}
+
+TEST_CASE("c_attn has C + 2·G·hs rows and the parameter count follows") {
+    for (int G : {4, 2, 1}) {
+        CAPTURE(G);
+        const GPTConfig c = small_config(G, 0);
+        const GPT model(c, 1);
+        CHECK(c.qkv_channels() == 16 + 2 * G * 4);
+        CHECK(model.parameters().size() == c.num_parameters());
+        for (const ParameterInfo& p : model.parameter_table()) {
+            if (p.name == "transformer.h.0.attn.c_attn.weight")
+                CHECK(p.shape == std::vector<std::size_t>{static_cast<std::size_t>(16 + 8 * G), 16});
+        }
+    }
+    // multi-head: nanoGPT's 3C, whether n_kv_head is 0 or n_head
+    CHECK(small_config(0, 0).qkv_channels() == 48);
+    CHECK(small_config(4, 0).num_parameters() == small_config(0, 0).num_parameters());
+}
+
+TEST_CASE("kv_head_of groups consecutive query heads") {
+    CHECK(kv_head_of(0, 8, 2) == 0);
+    CHECK(kv_head_of(3, 8, 2) == 0);
+    CHECK(kv_head_of(4, 8, 2) == 1);
+    CHECK(kv_head_of(7, 8, 2) == 1);
+    CHECK(kv_head_of(5, 8, 8) == 5);
+    CHECK(kv_head_of(5, 8, 1) == 0);
+    CHECK(kv_head_of(5, 6, 3) == 2);
+}
+
+TEST_CASE("a window of W keeps exactly the keys t − W + 1 … t") {
+    // One head of size 1 with q = k = 0: every allowed key has the same score, so row t of the
+    // weights is uniform over the min(t + 1, W) keys the window lets it see.
+    const int T = 6, C = 1, W = 3;
+    std::vector<float> qkv(T * 3 * C, 0.0f), out(T * C), att(T * T);
+    for (int t = 0; t < T; ++t) qkv[t * 3 + 2] = static_cast<float>(t);  // v = t
+    attention_forward(out.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, 1, T, C, 1,
+                      true, true, nullptr, 0, W);
+    for (int t = 0; t < T; ++t) {
+        CAPTURE(t);
+        const int seen = std::min(t + 1, W);
+        for (int j = 0; j < T; ++j) {
+            const bool in = j <= t && j > t - W;
+            CHECK(att[t * T + j] == doctest::Approx(in ? 1.0 / seen : 0.0).epsilon(1e-6));
+        }
+        // the mean of the values t − seen + 1 … t
+        CHECK(out[t] == doctest::Approx(t - (seen - 1) / 2.0).epsilon(1e-6));
+    }
+}
+
+TEST_CASE("grouped, multi-query and windowed models' gradients agree with finite differences") {
+    const int B = 2, T = 8;
+    std::vector<int> x(B * T), y(B * T);
+    for (int i = 0; i < B * T; ++i) {
+        x[i] = (7 * i + 3) % 11;
+        y[i] = (5 * i + 1) % 11;
+    }
+    struct Case { int G, W; Position position; };
+    for (const Case& k : {Case{2, 0, Position::learned}, Case{1, 3, Position::learned},
+                          Case{2, 4, Position::rope}}) {
+        CAPTURE(k.G);
+        CAPTURE(k.W);
+        GPTConfig config = small_config(k.G, k.W);
+        config.position = k.position;
+        config.dropout = 0.1f;
+        GPT model(config, 3);
+        Rng rng(11);
+        for (float& p : model.parameters()) p += 0.3f * rng.normal();
+        auto objective = [&] {
+            model.seed_dropout(42);
+            model.forward(x, y, B, T);
+            double s = 0.0;
+            for (float l : model.activations().losses) s += l;
+            return s / static_cast<double>(model.activations().losses.size());
+        };
+        objective();
+        model.zero_grad();
+        model.backward();
+        const std::vector<float> analytic = model.gradients();
+        // As in test_gpt.cpp: float loss rounding / step 2h gives ~1e-4 per derivative.
+        const GradCheck r = finite_difference(model.parameters().data(), analytic.data(),
+                                              analytic.size(), 1e-3f, objective);
+        MESSAGE("G " << k.G << ", W " << k.W << ": max |analytic - numeric| = "
+                     << r.max_abs_error << " (largest gradient " << r.max_abs_grad << ")");
+        CHECK(r.max_abs_error <= 5e-4);
+    }
+}
+
+TEST_CASE("the KV cache stores G heads, and with a window it is a ring of W positions") {
+    const GPTConfig gqa = small_config(2, 0, 16);
+    const KVCache full(gqa);
+    CHECK(full.n_kv_head() == 2);
+    CHECK(full.capacity() == 16);
+    CHECK_FALSE(full.ring());
+    CHECK(full.bytes_per_position() == 2u * 2 * 2 * 4 * sizeof(float));  // 2·L·G·hs floats
+    CHECK(KVCache(small_config(4, 0, 16)).bytes_per_position() == 2 * full.bytes_per_position());
+    const KVCache ring(small_config(1, 5, 16));
+    CHECK(ring.ring());
+    CHECK(ring.capacity() == 5);
+    // a window of at least the block needs no ring
+    CHECK_FALSE(KVCache(small_config(1, 16, 16)).ring());
+
+    // A ring of 3 rows: position p in row p mod 3; size stops at 3, positions counts on.
+    KVCache c(1, 2, 4, 3, 1, true);  // L 1, NH 2, C 4 (hs 2), capacity 3, G 1
+    for (int p = 0; p < 5; ++p) {
+        const float key[2] = {static_cast<float>(p), 0.0f}, value[2] = {0.0f, static_cast<float>(p)};
+        c.append(0, key, value);
+    }
+    CHECK(c.size() == 3);
+    CHECK(c.positions() == 5);
+    CHECK(c.keys(0)[0] == 3.0f);  // row 0: position 3
+    CHECK(c.keys(0)[2] == 4.0f);  // row 1: position 4
+    CHECK(c.keys(0)[4] == 2.0f);  // row 2: position 2
+    CHECK_THROWS_AS(KVCache(1, 4, 8, 3, 3), std::invalid_argument);  // 3 does not divide 4
+}
+
+TEST_CASE("cached logits of grouped and windowed models equal the uncached ones at every position") {
+    for (const GPTConfig& config : {small_config(2, 0, 16), small_config(1, 5, 16)}) {
+        CAPTURE(config.kv_heads());
+        CAPTURE(config.window);
+        GPT model = sharp_model(config, 21);
+        const int T = 16;
+        std::vector<int> ids(T);
+        for (int t = 0; t < T; ++t) ids[t] = (3 * t + 1) % 11;
+        model.train(false);
+        model.forward(ids.data(), nullptr, 1, T);
+        const std::vector<float> uncached = model.logits();
+        KVCache cache(config);
+        DecodeScratch scratch;
+        double worst = 0.0;
+        for (int t = 0; t < T; ++t) {
+            const std::vector<float>& step = forward_cached(scratch, model, cache, ids[t], t);
+            for (int v = 0; v < config.vocab_size; ++v)
+                worst = std::max(worst, std::fabs(static_cast<double>(step[v]) -
+                                                  uncached[static_cast<std::size_t>(t) * config.vocab_size + v]));
+        }
+        CHECK(cache.size() == std::min(T, cache.capacity()));
+        MESSAGE("G " << config.kv_heads() << ", W " << config.window
+                     << ": max |cached - uncached| logits " << worst);
+        CHECK(worst <= 1e-4);  // sums in another order: a few ulps of values of size ~10
+    }
+}
+
+TEST_CASE("the ring-buffer cache generates exactly the uncached text, past W and past the block") {
+    const CharVocab vocab = CharVocab::from_chars(kChars);
+    for (int G : {4, 2, 1}) {
+        for (int W : {0, 3, 6}) {
+            CAPTURE(G);
+            CAPTURE(W);
+            GPT model = sharp_model(small_config(G, W, 8), 31);  // block 8, 40 tokens
+            SampleOptions o;
+            o.max_new_tokens = 40;
+            o.top_k = 4;
+            o.seed = 99;
+            for (const std::string prompt : {"ab", "abc def ghij abc"}) {
+                CAPTURE(prompt);
+                CHECK(generate_cached(model, vocab, prompt, o) ==
+                      generate_text(model, vocab, prompt, o));
+            }
+            o.top_k = 1;
+            CHECK(generate_cached(model, vocab, "j", o) == generate_text(model, vocab, "j", o));
+        }
+    }
+}
+
+TEST_CASE("checkpoints record n_kv_head and window only when they differ from nanoGPT's, and "
+          "old ones load as multi-head over the whole context") {
+    const fs::path dir = fs::temp_directory_path() / "attn_test_gqa";
+    fs::remove_all(dir);
+    struct Case { int G, W; bool keys; };
+    for (const Case& k : {Case{0, 0, false}, Case{4, 0, false}, Case{2, 0, true},
+                          Case{1, 3, true}}) {
+        CAPTURE(k.G);
+        CAPTURE(k.W);
+        const GPT model(small_config(k.G, k.W), 5);
+        save_checkpoint(dir, model, {});
+        std::ifstream in(dir / "config.json");
+        const std::string json((std::istreambuf_iterator<char>(in)), {});
+        CHECK((json.find("\"n_kv_head\"") != std::string::npos) == (k.G != 0 && k.G != 4));
+        CHECK((json.find("\"window\"") != std::string::npos) == (k.W != 0));
+        const GPT back = load_checkpoint(dir);
+        CHECK(back.config().kv_heads() == model.config().kv_heads());
+        CHECK(back.config().window == k.W);
+        CHECK(back.parameters() == model.parameters());
+        fs::remove_all(dir);
+    }
+}
+
+TEST_CASE("bad key/value head counts and windows are refused with one line") {
+    CHECK_THROWS_WITH_AS(GPT{small_config(3, 0)}, doctest::Contains("must divide n_head = 4"),
+                         std::invalid_argument);
+    CHECK_THROWS_AS(GPT{small_config(8, 0)}, std::invalid_argument);
+    CHECK_THROWS_AS(GPT{small_config(-1, 0)}, std::invalid_argument);
+    CHECK_THROWS_WITH_AS(GPT{small_config(2, -1)}, doctest::Contains("window must be at least 1"),
+                         std::invalid_argument);
+    GPTConfig open = small_config(2, 4);
+    open.causal = false;
+    CHECK_THROWS_AS(GPT{open}, std::invalid_argument);
+}
+
+TEST_CASE("grouped and windowed runs resume bit for bit, keep their attention, and generate "
+          "text") {
+    std::string corpus;
+    for (int i = 0; i < 600; ++i) corpus += i % 3 ? "the cat sat. " : "a dog ran\n";
+    const TextDataset data = make_dataset(corpus);
+    const fs::path dir = fs::temp_directory_path() / "attn_test_gqa_resume";
+    struct Case { int G, W; Position position; };
+    for (const Case& k : {Case{1, 0, Position::learned}, Case{1, 8, Position::learned},
+                          Case{1, 8, Position::rope}}) {
+        CAPTURE(k.G);
+        CAPTURE(k.W);
+        TrainConfig c = TrainConfig::named("tiny");  // 2 heads
+        c.max_iters = c.lr_decay_iters = 20;
+        c.warmup_iters = 2;
+        c.n_kv_head = k.G;
+        c.window = k.W;
+        c.position = k.position;
+        Trainer whole(c, data);
+        std::vector<float> expected;
+        while (!whole.done()) expected.push_back(whole.train_step().loss);
+        Trainer first(c, data);
+        for (int i = 0; i < 10; ++i) first.train_step();
+        fs::remove_all(dir);
+        first.save(dir);
+        Trainer second = Trainer::load(dir, data);
+        CHECK(second.model().config().kv_heads() == k.G);
+        CHECK(second.model().config().window == k.W);
+        CHECK(second.config().n_kv_head == k.G);
+        CHECK(second.config().window == k.W);
+        for (std::size_t i = 10; i < expected.size(); ++i) CHECK(second.train_step().loss == expected[i]);
+        SampleOptions options;
+        options.max_new_tokens = 80;  // past the block of 32: the context is cropped
+        CHECK(generate_text(second.model(), data.vocab, "the", options).size() == 83);
+        if (k.position == Position::learned)
+            CHECK(generate_cached(second.model(), data.vocab, "the", options) ==
+                  generate_text(second.model(), data.vocab, "the", options));
+    }
+    fs::remove_all(dir);
+}
