@@ -13,8 +13,10 @@ GELU, tied LM head), so this script needs only PyTorch, not nanoGPT.
 
 torch runs its element-wise operations on OpenMP threads and its matrix products on
 OpenBLAS's own threads, and the two pools can get in each other's way. Each round times
-PyTorch as it comes (torch.set_num_threads(T), OpenBLAS on its default of one thread per
-CPU) and with OpenBLAS on T and on 1 thread: "default" is the first, "best" the fastest.
+PyTorch on no more cores than train_gpt gets: torch.set_num_threads(T) with OpenBLAS on T
+and on 1 thread, and one torch thread with OpenBLAS on T; the table shows the fastest of
+these. PyTorch's default configuration (torch and OpenBLAS each on every CPU) is the first
+of them at T = CPUs, and the summary names it and PyTorch's fastest configuration of the run.
 
 With --harness, each round also times bench_train_cpu (the library's step on a fixed
 batch, with a per-phase breakdown) on the same sizes, to show that it and train_gpt agree.
@@ -242,23 +244,27 @@ def main():
           f"round and program, {args.rounds} rounds; load average {os.getloadavg()[0]:.2f}",
           flush=True)
     record, rows = [], []
+    cpus = os.cpu_count()
     torch_by_config = {}  # (torch threads, OpenBLAS threads) -> ms of every round
     for threads in args.threads:
-        cols = {"ours": [], "harness": [], "torch_default": [], "torch_best": []}
+        cols = {"ours": [], "harness": [], "torch_best": []}
         for r in range(args.rounds):
             ours = run_train_gpt(threads, args)
             if r == 0:
                 print(f"#   train_gpt --threads {threads}: {ours['threads_line']}", flush=True)
-            blas_choices = sorted({threads, 1} | ({OPENBLAS_DEFAULT} if OPENBLAS_DEFAULT else set()))
+            # PyTorch on no more cores than train_gpt: OpenBLAS on 1 or on as many threads as
+            # torch (its own default, one per CPU, is that at threads == CPUs).
+            blas_choices = sorted({threads, 1})
             by_blas = {n: time_torch(step, threads, n, args) for n in blas_choices}
             for n, ms in by_blas.items():
                 torch_by_config.setdefault((threads, n), []).append(ms)
-            default = by_blas[OPENBLAS_DEFAULT] if OPENBLAS_DEFAULT else by_blas[threads]
-            best = min(by_blas.values())
+            if threads > 1:  # and one torch thread beside OpenBLAS's T: often its fastest
+                mixed = time_torch(step, 1, threads, args)
+                torch_by_config.setdefault((1, threads), []).append(mixed)
+                by_blas[f"{threads}, torch 1"] = mixed
             harness = run_harness(threads, ours, args) if args.harness else None
             cols["ours"].append(ours["ms"])
-            cols["torch_default"].append(default)
-            cols["torch_best"].append(best)
+            cols["torch_best"].append(min(by_blas.values()))
             if harness:
                 cols["harness"].append(harness["ms_per_step"])
             record.append({"threads": threads, "round": r, "train_gpt_ms": ours["ms"],
@@ -266,42 +272,43 @@ def main():
             detail = ", ".join(f"OpenBLAS {n}: {ms:.1f}" for n, ms in by_blas.items())
             extra = f", bench_train_cpu {harness['ms_per_step']:.1f} ms" if harness else ""
             print(f"#   threads {threads} round {r}: train_gpt {ours['ms']:7.2f} ms{extra}; "
-                  f"torch ({detail}) ms", flush=True)
+                  f"torch {threads} threads ({detail}) ms", flush=True)
         print(f"#   load average now {os.getloadavg()[0]:.2f}", flush=True)
         if args.harness:
             ratio = statistics.median(o / h for o, h in zip(cols["ours"], cols["harness"]))
             print(f"#   train_gpt / bench_train_cpu, median of the rounds' ratios: {ratio:.3f}",
                   flush=True)
         rows.append((threads, {k: statistics.median(v) for k, v in cols.items() if v},
-                     statistics.median(t / o for t, o in zip(cols["torch_default"], cols["ours"])),
                      statistics.median(t / o for t, o in zip(cols["torch_best"], cols["ours"]))))
 
     print()
     head = "| threads | train_gpt ms/step | train_gpt tokens/s |"
     if args.harness:
         head += " bench_train_cpu ms/step |"
-    head += (" PyTorch default ms/step | PyTorch best ms/step | speed-up vs default | "
-             "speed-up vs best |")
+    head += " PyTorch ms/step (faster OpenBLAS setting) | speed-up |"
     print(head)
     print("|" + "---:|" * (head.count("|") - 1))
-    for threads, med, vs_default, vs_best in rows:
+    for threads, med, speedup in rows:
         line = f"| {threads} | {med['ours']:.1f} | {tokens / med['ours'] * 1000:.0f} |"
         if args.harness:
             line += f" {med['harness']:.1f} |"
-        line += (f" {med['torch_default']:.1f} | {med['torch_best']:.1f} | {vs_default:.2f}x | "
-                 f"{vs_best:.2f}x |")
+        line += f" {med['torch_best']:.1f} | {speedup:.2f}x |"
         print(line)
-    print(f"\n(speed-ups: medians over the {args.rounds} rounds of PyTorch's ms/step over "
+    print(f"\n(speed-up: the median over the {args.rounds} rounds of PyTorch's ms/step over "
           "train_gpt's in the same round)")
-    # PyTorch's fastest configuration of the whole run against train_gpt as learners run it.
-    (bt, bb), best = min(((k, statistics.median(v)) for k, v in torch_by_config.items()),
-                         key=lambda kv: kv[1])
-    defaults = [r for r in rows if r[0] == os.cpu_count()]
-    if defaults:
-        ours = defaults[0][1]["ours"]
-        print(f"train_gpt with its defaults ({os.cpu_count()} threads): {ours:.1f} ms/step; "
-              f"PyTorch's fastest configuration here (torch {bt} threads, OpenBLAS {bb}): "
-              f"{best:.1f} ms/step: {best / ours:.2f}x")
+    # train_gpt as learners run it against PyTorch as it comes and at its fastest here.
+    ours_default = [r[1]["ours"] for r in rows if r[0] == cpus]
+    if ours_default:
+        ours = ours_default[0]
+        print(f"train_gpt with its defaults ({cpus} threads): {ours:.1f} ms/step")
+        if (cpus, OPENBLAS_DEFAULT) in torch_by_config:
+            default = statistics.median(torch_by_config[(cpus, OPENBLAS_DEFAULT)])
+            print(f"PyTorch's default configuration (torch {cpus} threads, OpenBLAS "
+                  f"{OPENBLAS_DEFAULT}): {default:.1f} ms/step: {default / ours:.2f}x")
+        (bt, bb), best = min(((k, statistics.median(v)) for k, v in torch_by_config.items()),
+                             key=lambda kv: kv[1])
+        print(f"PyTorch's fastest configuration in this run (torch {bt} threads, OpenBLAS "
+              f"{bb}): {best:.1f} ms/step: {best / ours:.2f}x")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
