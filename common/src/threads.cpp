@@ -43,10 +43,24 @@ int usable_cpus() {
     return omp_get_num_procs();
 }
 
+}  // namespace
+}  // namespace attn
+
+// OpenBLAS (pthreads build) starts its pool of threads when it loads, one per CPU, before
+// any of this program's code runs, and an idle pool thread spins for about 0.1 s before it
+// sleeps: a second core busy for nothing at the start of every program. Where OpenBLAS
+// exports its shutdown (it does since 0.2), the policy ends the pool when products run on
+// the calling thread; OpenBLAS starts it again if more threads are asked for later.
+extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
+
+namespace attn {
+namespace {
+
 // OpenBLAS's pool: as OPENBLAS_NUM_THREADS says, else one thread (the caller's).
 void apply_blas_side() {
     const int blas = positive_env("OPENBLAS_NUM_THREADS");
     openblas_set_num_threads(blas > 0 ? blas : 1);
+    if (blas <= 1 && blas_thread_shutdown_ != nullptr) blas_thread_shutdown_();
     state().blas_from = blas > 0 ? "OPENBLAS_NUM_THREADS" : "default";
 }
 
