@@ -1,6 +1,7 @@
 #include "attn/kv_cache.hpp"
 
 #include "attn/gpt_layers.hpp"
+#include "attn/random.hpp"
 
 #include <doctest/doctest.h>
 
@@ -92,6 +93,63 @@ TEST_CASE("one step of attention over the cache matches the last row of full cau
     for (int h = 0; h < NH; ++h) {
         std::vector<float> row(step_att.begin() + h * T, step_att.begin() + (h + 1) * T);
         CHECK(max_abs_diff(row, &att[(static_cast<std::size_t>(h) * T + T - 1) * T]) < 1e-6f);
+    }
+}
+
+// The step's loops run in eight lanes with a scalar tail, and a ring's rows in two runs: head
+// sizes below, at and past a multiple of 8, context lengths that fill the lanes and leave a
+// tail, rings that wrap at different rows, and grouped key/value heads, each against the
+// softmax-weighted sum computed in double precision from the cache's rows in order.
+TEST_CASE("the vectorised attention step matches double-precision attention on rings and groups") {
+    struct Case { int hs, NH, G, capacity, T, first; };
+    for (const Case c : {Case{4, 2, 2, 7, 5, 0}, Case{8, 2, 1, 16, 16, 0}, Case{12, 4, 2, 40, 37, 9},
+                         Case{64, 2, 2, 100, 100, 63}, Case{33, 3, 1, 20, 13, 19}}) {
+        CAPTURE(c.hs);
+        CAPTURE(c.T);
+        CAPTURE(c.first);
+        const int C = c.NH * c.hs;
+        Rng rng(static_cast<std::uint64_t>(17 + c.hs));
+        std::vector<float> keys(static_cast<std::size_t>(c.G) * c.capacity * c.hs);
+        std::vector<float> values(keys.size()), q(static_cast<std::size_t>(C));
+        for (float& x : keys) x = 2.0f * rng.normal();
+        for (float& x : values) x = rng.normal();
+        for (float& x : q) x = 2.0f * rng.normal();
+        std::vector<float> out(static_cast<std::size_t>(C)), att(static_cast<std::size_t>(c.NH) * c.T);
+        attention_step_forward(out.data(), att.data(), q.data(), keys.data(), values.data(), c.T,
+                               c.capacity, C, c.NH, c.G, c.first);
+        double worst_out = 0.0, worst_att = 0.0;
+        for (int h = 0; h < c.NH; ++h) {
+            const int g = h / (c.NH / c.G);  // query heads h of a group share key/value head g
+            std::vector<double> w(static_cast<std::size_t>(c.T));
+            double largest = -1e300, sum = 0.0;
+            for (int j = 0; j < c.T; ++j) {
+                const std::size_t row = (static_cast<std::size_t>(g) * c.capacity +
+                                         static_cast<std::size_t>((c.first + j) % c.capacity)) * c.hs;
+                double dot = 0.0;
+                for (int i = 0; i < c.hs; ++i) dot += double(q[h * c.hs + i]) * keys[row + i];
+                w[j] = dot / std::sqrt(double(c.hs));
+                largest = std::max(largest, w[j]);
+            }
+            for (double& x : w) sum += (x = std::exp(x - largest));
+            for (int i = 0; i < c.hs; ++i) {
+                double y = 0.0;
+                for (int j = 0; j < c.T; ++j) {
+                    const std::size_t row = (static_cast<std::size_t>(g) * c.capacity +
+                                             static_cast<std::size_t>((c.first + j) % c.capacity)) * c.hs;
+                    y += w[j] / sum * values[row + i];
+                }
+                worst_out = std::max(worst_out, std::abs(y - out[h * c.hs + i]));
+            }
+            for (int j = 0; j < c.T; ++j)
+                worst_att = std::max(worst_att, std::abs(w[j] / sum - att[h * c.T + j]));
+        }
+        // float32 dot products of up to 64 terms of size ~4 (scores up to ~20 before the
+        // scale) and exp_approx's 2 ulps: relative 1e-6 on the scores, so 1e-5 on weights
+        // and outputs of O(1). A row read from the wrong run of the ring, a dropped tail
+        // lane or the wrong group moves them by O(0.1).
+        MESSAGE("worst |out - float64| " << worst_out << ", worst |weight - float64| " << worst_att);
+        CHECK(worst_out < 2e-5);
+        CHECK(worst_att < 2e-5);
     }
 }
 
@@ -190,6 +248,21 @@ TEST_CASE("past block_size the cache is re-filled from the cropped context and t
         o.top_k = 1;
         CHECK(generate_cached(model, vocab, "j", o) == generate_text(model, vocab, "j", o));
     }
+}
+
+// Lesson 14 times the uncached path with lesson 13's tiled attention as well: the model's
+// forward pass, and so the prefill that fills the cache, may use either attention.
+TEST_CASE("with the fused attention the cached and uncached paths write the materialised text") {
+    const CharVocab vocab = CharVocab::from_chars(kChars);
+    GPT model = sharp_model(small_config(true, 8), 31);  // block 8: prefills past the block too
+    SampleOptions o;
+    o.max_new_tokens = 40;
+    o.top_k = 4;
+    o.seed = 5;
+    const std::string reference = generate_text(model, vocab, "abc def ghij abc", o);
+    model.set_attention(AttentionKind::fused);
+    CHECK(generate_text(model, vocab, "abc def ghij abc", o) == reference);
+    CHECK(generate_cached(model, vocab, "abc def ghij abc", o) == reference);
 }
 
 TEST_CASE("the operation counts follow the formulas for a small model") {

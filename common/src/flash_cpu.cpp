@@ -7,6 +7,7 @@
 #include "attn/gpt_layers.hpp"
 
 #include "attn/fast_math.hpp"
+#include "lanes.hpp"
 #include "simd_clones.hpp"
 
 #include <cblas.h>
@@ -66,20 +67,6 @@ constexpr size_t tile_cols = 128;  // Bc: keys per tile
 size_t visible(const Layout& L, size_t i, size_t j0, size_t cols) {
     if (!L.causal) return cols;
     return i < j0 ? 0 : std::min(cols, i - j0 + 1);
-}
-
-// x[0] + … + x[n−1] in eight interleaved partial sums, added pairwise at the end: a fixed
-// order that both versions of ATTN_SIMD_CLONES follow (8 lanes of AVX2 or 2 × 4 of SSE), so
-// they give the same bits, and one that lets the compiler vectorize the sum at all (it
-// keeps a plain left-to-right sum scalar, since reordering it would change the result).
-ATTN_SIMD_CLONES
-float lane_sum(const float* x, size_t n) {
-    float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    size_t j = 0;
-    for (; j + 8 <= n; j += 8)
-        for (size_t u = 0; u < 8; ++u) part[u] += x[j + u];
-    for (size_t u = 0; j < n; ++j, ++u) part[u] += x[j];
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 // The online-softmax step for a tile's rows (see online_softmax_update): turns the scores

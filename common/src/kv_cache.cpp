@@ -4,7 +4,10 @@
 #include "attn/kv_cache.hpp"
 
 #include "attn/gpt_layers.hpp"
+#include "attn/fast_math.hpp"
 #include "attn/tensor.hpp"
+#include "lanes.hpp"
+#include "simd_clones.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -130,6 +133,45 @@ const float* KVCache::values(int layer) const { return values_.data() + layer_of
 // ---------------------------------------------------------------------------------------
 // One row of attention
 
+namespace {
+
+// One head's query over its cached rows, in the fast CPU attention's way (flash_cpu.cpp):
+// dot products and the row sum in eight lanes, e^x by exp_approx, so that the compiler
+// vectorises every loop (AVX2 chosen at load time). The T positions are the rows of the
+// two runs in `spans`, oldest first; a (T) gets the weights, out_h (hs) the blend.
+ATTN_SIMD_CLONES
+void attend_one_query(float* out_h, float* a, const float* q_h, const float* k_h,
+                      const float* v_h, const int (&spans)[2][2], size_t hs, float scale) {
+    // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied after the sum as
+    // attention_forward's sgemm does. Plain loops, not BLAS: one query row is a
+    // matrix-vector product, T·hs multiply-adds, too small to pay for a BLAS call.
+    size_t T = 0;
+    for (const auto& span : spans) {
+        const float* k_row = k_h + static_cast<size_t>(span[0]) * hs;
+        for (int j = 0; j < span[1]; ++j, ++T) a[T] = lane_dot(q_h, k_row + j * hs, hs) * scale;
+    }
+    // max-subtracted softmax over all T positions: they are all in the past
+    float maxval = a[0];
+#pragma omp simd reduction(max : maxval)
+    for (size_t j = 1; j < T; ++j) maxval = a[j] > maxval ? a[j] : maxval;
+    for (size_t j = 0; j < T; ++j) a[j] = exp_approx(a[j] - maxval);
+    const float inv = 1.0f / lane_sum(a, T);
+    for (size_t j = 0; j < T; ++j) a[j] *= inv;
+    // out_h (hs) = Σ_j att[j] · V_h[j]
+    std::fill(out_h, out_h + hs, 0.0f);
+    size_t j = 0;
+    for (const auto& span : spans) {
+        const float* v_row = v_h + static_cast<size_t>(span[0]) * hs;
+        for (int r = 0; r < span[1]; ++r, ++j) {
+            const float w = a[j];
+            const float* v_j = v_row + r * hs;
+            for (size_t i = 0; i < hs; ++i) out_h[i] += w * v_j[i];
+        }
+    }
+}
+
+}  // namespace
+
 void attention_step_forward(float* out, float* att, const float* q, const float* key_cache,
                             const float* value_cache, int T, int capacity, int C, int NH,
                             int NKV, int first) {
@@ -141,44 +183,16 @@ void attention_step_forward(float* out, float* att, const float* q, const float*
                 std::to_string(capacity));
     const int hs = C / NH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    // position j of the T, oldest first, is row (first + j) mod capacity: a ring buffer
-    auto row = [first, capacity](int j) {
-        const int r = first + j;
-        return static_cast<size_t>(r < capacity ? r : r - capacity);
-    };
+    // Position j of the T, oldest first, is row (first + j) mod capacity: a ring buffer.
+    // Those rows are at most two runs of consecutive ones, [first, capacity) and [0, …).
+    const int n1 = std::min(T, capacity - first);
+    const int spans[2][2] = {{first, n1}, {0, T - n1}};  // (first row, rows) of each run
     for (int h = 0; h < NH; ++h) {
         const int kvh = kv_head_of(h, NH, G);  // the key/value head of h's group
-        const float* q_h = q + h * hs;                                              // (hs)
-        const float* k_h = key_cache + static_cast<size_t>(kvh) * capacity * hs;    // (cap, hs)
-        const float* v_h = value_cache + static_cast<size_t>(kvh) * capacity * hs;  // (cap, hs)
-        float* a = att + static_cast<size_t>(h) * T;                                // (T)
-        // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied after the sum as
-        // attention_forward's sgemm does. Plain loops, not BLAS: OpenBLAS may hand a
-        // matrix-vector product this small to its threads, and waking them costs more than
-        // the T·hs multiply-adds (much more when another program is using the cores).
-        for (int j = 0; j < T; ++j) {
-            const float* k_j = k_h + row(j) * hs;
-            float dot = 0.0f;
-            for (int i = 0; i < hs; ++i) dot += q_h[i] * k_j[i];
-            a[j] = dot * scale;
-        }
-        // max-subtracted softmax over all T positions: they are all in the past
-        float maxval = a[0];
-        for (int j = 1; j < T; ++j) maxval = std::max(maxval, a[j]);
-        float sum = 0.0f;
-        for (int j = 0; j < T; ++j) {
-            a[j] = std::exp(a[j] - maxval);
-            sum += a[j];
-        }
-        const float inv = 1.0f / sum;
-        for (int j = 0; j < T; ++j) a[j] *= inv;
-        // out_h (hs) = Σ_j att[j] · V_h[j]
-        float* out_h = out + h * hs;
-        std::fill(out_h, out_h + hs, 0.0f);
-        for (int j = 0; j < T; ++j) {
-            const float* v_j = v_h + row(j) * hs;
-            for (int i = 0; i < hs; ++i) out_h[i] += a[j] * v_j[i];
-        }
+        const size_t head = static_cast<size_t>(kvh) * capacity * hs;
+        attend_one_query(out + h * hs, att + static_cast<size_t>(h) * T, q + h * hs,
+                         key_cache + head, value_cache + head, spans, static_cast<size_t>(hs),
+                         scale);
     }
 }
 
