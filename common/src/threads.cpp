@@ -46,11 +46,12 @@ int usable_cpus() {
 }  // namespace
 }  // namespace attn
 
-// OpenBLAS (pthreads build) starts its pool of threads when it loads, one per CPU, before
+// OpenBLAS (pthreads build) starts its pool of worker threads when it loads, before
 // any of this program's code runs, and an idle pool thread spins for about 0.1 s before it
 // sleeps: a second core busy for nothing at the start of every program. Where OpenBLAS
-// exports its shutdown (it does since 0.2), the policy ends the pool when products run on
-// the calling thread; OpenBLAS starts it again if more threads are asked for later.
+// exports its shutdown (0.3.21, Debian's, does; the declaration is weak, so a BLAS without
+// it links too), the policy ends the pool when products run on the calling thread;
+// OpenBLAS starts it again if more threads are asked for later.
 extern "C" int blas_thread_shutdown_(void) __attribute__((weak));
 
 namespace attn {

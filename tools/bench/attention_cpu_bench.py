@@ -10,8 +10,11 @@ Three programs on the same problems, B = 1 and 4 heads of size hs, causal or not
   (forward under no_grad; forward + backward by autograd).
 
 Both programs use the same number of threads (torch.set_num_threads(N), --threads N). With
-N > 1 PyTorch is timed with OpenBLAS on N threads and on 1 and the faster counts, as in
-cpu_train_bench.py. Rounds alternate between the programs, so that load from other
+N > 1 PyTorch is timed in three configurations that use N cores, (torch threads, OpenBLAS
+threads) = (N, N), (N, 1) and (1, N), and in each round the fastest counts: on a small
+machine its thread pools can get in each other's way (one T = 256 problem took 0.7 ms in
+one configuration and 8 to 16 ms in another), and the comparison should be with PyTorch at
+its best. Rounds alternate between the programs, so that load from other
 processes falls on all of them; the table shows the median over rounds of each one's ms
 and of the per-round ratios. GFLOP/s count the unmasked work only: 2·hs FLOPs per visible
 (query, key) pair per product, two products forward, six forward + backward (S, P·V; dV,
@@ -20,9 +23,16 @@ the CPU time of the process (all threads; on a machine busy with other work, the
 measure of one thread's cost). Peak memory is the resident set the pass
 added on top of its inputs (the kernel's high-water mark, reset after the inputs are made).
 
+Then the GPT's training step with either attention, the same model and batch, through
+build/tools/bench/bench_train_cpu --fused 0|1 (median step over --train-steps steps, rounds
+alternating): the CPU recipe's shape (block 64, 4 layers, 4 heads, 128 channels, batch 12)
+and the GPU recipe's (block 256, 6 layers, 6 heads, 384 channels) with batch 4.
+--no-train skips it.
+
     /usr/bin/python3 tools/bench/attention_cpu_bench.py --threads 1 --rounds 3
 
-Build bench_attention_cpu first (cmake --build build --target bench_attention_cpu). Use
+Build bench_attention_cpu and bench_train_cpu first (cmake --build build --target
+bench_attention_cpu bench_train_cpu). Use
 Debian's /usr/bin/python3 with python3-torch.
 """
 
@@ -128,6 +138,15 @@ def time_torch(problem, threads, blas_threads, reps):
     return statistics.median(times), statistics.median(cpu), peak
 
 
+def settled(timer, *args):
+    """timer(*args) after a pause: idle threads of the program timed before (PyTorch's and
+    OpenBLAS's pools in this process) spin for up to about 0.1 s before they sleep, and on a
+    machine with few cores they would take the next program's cores (measured: 0.5 ms
+    problems taking 8 ms, ours and PyTorch's alike)."""
+    time.sleep(0.3)
+    return timer(*args)
+
+
 def time_ours(exe, impl, problem, threads, reps):
     cmd = [exe, "--impl", impl, "--pass", "forward" if problem["pass"] == "forward" else "backward",
            "--heads", str(problem["heads"]), "--T", str(problem["T"]), "--hs", str(problem["hs"]),
@@ -135,6 +154,49 @@ def time_ours(exe, impl, problem, threads, reps):
            "--reps", str(reps), "--warmup", "1"]
     out = json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
     return out["ms"], out["cpu_ms"], out["peak_extra_mib"]
+
+
+# The training steps timed with either attention: (name, bench_train_cpu's model flags)
+TRAIN_SHAPES = [
+    ("CPU recipe (block 64)", ["--n_layer", "4", "--n_head", "4", "--n_embd", "128",
+                               "--block_size", "64", "--batch_size", "12"]),
+    ("GPU recipe's shape (block 256), batch 4",
+     ["--n_layer", "6", "--n_head", "6", "--n_embd", "384", "--block_size", "256",
+      "--batch_size", "4"]),
+]
+
+
+def time_train_step(exe, flags, fused, threads, steps):
+    cmd = [exe, *flags, "--vocab_size", "65", "--bias", "0", "--fused", "1" if fused else "0",
+           "--threads", str(threads), "--steps", str(steps), "--warmup", "2"]
+    return json.loads(subprocess.run(cmd, check=True, capture_output=True, text=True).stdout)
+
+
+def train_steps(args):
+    """The GPT's training step with the materialised and the fused attention, alternating."""
+    print(f"\nThe GPT's training step, materialised against fused attention: median ms per step "
+          f"over {args.train_steps} steps, median of {args.rounds} alternating rounds, "
+          f"{args.threads} thread(s)\n")
+    print("| model | materialised ms | fused ms | materialised / fused | forward ms m / f | "
+          "backward ms m / f |")
+    print("|---|---:|---:|---:|---:|---:|")
+    rows = []
+    for name, flags in TRAIN_SHAPES:
+        runs = {False: [], True: []}
+        for _ in range(args.rounds):
+            for fused in (False, True):
+                runs[fused].append(time_train_step(args.train_exe, flags, fused, args.threads,
+                                                   args.train_steps))
+        med = {f: {k: statistics.median(r[k] for r in runs[f])
+                   for k in ("ms_per_step", "forward_ms", "backward_ms")} for f in runs}
+        ratio = statistics.median(a["ms_per_step"] / b["ms_per_step"]
+                                  for a, b in zip(runs[False], runs[True]))
+        print(f"| {name} | {med[False]['ms_per_step']:.1f} | {med[True]['ms_per_step']:.1f} | "
+              f"{ratio:.2f}x | {med[False]['forward_ms']:.1f} / {med[True]['forward_ms']:.1f} | "
+              f"{med[False]['backward_ms']:.1f} / {med[True]['backward_ms']:.1f} |", flush=True)
+        rows.append({"model": name, "flags": flags, "median": {str(f): m for f, m in med.items()},
+                     "ratio": ratio})
+    return rows
 
 
 def sgemm_rate(exe, shape):
@@ -159,10 +221,24 @@ def main():
                    help="largest T for PyTorch (3 (T, T) tensors per head at once)")
     p.add_argument("--exe", default=os.path.normpath(default_exe))
     p.add_argument("--json", help="also write every round's numbers to this file")
+    p.add_argument("--no-train", action="store_true", help="skip the training steps")
+    p.add_argument("--train-steps", type=int, default=10, help="timed training steps per run")
+    p.add_argument("--train-exe", default=os.path.normpath(
+        os.path.join(os.path.dirname(default_exe), "bench_train_cpu")))
+    p.add_argument("--only-train", action="store_true", help="time the training steps only")
     args = p.parse_args()
-    if not os.path.exists(args.exe):
-        sys.exit(f"attention_cpu_bench: {args.exe} not found; build the bench_attention_cpu "
-                 "target first or pass --exe")
+    for exe, needed in ((args.exe, not args.only_train), (args.train_exe, not args.no_train)):
+        if needed and not os.path.exists(exe):
+            sys.exit(f"attention_cpu_bench: {exe} not found; build the bench_attention_cpu and "
+                     "bench_train_cpu targets first or pass --exe / --train-exe")
+    if args.only_train:
+        print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs; "
+              f"load average {os.getloadavg()[0]:.2f}")
+        train = train_steps(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"train": train}, f, indent=1)
+        return
 
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, torch "
           f"{torch.__version__}; B 1, {args.heads} heads, {args.threads} thread(s), "
@@ -187,7 +263,9 @@ def main():
     record, rows = [], []
     for prob in problems:
         T = prob["T"]
-        reps = 3 if T <= 1024 else 1
+        # repetitions per timing (their median): many for the short problems, where one
+        # stall of a few ms (a vCPU descheduled by the host) would otherwise set the time
+        reps = 15 if T <= 512 else 3 if T <= 1024 else 1
         programs = ["tiled"] + (["plain"] if T <= args.max_plain else []) + \
                    (["torch"] if T <= args.max_torch else [])
         ms = {name: [] for name in programs}
@@ -196,12 +274,12 @@ def main():
         for r in range(args.rounds):
             for name in programs:
                 if name == "torch":
-                    blas = [args.threads, 1] if args.threads > 1 and OPENBLAS is not None \
-                        else [args.threads]
-                    by_blas = [time_torch(prob, args.threads, b, reps) for b in blas]
-                    t, c, mib = min(by_blas)
+                    configs = [(args.threads, args.threads)]
+                    if args.threads > 1 and OPENBLAS is not None:
+                        configs += [(args.threads, 1), (1, args.threads)]
+                    t, c, mib = min(settled(time_torch, prob, n, b, reps) for n, b in configs)
                 else:
-                    t, c, mib = time_ours(args.exe, name, prob, args.threads, reps)
+                    t, c, mib = settled(time_ours, args.exe, name, prob, args.threads, reps)
                 ms[name].append(t)
                 cpu[name].append(c)
                 peak[name] = max(peak.get(name, 0.0), mib)
@@ -247,9 +325,11 @@ def main():
                   + cell(row, "torch", lambda r: f"{r[ratio_key]['torch']:.2f}x") + " | "
                   + cell(row, "plain", lambda r: f"{r[ratio_key]['plain']:.1f}x") +
                   f" | {peaks} |")
+    train = [] if args.no_train else train_steps(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"sgemm_gflops": rates, "rows": rows, "rounds": record}, f, indent=1)
+            json.dump({"sgemm_gflops": rates, "rows": rows, "rounds": record, "train": train},
+                      f, indent=1)
 
 
 if __name__ == "__main__":
