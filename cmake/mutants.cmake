@@ -1,14 +1,21 @@
 # course_mutants(): every exercise's catalogue of learner mistakes, proven caught.
 #
-# checks/NN_slug/mutants/<name>.cpp is a copy of solutions/NN_slug/solution.cpp with one
-# realistic mistake, its first line `// mistake: <what the learner got wrong>`. Each is
-# built against the exercise's checks (the same checks object that judges the exercise) as
+# checks/NN_slug/mutants/<name>.diff is one realistic mistake, written as a unified diff
+# against solutions/NN_slug/solution.cpp, its first line `mistake: <what the learner got
+# wrong>`. At build time `patch` applies it to a copy of the solution,
+#
+#   build/mutants/NN_slug/<name>.cpp   the solution with the mistake,
+#
+# which is built against the exercise's checks (the same checks object that judges the
+# exercise) as
 #
 #   mutant_NN_<name>     the checks linked with the mistaken solution
 #
 # and the CTest test "NN mutant <name> is caught" (labels `mutants`, `lessonNN`) passes only
 # if at least one check fails on it (a crash counts as caught). A mistake the checks cannot
 # catch in principle does not belong here: checks/NN_slug/mutants/equivalent.md says why.
+# A diff that no longer applies to the solution exactly (no fuzz) stops the build, naming
+# itself: the catalogue cannot drift away from the solution it mutates.
 #
 # Only the mutant's own file is compiled (without the course's -Werror: realistic mistakes
 # leave unused variables); the checks object and doctest's main are shared with check_NN.
@@ -18,8 +25,14 @@ function(course_mutants)
   if(NOT ATTN_MUTANTS)
     return()
   endif()
+  find_program(ATTN_PATCH patch)
+  if(NOT ATTN_PATCH)
+    message(STATUS "mutants: no 'patch' program, so the catalogue of learner mistakes is not "
+                   "built or tested (apt-get install patch, or ./workbook setup)")
+    return()
+  endif()
   file(GLOB mutant_sources CONFIGURE_DEPENDS
-       "${PROJECT_SOURCE_DIR}/checks/[0-9][0-9]_*/mutants/*.cpp")
+       "${PROJECT_SOURCE_DIR}/checks/[0-9][0-9]_*/mutants/*.diff")
   list(SORT mutant_sources)
   foreach(source IN LISTS mutant_sources)
     get_filename_component(mutants_dir "${source}" DIRECTORY)
@@ -32,7 +45,18 @@ function(course_mutants)
       continue()
     endif()
     string(MAKE_C_IDENTIFIER "mutant_${nn}_${mutant}" target)
-    add_executable(${target} "${source}")
+    set(solution "${PROJECT_SOURCE_DIR}/solutions/${name}/solution.cpp")
+    set(mutated "${CMAKE_BINARY_DIR}/mutants/${name}/${mutant}.cpp")
+    file(RELATIVE_PATH shown "${PROJECT_SOURCE_DIR}" "${source}")
+    add_custom_command(
+      OUTPUT "${mutated}"
+      COMMAND "${CMAKE_COMMAND}" -E make_directory "${CMAKE_BINARY_DIR}/mutants/${name}"
+      COMMAND "${CMAKE_COMMAND}" -DPATCH=${ATTN_PATCH} -DSOLUTION=${solution} -DDIFF=${source}
+              -DOUTPUT=${mutated} -DSHOWN=${shown} -P "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
+      DEPENDS "${solution}" "${source}" "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
+      COMMENT "mutant ${nn} ${mutant}: the solution with one mistake"
+      VERBATIM)
+    add_executable(${target} "${mutated}")
     # Not attn_warnings: a realistic mistake may leave a variable unused, and -Werror would
     # turn that into a build failure rather than a mistake for the checks to catch.
     target_link_libraries(${target} PRIVATE checks_${nn}_obj check_support_main)

@@ -10,6 +10,7 @@
 #include "attn/trainer.hpp"
 
 #include "attn/gradcheck.hpp"
+#include "torch_parity.hpp"
 
 #include <doctest/doctest.h>
 
@@ -21,25 +22,12 @@
 #include <vector>
 
 using namespace attn;
+using namespace attn::torch_parity;
 
 namespace {
 namespace fs = std::filesystem;
 const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gqa";
 const std::string kChars = "\n abcdefghij";  // V = 12
-
-std::vector<int> load_ids(const fs::path& file) {
-    const NpyArray a = read_npy(file);
-    return std::vector<int>(a.data.begin(), a.data.end());
-}
-
-double max_abs_diff(const float* actual, const NpyArray& expected, std::size_t size) {
-    if (expected.data.size() != size) return INFINITY;
-    double worst = 0.0;
-    for (std::size_t i = 0; i < size; ++i) {
-        worst = std::max(worst, std::fabs(static_cast<double>(actual[i]) - expected.data[i]));
-    }
-    return worst;
-}
 
 GPTConfig small_config(int n_kv_head, int window, int block_size = 8) {
     GPTConfig config;
@@ -68,7 +56,6 @@ GPT sharp_model(const GPTConfig& config, std::uint64_t seed) {
     return model;
 }
 
-constexpr double parity_tol = 1e-5;  // float32 on both sides, sums in another order
 }  // namespace
 
 TEST_CASE("grouped-query, multi-query and windowed models match PyTorch on logits, loss and "
@@ -77,29 +64,9 @@ TEST_CASE("grouped-query, multi-query and windowed models match PyTorch on logit
         CAPTURE(name);
         const fs::path dir = fixtures / name;
         GPT model = load_checkpoint(dir / "weights");
-        model.train(false);
-        const std::vector<int> x = load_ids(dir / "x.npy"), y = load_ids(dir / "y.npy");
-        const NpyArray xs = read_npy(dir / "x.npy");
-        const int B = static_cast<int>(xs.shape[0]), T = static_cast<int>(xs.shape[1]);
-        const float loss = model.forward(x, y, B, T);
-        model.zero_grad();
-        model.backward();
-        const double loss_diff = std::fabs(loss - read_npy(dir / "loss.npy").data[0]);
-        const double logits_diff = max_abs_diff(model.logits().data(), read_npy(dir / "logits.npy"),
-                                                model.logits().size());
-        CHECK(loss_diff <= parity_tol);
-        CHECK(logits_diff <= parity_tol);
-        double worst = 0.0;
-        for (const ParameterInfo& p : model.parameter_table()) {
-            CAPTURE(p.name);
-            const NpyArray expected = read_npy(dir / "grad" / (p.name + ".npy"));
-            REQUIRE(expected.shape == p.shape);
-            const double d = max_abs_diff(model.gradients().data() + p.offset, expected, p.size);
-            CHECK(d <= parity_tol);
-            worst = std::max(worst, d);
-        }
-        MESSAGE(name << ": |loss - torch| = " << loss_diff << ", max |logits - torch| = "
-                     << logits_diff << ", worst gradient difference " << worst);
+        const Parity r = check_against_torch(model, dir);
+        MESSAGE(name << ": |loss - torch| = " << r.loss_diff << ", max |logits - torch| = "
+                     << r.logits_diff << ", worst gradient difference " << r.worst_gradient);
     }
 }
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Usage: expect_mutant_caught.sh CHECK_PROGRAM MUTANT_SOURCE
+# Usage: expect_mutant_caught.sh CHECK_PROGRAM MUTANT_DIFF
 #
-# CHECK_PROGRAM is an exercise's checks linked with MUTANT_SOURCE, a solution with one
+# CHECK_PROGRAM is an exercise's checks linked with the solution changed by MUTANT_DIFF, one
 # mistake a learner makes. Passes when at least one check fails (or the program crashes);
 # fails, naming the mistake, when every check passes: the checks would let it through.
 set -u
 program=$1 source=$2
-mistake=$(sed -n '1s|^// mistake: *||p' "$source")
-[ -n "$mistake" ] || { echo "$source: the first line must be '// mistake: <what is wrong>'"; exit 1; }
+mistake=$(sed -n '1s|^mistake: *||p' "$source")
+[ -n "$mistake" ] || { echo "$source: the first line must be 'mistake: <what is wrong>'"; exit 1; }
 output=$("$program" --no-intro --no-version 2>&1)
 status=$?
 if [ $status = 0 ]; then
