@@ -5,7 +5,7 @@
 #include "attn/npy.hpp"
 
 #include "attn/gradcheck.hpp"
-#include "torch_parity.hpp"
+#include "gpt_checks.hpp"
 
 #include <doctest/doctest.h>
 
@@ -16,19 +16,13 @@
 #include <vector>
 
 using namespace attn;
-using namespace attn::torch_parity;
+using namespace attn::gpt_checks;
 
 namespace {
 namespace fs = std::filesystem;
 const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gpt";
 
-double mean_loss_in_double(const GPT& model) {
-    double s = 0.0;
-    for (float l : model.activations().losses) s += l;
-    return s / static_cast<double>(model.activations().losses.size());
-}
-
-// The losses after 10 AdamW steps may differ by 1e-4, ten times torch_parity's parity_tol:
+// The losses after 10 AdamW steps may differ by 1e-4, ten times gpt_checks.hpp's parity_tol:
 // the differences grow through the updates (each step moves weights by ~lr = 1e-3).
 constexpr double adamw_tol = 1e-4;
 }  // namespace
@@ -92,29 +86,10 @@ TEST_CASE("the whole model's gradient agrees with finite differences, with dropo
             CAPTURE(bias);
             config.dropout = dropout;
             config.bias = bias;
-            GPT model(config, 3);
-            Rng rng(11);
-            for (float& p : model.parameters()) p += 0.3f * rng.normal();
-            auto objective = [&] {
-                model.seed_dropout(42);  // the same masks on every evaluation
-                model.forward(x, y, B, T);
-                return mean_loss_in_double(model);
-            };
-            objective();
-            model.zero_grad();
-            model.backward();
-            const std::vector<float> analytic = model.gradients();
-            // Tolerance: the float loss (~2.5) is exact to about one ulp, 2.4e-7; divided by
-            // the step 2h = 2e-3 that is ~1.2e-4 per derivative, which is the error seen. 5e-4
-            // allows 4 ulps; a wrong gradient path is off by O(0.01-1). (A larger step,
-            // h = 1e-2, trades this for truncation error h²/6·f''' of up to 1e-2 with weights
-            // this large.)
-            const attn::GradCheck r = attn::finite_difference(
-                model.parameters().data(), analytic.data(), analytic.size(), 1e-3f, objective);
-            MESSAGE("dropout " << dropout << ", bias " << bias << ": " << analytic.size()
+            const GradCheck r = check_gradient_numerically(config, x, y, B, T);
+            MESSAGE("dropout " << dropout << ", bias " << bias << ": " << config.num_parameters()
                                << " parameters, max |analytic - numeric| = " << r.max_abs_error
                                << " (largest gradient " << r.max_abs_grad << ")");
-            CHECK(r.max_abs_error <= 5e-4);
         }
     }
 }

@@ -3,6 +3,8 @@
 #include "attn/gpt_layers.hpp"
 #include "attn/random.hpp"
 
+#include "gpt_checks.hpp"
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +13,7 @@
 #include <vector>
 
 using namespace attn;
+using gpt_checks::sharp_model;
 
 namespace {
 
@@ -25,24 +28,6 @@ GPTConfig small_config(bool bias, int block_size = 16) {
     c.n_embd = 16;
     c.bias = bias;
     return c;
-}
-
-// A model whose logits are far from uniform: nanoGPT's N(0, 0.02) start gives logits within
-// about 0.01 of each other, so every parameter is redrawn from N(0, 0.3) (LayerNorm weights
-// around 1). Sampled texts then vary, and greedy choices are decided by clear margins.
-GPT sharp_model(const GPTConfig& config, std::uint64_t seed) {
-    GPT model(config, seed);
-    Rng rng(seed + 1);
-    for (float& w : model.parameters()) w = 0.3f * rng.normal();
-    for (const ParameterInfo& info : model.parameter_table()) {
-        const std::string& n = info.name;
-        const bool layernorm_weight = n.find(".ln_") != std::string::npos &&
-                                      n.size() > 7 && n.compare(n.size() - 7, 7, ".weight") == 0;
-        if (!layernorm_weight) continue;
-        float* w = model.parameters().data() + info.offset;
-        for (std::size_t i = 0; i < info.size; ++i) w[i] += 1.0f;
-    }
-    return model;
 }
 
 float max_abs_diff(const std::vector<float>& a, const float* b) {

@@ -11,17 +11,7 @@ trap 'rm -rf "$tmp"' EXIT
 printf 'the cat sat on the mat. %.0s' $(seq 200) > "$tmp/corpus.txt"
 mkdir -p "$tmp/not_a_checkpoint"
 status=0
-expect_one_line() {  # DESCRIPTION ARGS...
-  local what=$1; shift
-  "$program" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$? lines
-  lines=$(wc -l <"$tmp/err")
-  if [ $rc -eq 0 ] || [ $rc -ge 128 ] || [ "$lines" -ne 1 ]; then
-    echo "FAIL: $what: exit $rc, $lines lines on stderr:"; cat "$tmp/err"; status=1
-  else
-    echo "ok: $what: $(cat "$tmp/err")"
-  fi
-}
+. "$(dirname "$0")/one_line_errors.sh"  # expect_one_line DESCRIPTION ARGS...
 if ! "$train_gpt" --recipe tiny --max-iters 3 --sample 0 --data "$tmp/corpus.txt" --out "$tmp/run" \
      >/dev/null 2>"$tmp/train.err"; then
   echo "FAIL: a 3-step tiny run failed:"; cat "$tmp/train.err"; exit 1

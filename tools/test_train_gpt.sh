@@ -12,17 +12,7 @@ printf 'the cat sat on the mat. %.0s' $(seq 200) > "$tmp/corpus.txt"
 printf 'abc\0def' > "$tmp/binary.txt"
 mkdir -p "$tmp/not_a_checkpoint"
 status=0
-expect_one_line() {  # DESCRIPTION ARGS...
-  local what=$1; shift
-  "$program" "$@" >"$tmp/out" 2>"$tmp/err"
-  local rc=$? lines
-  lines=$(wc -l <"$tmp/err")
-  if [ $rc -eq 0 ] || [ $rc -ge 128 ] || [ "$lines" -ne 1 ]; then
-    echo "FAIL: $what: exit $rc, $lines lines on stderr:"; cat "$tmp/err"; status=1
-  else
-    echo "ok: $what: $(cat "$tmp/err")"
-  fi
-}
+. "$(dirname "$0")/one_line_errors.sh"  # expect_one_line DESCRIPTION ARGS...
 tiny=(--recipe tiny --data "$tmp/corpus.txt" --out "$tmp/run")
 expect_one_line "an unknown flag" --frobnicate
 expect_one_line "an unknown recipe" --recipe huge

@@ -28,20 +28,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+# LayerNorm with an optional bias (PyTorch's has none-or-both), and the 65 characters
+from reference_gpt import VOCAB, LayerNorm
+
 root = pathlib.Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "gpt"
-VOCAB = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"  # 65 characters
-
-
-class LayerNorm(nn.Module):
-    """LayerNorm with an optional bias (PyTorch's has none-or-both)."""
-
-    def __init__(self, n, bias):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(n))
-        self.bias = nn.Parameter(torch.zeros(n)) if bias else None
-
-    def forward(self, x):
-        return F.layer_norm(x, self.weight.shape, self.weight, self.bias, 1e-5)
 
 
 class CausalSelfAttention(nn.Module):
