@@ -45,6 +45,31 @@ function(course_lesson name)
                    -P "${src}/cmake/capture_output.cmake")
   set_tests_properties("lesson ${nn} runs" PROPERTIES LABELS "lesson${nn};lessons")
 
+  # The lesson once more at its smallest (--quick), and a lesson that reads text on a short
+  # text of its own rather than tiny shakespeare (cmake/test_corpora.cmake). Under the
+  # sanitize preset these are the lessons' AddressSanitizer + UndefinedBehaviorSanitizer pass.
+  set(_reads_text FALSE)
+  foreach(_f IN LISTS lesson_sources)
+    file(STRINGS "${_f}" _hits REGEX "LessonText::corpus")
+    if(_hits)
+      set(_reads_text TRUE)
+    endif()
+  endforeach()
+  if(_reads_text)
+    add_test(NAME "lesson ${nn} quick, on a 30 KB text"
+             COMMAND lesson_${nn} --quick --data "${ATTN_TEST_CORPORA}/short.txt")
+    set_tests_properties("lesson ${nn} quick, on a 30 KB text" PROPERTIES LABELS "lesson${nn};lessons-quick")
+    # Too short for some of what a lesson does: it runs, or says why not in one line.
+    add_test(NAME "lesson ${nn} quick, on a 3 KB text: runs or refuses in one line"
+             COMMAND "${src}/tools/expect_run_or_one_line.sh" $<TARGET_FILE:lesson_${nn}>
+                     --quick --data "${ATTN_TEST_CORPORA}/tiny.txt")
+    set_tests_properties("lesson ${nn} quick, on a 3 KB text: runs or refuses in one line"
+                         PROPERTIES LABELS "lesson${nn};lessons-quick")
+  else()
+    add_test(NAME "lesson ${nn} quick" COMMAND lesson_${nn} --quick)
+    set_tests_properties("lesson ${nn} quick" PROPERTIES LABELS "lesson${nn};lessons-quick")
+  endif()
+
   # The exercise, its solution and the checks they share.
   set(checks "${src}/checks/${name}/checks.cpp")
   if(EXISTS "${checks}")

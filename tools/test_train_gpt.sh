@@ -10,6 +10,8 @@ trap 'rm -rf "$tmp"' EXIT
 printf 'the cat sat on the mat. %.0s' $(seq 200) > "$tmp/corpus.txt"
 : > "$tmp/empty.txt"
 printf 'abc\0def' > "$tmp/binary.txt"
+printf 'caf\xe9 au lait\n' > "$tmp/latin1.txt"
+head -c 100 "$tmp/corpus.txt" > "$tmp/short.txt"
 mkdir -p "$tmp/not_a_checkpoint"
 status=0
 . "$(dirname "$0")/one_line_errors.sh"  # expect_one_line DESCRIPTION ARGS...
@@ -31,6 +33,9 @@ expect_one_line "a window on the GPU" --window 16 --device cuda
 expect_one_line "a missing corpus" --data "$tmp/nowhere.txt"
 expect_one_line "an empty corpus" --data "$tmp/empty.txt"
 expect_one_line "a binary corpus" --data "$tmp/binary.txt"
+expect_one_line "a corpus that is not UTF-8" --data "$tmp/latin1.txt"
+expect_one_line "a folder as the corpus" --data "$tmp"
+expect_one_line "a corpus too short for the block" --data "$tmp/short.txt" --max-iters 2
 expect_one_line "resuming from nothing" "${tiny[@]}" --resume "$tmp/nowhere"
 expect_one_line "starting from a folder that holds no weights" "${tiny[@]}" --init "$tmp/not_a_checkpoint"
 expect_one_line "a temperature of zero" "${tiny[@]}" --max-iters 2 --sample 10 --temperature 0

@@ -28,7 +28,6 @@
 #include <iostream>
 #include <numeric>
 #include <optional>
-#include <sstream>
 #include <unistd.h>
 #include <vector>
 
@@ -65,14 +64,8 @@ struct Flags {
     bool threads_info = false;
 };
 
-// The corpus: --data, or the course's default (tiny shakespeare, else a fallback).
-fs::path corpus_of(const Flags& f) {
-    if (!f.data.empty()) return f.data;
-    std::ostringstream note;
-    const fs::path p = find_corpus(&note);
-    if (!note.str().empty()) std::cerr << "train_gpt: " << note.str();
-    return p;
-}
+// The corpus: --data, or the course's own (tiny shakespeare, in data/).
+fs::path corpus_of(const Flags& f) { return f.data.empty() ? course_corpus() : fs::path(f.data); }
 
 // A run folder (holding checkpoint/) or a checkpoint folder itself.
 fs::path checkpoint_of(const fs::path& dir) {
@@ -359,7 +352,7 @@ int main(int argc, char** argv) {
                                   "shakespeare (nanoGPT's train_shakespeare_char, for a GPU)")
         ->check(CLI::IsMember({"cpu", "tiny", "shakespeare"}));
     app.add_option("--data", f.data,
-                   "the corpus (default data/tinyshakespeare.txt, else data/fallback.txt)");
+                   "the corpus, a UTF-8 text (default: tiny shakespeare, data/tinyshakespeare.txt)");
     app.add_option("--out", f.out, "the run folder: checkpoint/, metrics.jsonl, loss.png, sample.txt");
     auto* resume = app.add_option("--resume", f.resume, "go on from a run folder or checkpoint");
     auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch)");

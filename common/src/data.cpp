@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
-#include <ostream>
 #include <iterator>
 #include <set>
 #include <stdexcept>
@@ -86,41 +85,38 @@ std::string CharVocab::decode(const std::vector<int>& ids) const {
 }
 
 std::string read_corpus(const std::filesystem::path& path) {
+    namespace fs = std::filesystem;
     std::error_code ec;
-    if (!std::filesystem::exists(path, ec))
-        throw std::runtime_error(path.string() + ": no such file (./workbook data gets tiny shakespeare)");
-    if (std::filesystem::is_directory(path, ec))
-        throw std::runtime_error(path.string() + ": is a directory, not a text file");
+    const std::string name = path.string();
+    if (!fs::exists(path, ec)) throw std::runtime_error(name + ": no such file");
+    if (fs::is_directory(path, ec)) throw std::runtime_error(name + ": is a directory, not a text file");
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw std::runtime_error(path.string() + ": cannot be read");
-    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (text.empty()) throw std::runtime_error(path.string() + ": the file is empty");
+    if (!in) throw std::runtime_error(name + ": cannot be read (permission denied?)");
+    std::string text;
+    try {  // libstdc++ throws from inside the read on an I/O error, and may also just stop
+        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    } catch (const std::exception& e) {
+        throw std::runtime_error(name + ": reading it failed part of the way through (" + e.what() + ")");
+    }
+    if (in.bad()) throw std::runtime_error(name + ": reading it failed part of the way through");
+    if (text.empty()) throw std::runtime_error(name + ": the file is empty");
     if (text.find('\0') != std::string::npos)
-        throw std::runtime_error(path.string() + ": looks binary (it holds NUL bytes), not text");
+        throw std::runtime_error(name + ": looks binary (it holds NUL bytes), not text");
     try {
         (void)utf8_characters(text);
     } catch (const std::invalid_argument& e) {
-        throw std::runtime_error(path.string() + ": looks binary, not UTF-8 text (" + e.what() + ")");
+        throw std::runtime_error(name + ": not UTF-8 text (" + e.what() + ")");
     }
     return text;
 }
 
-std::filesystem::path find_corpus(std::ostream* note) {
-    namespace fs = std::filesystem;
-    const fs::path root = ATTN_SOURCE_DIR;  // the course's folder, set by CMake
-    for (const fs::path& p : {root / "data" / "tinyshakespeare.txt", fs::path("data/tinyshakespeare.txt")})
-        if (fs::exists(p)) return p;
-    for (const fs::path& p : {root / "data" / "fallback.txt",
-                              fs::path("/usr/share/games/fortunes/fortunes")}) {
-        if (fs::exists(p)) {
-            if (note)
-                *note << "data/tinyshakespeare.txt is missing (./workbook data gets it): using "
-                      << p.string() << " instead, so the numbers are not tiny shakespeare's\n";
-            return p;
-        }
-    }
-    throw std::runtime_error("no corpus: run ./workbook data (tiny shakespeare), or install "
-                             "fortunes-min (./workbook setup)");
+std::filesystem::path course_corpus() {
+    const std::filesystem::path p = std::filesystem::path(ATTN_SOURCE_DIR) / "data" / "tinyshakespeare.txt";
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(p, ec))
+        throw std::runtime_error(p.string() + " is missing: it ships with the course, and "
+                                 "./workbook data restores it");
+    return p;
 }
 
 TextDataset make_dataset(std::string_view text, double val_fraction, std::size_t min_length) {
@@ -132,10 +128,21 @@ TextDataset make_dataset(std::string_view text, double val_fraction, std::size_t
     d.train.assign(ids.begin(), ids.begin() + static_cast<long>(n_train));
     d.val.assign(ids.begin() + static_cast<long>(n_train), ids.end());
     require(d.train.size() > min_length && d.val.size() > min_length,
-            "the text is too short: " + std::to_string(ids.size()) + " characters give splits of " +
-                std::to_string(d.train.size()) + " and " + std::to_string(d.val.size()) +
-                ", and each needs more than " + std::to_string(min_length) + " (the block size)");
+            "the text is too short: its " + std::to_string(ids.size()) + " characters split into " +
+                std::to_string(d.train.size()) + " to train on and " + std::to_string(d.val.size()) +
+                " to validate on, and each split needs at least " + std::to_string(min_length + 1));
     return d;
+}
+
+void token_window(const std::vector<int>& tokens, std::size_t start, std::size_t T, int* x, int* y,
+                  const char* what) {
+    // start + T is the last target's position; written so that it cannot overflow.
+    require(T <= tokens.size() && start < tokens.size() - T,
+            std::string(what) + " has " + std::to_string(tokens.size()) + " tokens; a window of T = " +
+                std::to_string(T) + " from position " + std::to_string(start) + " needs at least " +
+                std::to_string(start + T + 1));
+    std::copy_n(tokens.begin() + static_cast<std::ptrdiff_t>(start), T, x);
+    std::copy_n(tokens.begin() + static_cast<std::ptrdiff_t>(start + 1), T, y);
 }
 
 void sample_batch(const std::vector<int>& data, std::size_t B, std::size_t T, Rng& rng,
@@ -144,10 +151,42 @@ void sample_batch(const std::vector<int>& data, std::size_t B, std::size_t T, Rn
                                  " tokens cannot hold a sequence of " + std::to_string(T) + " plus its target");
     x.resize(B * T);
     y.resize(B * T);
-    for (std::size_t b = 0; b < B; ++b) {
-        const std::size_t start = rng.below(data.size() - T);
-        std::copy_n(data.begin() + static_cast<long>(start), T, x.begin() + static_cast<long>(b * T));
-        std::copy_n(data.begin() + static_cast<long>(start + 1), T, y.begin() + static_cast<long>(b * T));
+    for (std::size_t b = 0; b < B; ++b)
+        token_window(data, rng.below(data.size() - T), T, x.data() + b * T, y.data() + b * T);
+}
+
+void consecutive_windows(const std::vector<int>& tokens, std::size_t n, std::size_t T,
+                         std::vector<int>& x, std::vector<int>& y, const char* what) {
+    require(T >= 1 && n >= T && n % T == 0,
+            "consecutive_windows: " + std::to_string(n) + " targets are not a whole number of windows of T = " +
+                std::to_string(T));
+    require(tokens.size() > n, std::string(what) + " has " + std::to_string(tokens.size()) +
+                                   " tokens; scoring " + std::to_string(n) + " targets at T = " +
+                                   std::to_string(T) + " needs at least " + std::to_string(n + 1));
+    x.resize(n);
+    y.resize(n);
+    for (std::size_t start = 0; start < n; start += T)
+        token_window(tokens, start, T, x.data() + start, y.data() + start, what);
+}
+
+std::size_t targets_to_score(const std::vector<int>& tokens, std::size_t wanted, std::size_t longest,
+                             const char* what) {
+    require(longest >= 1, "targets_to_score: the longest window must hold a token");
+    const std::size_t fit = tokens.empty() ? 0 : (tokens.size() - 1) / longest * longest;
+    require(fit >= longest, std::string(what) + " has " + std::to_string(tokens.size()) +
+                                " tokens; scoring one window of T = " + std::to_string(longest) +
+                                " needs at least " + std::to_string(longest + 1));
+    return std::min(wanted, fit);
+}
+
+std::string fitting_prompt(const CharVocab& vocab, std::string_view preferred,
+                           const std::vector<int>& fallback_text) {
+    try {
+        (void)vocab.encode(preferred);
+        return std::string(preferred);
+    } catch (const std::invalid_argument&) {
+        const std::size_t n = std::min(utf8_characters(preferred).size(), fallback_text.size());
+        return vocab.decode(std::vector<int>(fallback_text.begin(), fallback_text.begin() + static_cast<std::ptrdiff_t>(n)));
     }
 }
 

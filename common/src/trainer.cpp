@@ -62,6 +62,17 @@ TrainConfig TrainConfig::named(const std::string& recipe) {
                                 "' (the recipes are: cpu, tiny, shakespeare)");
 }
 
+void TrainConfig::shorten_to(std::int64_t steps) {
+    max_iters = lr_decay_iters = steps;
+    warmup_iters = std::min(warmup_iters, steps);
+}
+
+void TrainConfig::make_quick() {
+    shorten_to(3);
+    eval_interval = 2;
+    eval_iters = 2;
+}
+
 void TrainConfig::validate() const {
     auto check = [](bool ok, const std::string& what) {
         if (!ok) throw std::invalid_argument(what);

@@ -232,21 +232,22 @@ int main(int argc, char** argv) {
         print_heading("(c) Train a model without the mask: it learns to cheat");
         // Lesson 11's CPU recipe for 300 steps, once with the causal mask and once without:
         // same seed, same batches, same everything else.
-        const TextDataset data = make_dataset(read_corpus(find_corpus(&std::cout)));
+        const TextDataset data = make_dataset(read_corpus(options.corpus()));  // or --data FILE
         //! [cheat]
         TrainConfig recipe = TrainConfig::named("cpu");
-        recipe.max_iters = 300;
-        recipe.lr_decay_iters = 300;
+        recipe.shorten_to(300);
+        if (options.quick) recipe.make_quick();
         SampleOptions sample;
         sample.max_new_tokens = 160;
         sample.top_k = 10;
+        const std::string prompt = fitting_prompt(data.vocab, "\n", data.val);  // a newline, if the text has one
         for (const bool causal : {true, false}) {
             recipe.causal = causal;
             Trainer trainer(recipe, data);
             while (!trainer.done()) trainer.train_step();
             const EvalRecord e = trainer.evaluate();  // teacher-forced: the future is in the batch
             trainer.model().train(false);
-            const std::string text = generate_text(trainer.model(), data.vocab, "\n", sample);
+            const std::string text = generate_text(trainer.model(), data.vocab, prompt, sample);
             std::printf("%s: train loss %.3f, val loss %.3f after %lld steps\n",
                         causal ? "with the causal mask   " : "WITHOUT the causal mask", e.train_loss,
                         e.val_loss, static_cast<long long>(trainer.step()));
@@ -259,13 +260,13 @@ int main(int argc, char** argv) {
         // Lesson 11's CPU recipe (hs = 32), with and without the 1/√hs, several seeds: same
         // seed, same initial weights and batches within a pair. The environment variables make
         // the run longer, e.g. ATTN_LESSON08_STEPS=1000 ATTN_LESSON08_SEEDS=3.
-        const int steps = from_environment("ATTN_LESSON08_STEPS", 150, 1);
-        const int seeds = from_environment("ATTN_LESSON08_SEEDS", 2, 1);
-        std::vector<int> probe;  // one batch of 4 validation windows, to look at the attention
-        for (int b = 0; b < 4; ++b) {
-            const std::size_t start = static_cast<std::size_t>(b) * ((data.val.size() - 64) / 4);
-            probe.insert(probe.end(), data.val.begin() + static_cast<std::ptrdiff_t>(start),
-                         data.val.begin() + static_cast<std::ptrdiff_t>(start + 64));
+        const int steps = from_environment("ATTN_LESSON08_STEPS", options.quick ? 3 : 150, 1);
+        const int seeds = from_environment("ATTN_LESSON08_SEEDS", options.quick ? 1 : 2, 1);
+        std::vector<int> probe(4 * 64), targets(probe.size());  // 4 validation windows
+        for (std::size_t b = 0; b < 4; ++b) {  // spread over the split (the trainer made sure it holds 65)
+            const std::size_t start = b * ((data.val.size() - 65) / 4);
+            token_window(data.val, start, 64, probe.data() + b * 64, targets.data() + b * 64,
+                         "the validation split");
         }
         std::printf("%d steps each; val loss, and on 4 validation windows the rms of the scores that\n"
                     "enter the softmax and the mean attention entropy (uniform: %.2f nats)\n\n"
@@ -279,10 +280,10 @@ int main(int argc, char** argv) {
             for (const bool scaled : {true, false}) {
                 //! [unscaled_training]
                 TrainConfig config = TrainConfig::named("cpu");
-                config.max_iters = config.lr_decay_iters = steps;
-                config.warmup_iters = std::min<std::int64_t>(config.warmup_iters, steps);
+                config.shorten_to(steps);
                 config.seed = 1337 + static_cast<std::uint64_t>(s);
                 config.scaled_attention = scaled;  // false: scores q·kᵀ, no 1/√hs
+                if (options.quick) config.make_quick();
                 Trainer trainer(config, data);
                 if (s == 0) init_rms[scaled ? 0 : 1] = score_rms_and_entropy(trainer.model(), probe, 4, 64).first;
                 trainer.model().train(true);
@@ -318,5 +319,5 @@ int main(int argc, char** argv) {
         print_claim("trained_entropy_scaled", mean_entropy[0], 2);
         print_claim("trained_entropy_unscaled", mean_entropy[1], 2);
         print_claim("trained_entropy_uniform", uniform_causal_entropy(64), 2);
-    });
+    }, LessonText::corpus);
 }

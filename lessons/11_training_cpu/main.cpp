@@ -1,8 +1,8 @@
 // Lesson 11: training on the CPU. The page that narrates this program is lesson.md beside it.
 //
-// It trains nanoGPT's CPU recipe on tiny shakespeare (about five minutes on two cores). The
+// It trains nanoGPT's CPU recipe on tiny shakespeare (`--data FILE`: on another text). The
 // environment variable ATTN_LESSON11_MAX_ITERS shortens the run (the test suite sets it;
-// the docs show the full run).
+// the docs show the full run), and `--quick` runs every step of the lesson in a few seconds.
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/entropy.hpp"
@@ -43,7 +43,8 @@ std::vector<int> probe_line(const TextDataset& data) {
         }
         start = i + 1;
     }
-    return {data.val.begin(), data.val.begin() + 48};  // no such line: 48 characters
+    const std::size_t n = std::min<std::size_t>(48, data.val.size());  // no such line: 48 characters
+    return {data.val.begin(), data.val.begin() + static_cast<std::ptrdiff_t>(n)};
 }
 
 // A character as a label a picture can print: space and newline made visible.
@@ -52,14 +53,14 @@ std::string label(const std::string& c) { return c == " " ? "_" : c == "\n" ? "n
 // The mean loss on `count` windows of (B, T) spread evenly over the validation split:
 // the same windows every call, so losses of different weights compare directly.
 double fixed_val_loss(GPT& model, const std::vector<int>& val, int B, int T, int count) {
-    const std::size_t stride = (val.size() - static_cast<std::size_t>(T) - 1) / static_cast<std::size_t>(B * count);
+    const auto windows = static_cast<std::size_t>(B * count), length = static_cast<std::size_t>(T);
+    const std::size_t stride = val.size() > length ? (val.size() - length - 1) / windows : 0;
     std::vector<int> x(static_cast<std::size_t>(B * T)), y(x.size());
     double sum = 0.0;
     for (int n = 0; n < count; ++n) {
         for (int b = 0; b < B; ++b) {
             const std::size_t start = static_cast<std::size_t>(n * B + b) * stride;
-            std::copy_n(val.begin() + static_cast<std::ptrdiff_t>(start), T, x.begin() + b * T);
-            std::copy_n(val.begin() + static_cast<std::ptrdiff_t>(start + 1), T, y.begin() + b * T);
+            token_window(val, start, length, x.data() + b * T, y.data() + b * T, "the validation split");
         }
         sum += model.forward(x, y, B, T);
     }
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
     return run_lesson(argc, argv, "Lesson 11: training on the CPU", [](const LessonOptions& opts) {
         print_heading("The corpus");
         //! [data]
-        const fs::path corpus = find_corpus(&std::cout);
+        const fs::path corpus = opts.corpus();  // tiny shakespeare, or --data FILE
         const TextDataset data = make_dataset(read_corpus(corpus));  // 90% train, 10% val
         //! [data]
         std::printf("%s: %zu characters, vocabulary of %zu, %zu train / %zu val tokens\n",
@@ -92,11 +93,12 @@ int main(int argc, char** argv) {
         //! [recipe]
         TrainConfig config = TrainConfig::named("cpu");  // nanoGPT's CPU recipe
         //! [recipe]
-        if (const char* quick = std::getenv("ATTN_LESSON11_MAX_ITERS")) {
-            config.max_iters = std::max(1, std::atoi(quick));
+        if (const char* steps = std::getenv("ATTN_LESSON11_MAX_ITERS")) {
+            config.max_iters = std::max(1, std::atoi(steps));
             std::printf("(ATTN_LESSON11_MAX_ITERS=%s: a shortened run; the docs show the full one)\n",
-                        quick);
+                        steps);
         }
+        if (opts.quick) config.make_quick();
         std::printf("model: %d layers, %d heads, %d channels, block %d, dropout %.1f, bias %s\n",
                     config.n_layer, config.n_head, config.n_embd, config.block_size,
                     static_cast<double>(config.dropout), config.bias ? "yes" : "no");
@@ -157,10 +159,7 @@ int main(int argc, char** argv) {
             const fs::path model_dir = opts.figures / "lesson11_model";
             save_checkpoint(model_dir, trainer.model(), {data.vocab.chars(), trainer.step()});
             std::ofstream(model_dir / "corpus.txt")
-                << (corpus.filename() == "tinyshakespeare.txt"
-                        ? std::string("tiny shakespeare")
-                        : "the fallback corpus " + corpus.string() + " (tiny shakespeare was not found)")
-                << "\n";
+                << (opts.data.empty() ? std::string("tiny shakespeare") : corpus.filename().string()) << "\n";
         }
 
         print_heading("Resuming reproduces the losses exactly");
@@ -189,16 +188,17 @@ int main(int argc, char** argv) {
         sample.temperature = 0.8f;
         const std::string text = generate_text(resumed.model(), data.vocab, "", sample);
         //! [sample]
+        const std::string prompt = fitting_prompt(data.vocab, "ROMEO:", data.val);  // any corpus
         std::cout << "temperature 0.8, all characters:\n" << text << "\n\n";
         sample.max_new_tokens = 150;
         sample.temperature = 1.0f;
         sample.top_k = 1;
         std::cout << "top-k 1 (always the most likely character):\n"
-                  << generate_text(resumed.model(), data.vocab, "ROMEO:", sample) << "\n\n";
+                  << generate_text(resumed.model(), data.vocab, prompt, sample) << "\n\n";
         sample.temperature = 2.0f;
         sample.top_k = 0;
         std::cout << "temperature 2.0 (flattened: nearly random characters):\n"
-                  << generate_text(resumed.model(), data.vocab, "ROMEO:", sample) << "\n";
+                  << generate_text(resumed.model(), data.vocab, prompt, sample) << "\n";
 
         print_heading("What did it learn: every head on one line of the validation text");
         GPT& model = resumed.model();
@@ -273,5 +273,5 @@ int main(int argc, char** argv) {
         print_claim("ablation_base", base, 3);
         print_claim("ablation_worst_head", "layer " + std::to_string(worst_l) + ", head " + std::to_string(worst_h));
         print_claim("ablation_worst_delta", delta[worst_l][static_cast<std::size_t>(worst_h)], 3);
-    });
+    }, LessonText::corpus);
 }

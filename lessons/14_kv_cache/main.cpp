@@ -91,12 +91,13 @@ void measure_on_gpu(const GPT& model, const CharVocab& vocab) {
 int main(int argc, char** argv) {
     return run_lesson(argc, argv, "Lesson 14: generation with a KV cache", [](const LessonOptions& opts) {
         print_heading("A small model to generate with");
-        const fs::path corpus = find_corpus(&std::cout);
+        const fs::path corpus = opts.corpus();  // tiny shakespeare, or --data FILE
         const TextDataset data = make_dataset(read_corpus(corpus));
         //! [train]
         TrainConfig recipe = TrainConfig::named("tiny");  // 2 layers, 2 heads, 32 channels
         recipe.block_size = 64;
-        recipe.max_iters = recipe.lr_decay_iters = 400;   // a few seconds on one core
+        recipe.shorten_to(400);                            // a few seconds on one core
+        if (opts.quick) recipe.make_quick();
         Trainer trainer(recipe, data);
         while (!trainer.done()) trainer.train_step();
         GPT& model = trainer.model();
@@ -121,13 +122,16 @@ int main(int argc, char** argv) {
                   << "cached (generate_cached), same seed:\n" << cached << "\n\n";
         std::printf("identical: %s\n", yes_no(cached == uncached));
         options.top_k = 1;
-        const bool greedy_same = generate_cached(model, data.vocab, "The ", options) ==
-                                 generate_text(model, data.vocab, "The ", options);
-        std::printf("greedy (top-k 1) from \"The \", 200 tokens: identical: %s\n", yes_no(greedy_same));
+        const std::string prompt = fitting_prompt(data.vocab, "The ", data.val);
+        const bool greedy_same = generate_cached(model, data.vocab, prompt, options) ==
+                                 generate_text(model, data.vocab, prompt, options);
+        std::printf("greedy (top-k 1) from \"%s\", 200 tokens: identical: %s\n", prompt.c_str(),
+                    yes_no(greedy_same));
 
         print_heading("Cached logits against the full forward pass");
         //! [logits]
-        const std::vector<int> ids = data.vocab.encode(cached.substr(0, 64));
+        std::vector<int> ids = data.vocab.encode(cached);  // 200 characters
+        ids.resize(64);
         model.forward(ids.data(), nullptr, 1, 64);  // the uncached pass: (1, 64, V) logits
         KVCache cache(model.config());
         DecodeScratch scratch;
@@ -174,9 +178,10 @@ int main(int argc, char** argv) {
                     "uncached path with lesson 13's tiled attention (GPT::set_attention)\n");
         std::printf("%8s %12s %12s %12s %10s %10s\n", "tokens", "uncached", "fused", "cached",
                     "speed-up", "same text");
-        std::vector<int> generated;  // the 1024-token text, replayed below position by position
         //! [measure]
-        for (int n : {256, 1024}) {
+        const int longest = opts.quick ? 128 : 1024;  // tokens in the longest run (--quick: 128)
+        std::vector<int> generated;  // that run's text, replayed below position by position
+        for (int n : {longest / 4, longest}) {
             SampleOptions o;
             o.max_new_tokens = n;  // from a one-token prompt: the context never exceeds 1024
             o.top_k = 10;
@@ -188,7 +193,7 @@ int main(int argc, char** argv) {
             const double t_cached = seconds([&] { fast = generate_cached(timing_model, data.vocab, "", o); });
             std::printf("%8d %10.3f s %10.3f s %10.3f s %9.1fx %10s\n", n, t_uncached, t_fused,
                         t_cached, t_uncached / t_cached, yes_no(slow == fast && slow == tiled));
-            if (n == 1024) generated = data.vocab.encode(fast);
+            if (n == longest) generated = data.vocab.encode(fast);
         }
         //! [measure]
         measure_on_gpu(timing_model, data.vocab);
@@ -201,14 +206,14 @@ int main(int argc, char** argv) {
         PlotSeries fast_line{"cached (one row of attention)", {}, {}};
         KVCache timing_cache(big);
         DecodeScratch timing_scratch;
-        std::vector<double> cached_ms(1024);
-        for (int pos = 0; pos < 1024; ++pos) {
+        std::vector<double> cached_ms(static_cast<std::size_t>(longest));
+        for (int pos = 0; pos < longest; ++pos) {
             cached_ms[pos] = 1e3 * seconds([&] {
                 forward_cached(timing_scratch, timing_model, timing_cache, generated[pos], pos);
             });
         }
         std::printf("%10s %14s %14s\n", "position", "uncached ms", "cached ms");
-        for (int start = 0; start < 1024; start += bin) {
+        for (int start = 0; start < longest; start += bin) {
             const int mid = start + bin / 2;
             const double slow_ms = 1e3 * seconds([&] { timing_model.forward(generated.data(), nullptr, 1, mid + 1); });
             double fast_sum = 0.0;
@@ -217,7 +222,7 @@ int main(int argc, char** argv) {
             slow_line.y.push_back(slow_ms);
             fast_line.x.push_back(mid);
             fast_line.y.push_back(fast_sum / bin);
-            if (start % 256 == 0 || start + bin >= 1024) {
+            if (start % 256 == 0 || start + bin >= longest) {
                 std::printf("%10d %14.3f %14.4f\n", mid, slow_ms, fast_sum / bin);
             }
         }
@@ -229,5 +234,5 @@ int main(int argc, char** argv) {
                           "The cached path alone", "position of the new token", "ms per token");
             std::printf("charts: lesson14_ms_per_token.png, lesson14_cached_ms_per_token.png\n");
         }
-    });
+    }, LessonText::corpus);
 }

@@ -5,7 +5,8 @@
 // with the same seed, steps and batches; measures the shift property of RoPE against learned
 // positions on the trained models; and evaluates every model on the same validation text at
 // the training context (64) and beyond it (128, 256, 512). `--full` runs nanoGPT's CPU recipe
-// (4 layers, 128 channels, 2000 steps) instead of the short default.
+// (4 layers, 128 channels, 2000 steps) instead of the short default, `--quick` a few steps;
+// `--data FILE` trains on another text.
 #include "attn/data.hpp"
 #include "attn/gpt.hpp"
 #include "attn/gpt_layers.hpp"
@@ -64,18 +65,16 @@ double max_change(const std::vector<float>& a, const std::vector<float>& b) {
     return worst;
 }
 
-// The mean loss over the first `n` next-token predictions of `tokens`, cut into windows of T
-// tokens: every T scores the same n targets, each with the context its window gives it.
+// The mean loss over the first `n` next-token predictions of the validation split, cut into
+// windows of T tokens: every T scores the same n targets, each with the context its window
+// gives it.
 //! [evaluate]
-double loss_on_text(GPT& model, const std::vector<int>& tokens, int n, int T) {
-    const int B = n / T;
-    std::vector<int> x(static_cast<std::size_t>(B) * T), y(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-        x[i] = tokens[i];
-        y[i] = tokens[i + 1];
-    }
+double loss_on_text(GPT& model, const std::vector<int>& val, int n, int T) {
+    std::vector<int> x, y;  // (n/T, T) each; checked against the split's length
+    consecutive_windows(val, static_cast<std::size_t>(n), static_cast<std::size_t>(T), x, y,
+                        "the validation split");
     model.train(false);
-    return model.forward(x, y, B, T);
+    return model.forward(x, y, n / T, T);
 }
 //! [evaluate]
 
@@ -87,8 +86,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 int main(int argc, char** argv) {
     return run_lesson(argc, argv, "Lesson 15: where position enters attention", [](const LessonOptions& opts) {
-        const fs::path corpus = find_corpus(&std::cout);
+        const fs::path corpus = opts.corpus();  // tiny shakespeare, or --data FILE
         const TextDataset data = make_dataset(read_corpus(corpus));
+        // The validation targets scored at every context length below: 4096 (64 windows of 64,
+        // …, 8 of 512), fewer on a short text (a multiple of 512 that its validation split holds).
+        const std::vector<int> lengths = {64, 128, 256, 512};
+        const int n = static_cast<int>(targets_to_score(data.val, opts.quick ? 512 : 4096, 512,
+                                                        "the validation split"));
 
         print_heading("One recipe, three position schemes");
         //! [recipe]
@@ -100,6 +104,7 @@ int main(int argc, char** argv) {
             recipe.max_iters = recipe.lr_decay_iters = 300;
             recipe.warmup_iters = 30;
         }
+        if (opts.quick) recipe.make_quick();
         //! [recipe]
         std::printf("%s: %zu train / %zu val tokens, vocabulary %zu\n", corpus.filename().c_str(),
                     data.train.size(), data.val.size(), data.vocab.size());
@@ -158,8 +163,6 @@ int main(int argc, char** argv) {
         }
 
         print_heading("Loss on the same validation text, at and beyond the training context");
-        const int n = 4096;  // targets scored at every length: 64 windows of 64, …, 8 of 512
-        const std::vector<int> lengths = {64, 128, 256, 512};
         std::vector<PlotSeries> lines;
         std::printf("%d validation tokens scored at every context length T\n", n);
         std::printf("%-8s", "scheme");
@@ -203,5 +206,5 @@ int main(int argc, char** argv) {
             std::printf("\nThis was the short run; the full one (nanoGPT's CPU recipe, 2000 steps per "
                         "scheme): ./build/lesson_15 --full\n");
         }
-    });
+    }, LessonText::corpus);
 }

@@ -7,8 +7,9 @@
 // validation loss, the parameters, the KV cache's bytes per token and its size after 1024
 // tokens, and the decode speed with the cache at 256 and 1024 tokens (a random-initialised
 // copy with a block of 1024, lesson 14's method). `--full` runs nanoGPT's CPU recipe
-// (4 layers, 128 channels, 2000 steps) instead of the short default. Timings are printed,
-// never checked.
+// (4 layers, 128 channels, 2000 steps) instead of the short default, `--quick` a few steps
+// and short generations; `--data FILE` trains on another text. Timings are printed, never
+// checked.
 #include "attn/data.hpp"
 #include "attn/gpt.hpp"
 #include "attn/gpt_layers.hpp"
@@ -40,16 +41,14 @@ double seconds(F&& f) {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-// The mean loss over the first `n` next-token predictions of `tokens`, in windows of T.
-double loss_on_text(GPT& model, const std::vector<int>& tokens, int n, int T) {
-    const int B = n / T;
-    std::vector<int> x(static_cast<std::size_t>(B) * T), y(x.size());
-    for (std::size_t i = 0; i < x.size(); ++i) {
-        x[i] = tokens[i];
-        y[i] = tokens[i + 1];
-    }
+// The mean loss over the first `n` next-token predictions of the validation split, in
+// windows of T.
+double loss_on_text(GPT& model, const std::vector<int>& val, int n, int T) {
+    std::vector<int> x, y;  // (n/T, T) each; checked against the split's length
+    consecutive_windows(val, static_cast<std::size_t>(n), static_cast<std::size_t>(T), x, y,
+                        "the validation split");
     model.train(false);
-    return model.forward(x, y, B, T);
+    return model.forward(x, y, n / T, T);
 }
 
 std::string window_name(int W) { return W == 0 ? "full" : std::to_string(W); }
@@ -58,7 +57,7 @@ std::string window_name(int W) { return W == 0 ? "full" : std::to_string(W); }
 
 int main(int argc, char** argv) {
     return run_lesson(argc, argv, "Lesson 16: fewer keys and values, and a window", [](const LessonOptions& opts) {
-        const fs::path corpus = find_corpus(&std::cout);
+        const fs::path corpus = opts.corpus();  // tiny shakespeare, or --data FILE
         const TextDataset data = make_dataset(read_corpus(corpus));
 
         print_heading("One recipe, nine attentions");
@@ -71,6 +70,7 @@ int main(int argc, char** argv) {
             recipe.max_iters = recipe.lr_decay_iters = 600;
             recipe.warmup_iters = 60;
         }
+        if (opts.quick) recipe.make_quick();
         //! [recipe]
         std::printf("%s: %zu train / %zu val tokens, vocabulary %zu\n", corpus.filename().c_str(),
                     data.train.size(), data.val.size(), data.vocab.size());
@@ -94,15 +94,20 @@ int main(int argc, char** argv) {
         // token, not about how many cores happen to be free.
         openblas_set_num_threads(1);  // the library's default too; training splits the batch
         const int V = static_cast<int>(data.vocab.size());
-        const int n_val = 4096;  // validation targets scored, in windows of the block (64)
+        // Validation targets scored, in windows of the block (64): 4096, fewer on a short text.
+        const int n_val = static_cast<int>(targets_to_score(data.val, opts.quick ? 512 : 4096,
+                                                            static_cast<std::size_t>(recipe.block_size),
+                                                            "the validation split"));
+        const int decoded = opts.quick ? 64 : 1024;  // tokens in the longer decode run
         std::printf("val loss: the mean over %d validation tokens in windows of %d; decode: "
                     "tokens per second\nwith the KV cache from a one-token prompt (the faster of two runs), "
                     "a random-initialised copy\nwith block 1024, top-k 10, one core; same text: "
-                    "the cached 256 tokens equal the uncached ones\n",
-                    n_val, recipe.block_size);
+                    "the cached %d tokens equal the uncached ones\n",
+                    n_val, recipe.block_size, decoded / 4);
         std::printf("%3s %5s %11s %9s %11s %16s %11s %11s %12s %8s\n", "G", "W", "parameters",
-                    "val loss", "KV B/token", "KV at 1024 tok", "tok/s@256", "tok/s@1024",
-                    "same text", "train s");
+                    "val loss", "KV B/token", "KV at 1024 tok",
+                    ("tok/s@" + std::to_string(decoded / 4)).c_str(),
+                    ("tok/s@" + std::to_string(decoded)).c_str(), "same text", "train s");
         std::vector<PlotSeries> memory;  // the cache's size against the tokens generated
         for (int G : {4, 2, 1}) {
             for (int W : {0, 32, 16}) {
@@ -127,7 +132,7 @@ int main(int argc, char** argv) {
                 bool same = false;
                 for (int i = 0; i < 2; ++i) {
                     SampleOptions o;
-                    o.max_new_tokens = i == 0 ? 256 : 1024;
+                    o.max_new_tokens = i == 0 ? decoded / 4 : decoded;
                     o.top_k = 10;
                     std::string text;
                     double s = 1e30;  // the faster of two runs: other programs share the cores
@@ -164,5 +169,5 @@ int main(int argc, char** argv) {
             std::printf("\nThis was the short run; the full one (nanoGPT's CPU recipe, 2000 steps per "
                         "model): ./build/lesson_16 --full\n");
         }
-    });
+    }, LessonText::corpus);
 }

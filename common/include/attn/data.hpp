@@ -7,7 +7,6 @@
 
 #include <cstdint>
 #include <filesystem>
-#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -45,16 +44,14 @@ private:
 std::vector<std::string> utf8_characters(std::string_view text);
 
 /// Reads a text corpus.
-/// @throws std::runtime_error naming the file if it is missing, unreadable, empty, or
-/// binary (it holds NUL bytes or is not valid UTF-8)
+/// @throws std::runtime_error naming the file, in one line, if it is missing, a directory,
+/// unreadable, empty, or binary (it holds NUL bytes or is not valid UTF-8)
 std::string read_corpus(const std::filesystem::path& path);
 
-/// The corpus the lessons train on: tiny shakespeare where `./workbook data` puts it
-/// (`data/tinyshakespeare.txt` in the course's folder, or under the current directory),
-/// else `data/fallback.txt`, else the fortunes file of Debian's fortunes-min.
-/// @param note  if not null, receives one line when the corpus is not tiny shakespeare
-/// @throws std::runtime_error saying how to get a corpus when there is none
-std::filesystem::path find_corpus(std::ostream* note = nullptr);
+/// The corpus the course trains on: tiny shakespeare, `data/tinyshakespeare.txt` in the
+/// course's folder, which ships with the course. Nothing outside the course's folder is read.
+/// @throws std::runtime_error saying how to restore it when it is missing
+std::filesystem::path course_corpus();
 
 /// A text encoded for training: the vocabulary and the two splits of the token ids.
 struct TextDataset {
@@ -70,6 +67,19 @@ struct TextDataset {
 TextDataset make_dataset(std::string_view text, double val_fraction = 0.1,
                          std::size_t min_length = 1);
 
+/// One (x, y) window of a token sequence: the inputs x = tokens[start, start + T) and the
+/// targets y = tokens[start + 1, start + T], written to `x` and `y` (T each). Every slice of
+/// tokens into training or evaluation windows goes through here, so every one is checked.
+/// @param tokens  the token ids, e.g. TextDataset::val
+/// @param start   the first input's position
+/// @param T       the window's length
+/// @param x       (T) receives the inputs
+/// @param y       (T) receives the targets
+/// @param what    what `tokens` is, for the message, e.g. "the validation split"
+/// @throws std::invalid_argument naming the sizes if tokens[start + T] is past the end
+void token_window(const std::vector<int>& tokens, std::size_t start, std::size_t T, int* x, int* y,
+                  const char* what = "the token sequence");
+
 /// Draws a batch of B sequences of T tokens starting at random offsets, and their targets,
 /// the same sequences shifted by one token.
 /// @param data  the token ids to draw from, e.g. TextDataset::train
@@ -81,6 +91,29 @@ TextDataset make_dataset(std::string_view text, double val_fraction = 0.1,
 /// @throws std::invalid_argument if `data` holds T tokens or fewer
 void sample_batch(const std::vector<int>& data, std::size_t B, std::size_t T, Rng& rng,
                   std::vector<int>& x, std::vector<int>& y);
+
+/// The first `n` next-token predictions of `tokens` as n / T consecutive windows of T:
+/// x (n/T, T) = tokens[0, n), y the same shifted by one. Scoring them scores the same n
+/// targets at any T that divides n, each with the context its window gives it.
+/// @param n     the number of targets; a multiple of T
+/// @param what  what `tokens` is, for the message, e.g. "the validation split"
+/// @throws std::invalid_argument naming the sizes if T does not divide n or `tokens` holds
+/// n tokens or fewer ("the validation split has 2452 tokens; scoring 4096 targets at
+/// T = 512 needs at least 4097")
+void consecutive_windows(const std::vector<int>& tokens, std::size_t n, std::size_t T,
+                         std::vector<int>& x, std::vector<int>& y, const char* what);
+
+/// How many targets of `tokens` to score in consecutive windows of every length up to
+/// `longest` (see consecutive_windows): `wanted`, or on a shorter text the largest multiple
+/// of `longest` that it holds.
+/// @throws std::invalid_argument naming the sizes if not even one window of `longest` fits
+std::size_t targets_to_score(const std::vector<int>& tokens, std::size_t wanted, std::size_t longest,
+                             const char* what);
+
+/// `preferred` if every one of its characters is in the vocabulary, else the first
+/// `preferred`-many characters of `fallback_text` (a prompt that fits any corpus).
+std::string fitting_prompt(const CharVocab& vocab, std::string_view preferred,
+                           const std::vector<int>& fallback_text);
 
 /// nanoGPT's learning-rate schedule: linear warm-up over the first `warmup` steps, then a
 /// cosine decay from `lr_max` to `lr_min` at step `decay_steps`, then `lr_min`.

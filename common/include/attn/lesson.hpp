@@ -14,10 +14,24 @@ struct LessonOptions {
     std::filesystem::path figures;
     /// `--full`: run the full experiment where a lesson runs a shorter one by default.
     bool full = false;
+    /// `--quick`: the smallest run that still goes through every step of the lesson (a few
+    /// training steps, short texts), for the test suite's sanitizer pass; its numbers mean
+    /// nothing.
+    bool quick = false;
+    /// `--data FILE`: the text the lesson trains or evaluates on; empty for the course's
+    /// corpus (tiny shakespeare).
+    std::filesystem::path data;
+
+    /// The corpus to read: `--data FILE`, else tiny shakespeare (attn::course_corpus()).
+    std::filesystem::path corpus() const;
 };
 
-/// Runs a lesson's body: parses `--figures DIR`, `--threads N` (attn/threads.hpp),
-/// `--threads-info` and `--help`, and turns any exception into
+/// Whether a lesson reads a text: the lessons that train or evaluate a language model read
+/// one (tiny shakespeare, or `--data FILE`); the others refuse `--data`.
+enum class LessonText { none, corpus };
+
+/// Runs a lesson's body: parses `--figures DIR`, `--full`, `--quick`, `--data FILE`,
+/// `--threads N` (attn/threads.hpp), `--threads-info` and `--help`, and turns any exception into
 /// one line on stderr and exit status 1 (bad flags: status 2), so a learner never sees a
 /// crash or a stack of templates.
 ///
@@ -25,9 +39,11 @@ struct LessonOptions {
 /// @param argv   the program's arguments, from main
 /// @param title  the lesson's title, for `--help`
 /// @param body   the lesson itself
+/// @param text   LessonText::corpus for a lesson that reads a text: it accepts `--data FILE`
 /// @return the process exit status
 int run_lesson(int argc, char** argv, const std::string& title,
-               const std::function<void(const LessonOptions&)>& body);
+               const std::function<void(const LessonOptions&)>& body,
+               LessonText text = LessonText::none);
 
 /// Prints `claim <name> = <value>`: a number the lesson's page quotes. The docs build puts
 /// it in place of `@claim{name}` on the page, or checks it against `@claim{name=value}`

@@ -65,6 +65,12 @@ struct TrainConfig {
     /// 200 steps: trains in seconds, for tests).
     /// @throws std::invalid_argument for any other name
     static TrainConfig named(const std::string& recipe);
+    /// Shortens the run to `steps` steps: the cosine decays over them, and the warm-up is at
+    /// most that long. Everything else (the model, the batches) stays as it was.
+    void shorten_to(std::int64_t steps);
+    /// The smallest run that still takes every step of training: 3 steps, evaluated every
+    /// 2 on 2 batches, with the model's sizes as they are (a lesson's `--quick`).
+    void make_quick();
     /// Throws std::invalid_argument naming the first field that is out of range.
     void validate() const;
     /// The model's sizes for a vocabulary of `vocab_size` characters.
