@@ -52,6 +52,22 @@ TEST_CASE("two steps agree with values worked by hand") {
     CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.90526316f}), 5e-6);
 }
 
+TEST_CASE("a zero gradient after a non-zero one still decays the moments and moves θ") {
+    // θ = 1, g = 1 then 0, η = 0.1, β = (0.9, 0.99), no decay:
+    // step 1: m = 0.1, v = 0.01, θ = 0.9
+    // step 2: m = 0.09, v = 0.0099, m̂ = 0.09/0.19 = 0.4736842, v̂ = 0.0099/0.0199 = 0.4974874,
+    //         θ = 0.9 − 0.1·0.4736842/0.7053279 = 0.8328420
+    INFO("by hand: after g = 1 then g = 0, m = 0.09, v = 0.0099 and θ = 0.8328420: a zero "
+         "gradient still decays m and v, and the momentum still moves θ");
+    Vec param{1.0f}, m{0.0f}, v{0.0f};
+    adamw_step(param, Vec{1.0f}, m, v, 1, no_decay(0.1f), false);
+    adamw_step(param, Vec{0.0f}, m, v, 2, no_decay(0.1f), false);
+    CHECK_CLOSE(xt::adapt(m), xt::adapt(Vec{0.09f}), 1e-7);
+    CHECK_CLOSE(xt::adapt(v), xt::adapt(Vec{0.0099f}), 1e-7);
+    // Float rounding of the bias corrections, as in the two-step example: ~1e-6.
+    CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.8328420f}), 5e-6);
+}
+
 TEST_CASE("weight decay shrinks only the tensors marked for it, and stays out of the moments") {
     AdamWSettings s;
     s.lr = 0.1f;
@@ -133,5 +149,19 @@ TEST_CASE("bad input is rejected with std::invalid_argument") {
     CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
     bad = good;
     bad.lr = -1e-3f;
+    CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    // Each setting's range on its own, both ends: β₂ = 1 would divide 0 by 1 − 1ᵗ = 0.
+    for (float beta : {1.0f, -0.1f}) {
+        CAPTURE(beta);
+        bad = good;
+        bad.beta1 = beta;
+        CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+        bad = good;
+        bad.beta2 = beta;
+        CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    }
+    bad = good;
+    bad.weight_decay = -0.1f;
+    INFO("a negative weight decay would grow every weight: the contract asks for λ ≥ 0");
     CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
 }
