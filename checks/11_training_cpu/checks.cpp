@@ -92,6 +92,50 @@ TEST_CASE("weight decay shrinks only the tensors marked for it, and stays out of
     }
 }
 
+TEST_CASE("no momentum (β₁ = 0), a late step (t = 1000), and moments from earlier steps") {
+    // The other checks start from zero moments at steps 1 to 5 with β₁ = 0.9: here m and v
+    // hold earlier steps' values, t is 3 or 1000 (bias corrections near 1), β₁ is 0 or 0.9,
+    // and the parameters are of either sign. The reference is the contract's formulas in
+    // double, written out below.
+    attn::Rng rng(11);
+    for (float beta1 : {0.0f, 0.9f})
+        for (long step : {3L, 1000L})
+            for (bool decay : {false, true}) {
+                CAPTURE(beta1);
+                CAPTURE(step);
+                CAPTURE(decay);
+                AdamWSettings s;
+                s.lr = 0.01f;
+                s.beta1 = beta1;
+                const std::size_t n = 8;
+                Vec param(n), grad(n), m(n), v(n);
+                for (std::size_t i = 0; i < n; ++i) {
+                    param[i] = rng.normal() * 2.0f;
+                    grad[i] = rng.normal();
+                    m[i] = 0.1f * rng.normal();
+                    v[i] = 0.01f * std::fabs(rng.normal()) + 1e-4f;  // positive
+                }
+                Vec expected_param(n), expected_m(n), expected_v(n);
+                const double c1 = 1.0 - std::pow(double(s.beta1), step);
+                const double c2 = 1.0 - std::pow(double(s.beta2), step);
+                for (std::size_t i = 0; i < n; ++i) {
+                    double theta = param[i];
+                    if (decay) theta *= 1.0 - double(s.lr) * s.weight_decay;
+                    const double mi = s.beta1 * double(m[i]) + (1.0 - s.beta1) * grad[i];
+                    const double vi = s.beta2 * double(v[i]) + (1.0 - s.beta2) * double(grad[i]) * grad[i];
+                    theta -= s.lr * (mi / c1) / (std::sqrt(vi / c2) + s.eps);
+                    expected_param[i] = static_cast<float>(theta);
+                    expected_m[i] = static_cast<float>(mi);
+                    expected_v[i] = static_cast<float>(vi);
+                }
+                adamw_step(param, grad, m, v, step, s, decay);
+                // Float32 rounding of parameters of size ≤ 6 and of moments ≤ 1: a few ulps.
+                CHECK_CLOSE(xt::adapt(param), xt::adapt(expected_param), 2e-6);
+                CHECK_CLOSE(xt::adapt(m), xt::adapt(expected_m), 1e-7);
+                CHECK_CLOSE(xt::adapt(v), xt::adapt(expected_v), 1e-7);
+            }
+}
+
 TEST_CASE("five steps on a small GPT's gradients agree with attn::AdamW, tensor by tensor") {
     attn::GPTConfig config;
     config.vocab_size = 11;
