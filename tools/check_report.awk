@@ -62,8 +62,9 @@ function waits_for(function_name, file) {
     waiting_checks[function_name]++
     function_file[function_name] = strip(file)
 }
-# The stack of a check stopped at the time limit (the debug build, checks/support/main.cpp).
-/^The stack where the check was stopped:$/ { in_stack = 1; report = report $0 "\n"; next }
+# The stack of a check stopped at the time limit, or of an index xtensor found out of bounds
+# (the debug build, checks/support/main.cpp).
+/^The stack where .*:$/ { in_stack = 1; report = report $0 "\n"; next }
 in_stack && /^ +#[0-9]+ 0x[0-9a-f]+ in / { report = report frame(strip($0)); next }
 in_stack && /^\(end of the stack\)$/ {
     in_stack = 0

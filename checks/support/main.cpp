@@ -11,13 +11,16 @@
 #define DOCTEST_CONFIG_NO_POSIX_SIGNALS
 #include <doctest/doctest.h>
 
+#include <dlfcn.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <stdexcept>
 #include <string>
+#include <typeinfo>
 
 namespace {
 
@@ -135,6 +138,32 @@ void install_crash_report() {
         sigaction(signal_names[k].id, &action, &previous[k]);
     }
 }
+
+}  // namespace
+
+#if defined(__SANITIZE_ADDRESS__)
+// In the sanitizer builds with xtensor's assertions (./workbook check NN --debug), an index
+// past the end of a tensor is caught by xtensor before AddressSanitizer sees the access, and
+// thrown as an exception whose message names the index and the axis but no line. The stack
+// where it is thrown, printed once, names the learner's line as the sanitizer's report would.
+// (The type is void* as the compiler declares __cxa_throw itself; it is a std::type_info.)
+extern "C" [[noreturn]] void __cxa_throw(void* thrown, void* type, void (*destroy)(void*)) {
+    using Throw = void (*)(void*, void*, void (*)(void*));
+    static const Throw real_throw = reinterpret_cast<Throw>(dlsym(RTLD_NEXT, "__cxa_throw"));
+    static bool shown = false;
+    if (!shown && *static_cast<const std::type_info*>(type) == typeid(std::runtime_error) &&
+        std::strstr(static_cast<std::runtime_error*>(thrown)->what(), "is out of bounds for axis")) {
+        shown = true;
+        write_all(STDOUT_FILENO, "The stack where xtensor found an index out of bounds:\n");
+        __sanitizer_print_stack_trace();
+        write_all(STDERR_FILENO, "(end of the stack)\n");
+    }
+    real_throw(thrown, type, destroy);
+    __builtin_unreachable();
+}
+#endif
+
+namespace {
 
 // The file named by ATTN_CHECK_PROGRESS, if any, holds the name of the check now running,
 // so that `./workbook check` can say which one is taking long.
