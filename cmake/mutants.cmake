@@ -12,17 +12,25 @@
 #   mutant_NN_<name>     the checks linked with the mistaken solution
 #
 # and the CTest test "NN mutant <name> is caught" (labels `mutants`, `lessonNN`) passes only
-# if at least one check fails on it (a crash counts as caught). A mistake the checks cannot
-# catch in principle does not belong here: checks/NN_slug/mutants/equivalent.md says why.
-# A diff that no longer applies to the solution exactly (no fuzz) stops the build, naming
-# itself: the catalogue cannot drift away from the solution it mutates.
+# if at least one check fails on it within a time limit (a crash counts as caught when its
+# report names the check that was running). A mistake the checks cannot catch in principle
+# does not belong here: checks/NN_slug/mutants/equivalent.md says why. A diff that no longer
+# applies to the solution exactly (no fuzz) stops the build, naming itself: the catalogue
+# cannot drift away from the solution it mutates.
+#
+# A mistake that writes out of bounds has a second line, `sanitizer: <the error AddressSanitizer
+# reports>` (such as heap-buffer-overflow). In the sanitizer builds (ATTN_SANITIZE, presets
+# `sanitize` and `check-debug`) only those mutants are built, and the test "NN mutant <name>:
+# the sanitizer names the line" (labels `mutants`, `sanitizer`, `lessonNN`) passes when the
+# program ends within the time limit with that report, a stack frame in the mistaken file,
+# and the name of the check that was running: what `./workbook check` shows the learner.
 #
 # Only the mutant's own file is compiled (without the course's -Werror: realistic mistakes
 # leave unused variables); the checks object and doctest's main are shared with check_NN.
 option(ATTN_MUTANTS "Build the catalogue of learner mistakes and test that the checks catch each" ON)
 
 function(course_mutants)
-  if(NOT ATTN_MUTANTS)
+  if(NOT ATTN_MUTANTS AND NOT ATTN_SANITIZE)
     return()
   endif()
   find_program(ATTN_PATCH patch)
@@ -40,6 +48,11 @@ function(course_mutants)
     get_filename_component(name "${exercise_dir}" NAME)
     get_filename_component(mutant "${source}" NAME_WE)
     string(SUBSTRING "${name}" 0 2 nn)
+    file(STRINGS "${source}" sanitizer_report LIMIT_COUNT 1 REGEX "^sanitizer: ")
+    set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${source}")
+    if(ATTN_SANITIZE AND NOT sanitizer_report)
+      continue()  # the sanitizer builds test only the mistakes that write out of bounds
+    endif()
     if(NOT TARGET checks_${nn}_obj)
       message(WARNING "${source}: exercise ${nn} has no checks to catch this mistake")
       continue()
@@ -61,10 +74,19 @@ function(course_mutants)
     # turn that into a build failure rather than a mistake for the checks to catch.
     target_link_libraries(${target} PRIVATE checks_${nn}_obj check_support_main)
     target_precompile_headers(${target} REUSE_FROM check_support_main)
-    add_test(NAME "${nn} mutant ${mutant} is caught"
-             COMMAND "${PROJECT_SOURCE_DIR}/tools/expect_mutant_caught.sh"
-                     $<TARGET_FILE:${target}> "${source}")
-    set_tests_properties("${nn} mutant ${mutant} is caught" PROPERTIES
-                         LABELS "mutants;lesson${nn}" TIMEOUT 60)
+    if(ATTN_SANITIZE)
+      string(REGEX REPLACE "^sanitizer: *" "" sanitizer_report "${sanitizer_report}")
+      add_test(NAME "${nn} mutant ${mutant}: the sanitizer names the line"
+               COMMAND "${PROJECT_SOURCE_DIR}/tools/expect_sanitizer_report.sh"
+                       $<TARGET_FILE:${target}> "${source}" "${mutated}" "${sanitizer_report}")
+      set_tests_properties("${nn} mutant ${mutant}: the sanitizer names the line" PROPERTIES
+                           LABELS "mutants;sanitizer;lesson${nn}" TIMEOUT 120)
+    else()
+      add_test(NAME "${nn} mutant ${mutant} is caught"
+               COMMAND "${PROJECT_SOURCE_DIR}/tools/expect_mutant_caught.sh"
+                       $<TARGET_FILE:${target}> "${source}")
+      set_tests_properties("${nn} mutant ${mutant} is caught" PROPERTIES
+                           LABELS "mutants;lesson${nn}" TIMEOUT 120)
+    endif()
   endforeach()
 endfunction()

@@ -88,6 +88,32 @@ TEST_CASE("agrees with attn::Linear on random input") {
     CHECK_CLOSE(qkv.v, value.forward(x), 1e-5);
 }
 
+TEST_CASE("one or several of everything: every B, T, C, hs and hs_v of 1 or more") {
+    // Sizes of 1 (one sequence, one token, one channel, one output) beside larger ones, and
+    // outputs wider than the input (hs, hs_v > C) as well as narrower.
+    attn::Rng rng(6);
+    for (std::size_t B : {1, 3})
+        for (std::size_t T : {1, 4})
+            for (std::size_t C : {1, 5})
+                for (std::size_t hs : {1, 7})
+                    for (std::size_t hs_v : {2, 9}) {
+                        CAPTURE(B);
+                        CAPTURE(T);
+                        CAPTURE(C);
+                        CAPTURE(hs);
+                        CAPTURE(hs_v);
+                        const Tensor3 x = rng.normal_tensor<3>({B, T, C});
+                        const Tensor2 wq = rng.normal_tensor<2>({hs, C}),
+                                      wk = rng.normal_tensor<2>({hs, C}),
+                                      wv = rng.normal_tensor<2>({hs_v, C});
+                        const auto qkv = project_qkv(x, wq, wk, wv);
+                        // Sums of at most 5 products of N(0,1) numbers: a few float32 ulps.
+                        CHECK_CLOSE(qkv.q, attn::Linear(wq).forward(x), 1e-5);
+                        CHECK_CLOSE(qkv.k, attn::Linear(wk).forward(x), 1e-5);
+                        CHECK_CLOSE(qkv.v, attn::Linear(wv).forward(x), 1e-5);
+                    }
+}
+
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
     attn::Rng rng(5);
     Tensor3 x = rng.normal_tensor<3>({2, 3, 6});

@@ -9,6 +9,7 @@
 #include <xtensor/xview.hpp>
 
 #include <cmath>
+#include <utility>
 
 using attn::Tensor3;
 using exercise::scaled_scores;
@@ -46,6 +47,25 @@ TEST_CASE("agrees with attn::attention_scores on random input") {
         // values of size ~1, summed in a possibly different order.
         CHECK_CLOSE(scaled_scores(q, k), attn::attention_scores(q, k), 1e-5);
     }
+}
+
+TEST_CASE("more queries than keys, fewer, one of each, and one sequence") {
+    // The other checks have T_q <= T_k: here T_q > T_k too, single queries and keys, B = 1.
+    attn::Rng rng(5);
+    for (std::size_t B : {1, 3})
+        for (const auto& [T_q, T_k] : {std::pair<std::size_t, std::size_t>{1, 1}, {6, 2}, {2, 6}})
+            for (std::size_t hs : {1, 5}) {
+                CAPTURE(B);
+                CAPTURE(T_q);
+                CAPTURE(T_k);
+                CAPTURE(hs);
+                const Tensor3 q = rng.normal_tensor<3>({B, T_q, hs});
+                const Tensor3 k = rng.normal_tensor<3>({B, T_k, hs});
+                const Tensor3 s = scaled_scores(q, k);
+                REQUIRE(attn::shape_of(s) == attn::shape_of(attn::attention_scores(q, k)));
+                // Sums of at most 5 products of N(0,1) numbers: a few float32 ulps.
+                CHECK_CLOSE(s, attn::attention_scores(q, k), 1e-5);
+            }
 }
 
 TEST_CASE("scaled scores of unit-variance queries and keys have standard deviation near 1") {

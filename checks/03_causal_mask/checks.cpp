@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 using attn::Mask;
 using attn::Tensor3;
@@ -45,6 +46,22 @@ TEST_CASE("agrees with the library on random scores, masks and sizes") {
         Mask<2> mask({n, n + 1});
         for (auto& allowed : mask) allowed = rng.uniform() < 0.5f;  // any pattern, not only causal
         CHECK_CLOSE(exercise::masked_fill(scores, mask), attn::masked_fill(scores, mask), 0.0);
+    }
+}
+
+TEST_CASE("masked_fill with more queries than keys, and with one sequence") {
+    // The check above has T_k = T_q + 1 and three sequences: here T_q > T_k, and B = 1.
+    attn::Rng rng(3);
+    for (std::size_t B : {1, 2}) {
+        for (const auto& [T_q, T_k] : {std::pair<std::size_t, std::size_t>{5, 2}, {1, 1}, {4, 1}}) {
+            CAPTURE(B);
+            CAPTURE(T_q);
+            CAPTURE(T_k);
+            const Tensor3 scores = rng.normal_tensor<3>({B, T_q, T_k});
+            Mask<2> mask({T_q, T_k});
+            for (auto& allowed : mask) allowed = rng.uniform() < 0.5f;
+            CHECK_CLOSE(exercise::masked_fill(scores, mask), attn::masked_fill(scores, mask), 0.0);
+        }
     }
 }
 

@@ -8,6 +8,7 @@
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
 
+#include <array>
 #include <cmath>
 #include <limits>
 
@@ -63,6 +64,26 @@ TEST_CASE("on random logits rows sum to one and the result agrees with attn::sof
         xt::view(shifted, 1, 2) += 300.0f;
         // exp of arguments shifted by the max are the same up to float rounding of z − m.
         CHECK_CLOSE(softmax_last_axis(shifted), p, 1e-5);
+    }
+}
+
+TEST_CASE("one key: weight 1, or 0 when it is masked") {
+    const Tensor3 p = softmax_last_axis(Tensor3({{{-1000}, {0}, {1000}, {-inf}}}));
+    CHECK_CLOSE(p, Tensor3({{{1}, {1}, {1}, {0}}}), 0.0);
+}
+
+TEST_CASE("more rows than keys, one sequence, and logits spread over thousands") {
+    // The other random logits have T_q < T_k and a spread of 5: here T_q > T_k, B = 1, and
+    // logits of standard deviation 1000, negative and positive, so that most weights
+    // underflow to exactly 0 and every row's maximum decides the result.
+    attn::Rng rng(3);
+    for (const auto& [B, T_q, T_k] : {std::array<std::size_t, 3>{1, 6, 3}, {2, 5, 1}, {1, 1, 7}}) {
+        CAPTURE(B);
+        CAPTURE(T_q);
+        CAPTURE(T_k);
+        const Tensor3 logits = rng.normal_tensor<3>({B, T_q, T_k}, -500.0f, 1000.0f);
+        // e^(z − m) of the same float32 differences: a few ulps of weights of at most 1.
+        CHECK_CLOSE(softmax_last_axis(logits), attn::softmax(logits), 1e-6);
     }
 }
 

@@ -10,6 +10,7 @@
 #include <xtensor/xview.hpp>
 
 #include <cmath>
+#include <utility>
 
 using attn::Tensor2;
 using attn::Tensor3;
@@ -62,6 +63,47 @@ TEST_CASE("agrees with attn::Head on random input, and later tokens do not chang
                 xt::view(out, xt::all(), xt::range(0, 4)), 1e-6);
     CHECK(xt::amax(xt::abs(xt::view(changed, xt::all(), 4) - xt::view(out, xt::all(), 4)))() >
           1e-3f);
+}
+
+TEST_CASE("one token, one sequence, and a head wider than the input agree with attn::Head") {
+    // The fixtures never have T = 1 (the first token attends to itself alone) or hs > C.
+    attn::Rng rng(4);
+    for (const auto& [C, hs] : {std::pair<std::size_t, std::size_t>{3, 8}, {8, 1}}) {
+        attn::Head head(C, hs, 5, 0.0f, rng);
+        for (std::size_t B : {1, 2}) {
+            for (std::size_t T : {1, 5}) {
+                CAPTURE(C);
+                CAPTURE(hs);
+                CAPTURE(B);
+                CAPTURE(T);
+                const Tensor3 x = rng.normal_tensor<3>({B, T, C});
+                // The same library steps: equal up to float32 rounding of O(1) values.
+                CHECK_CLOSE(head_forward(x, head.key.weight, head.query.weight,
+                                         head.value.weight, head.tril),
+                            head.forward(x), 1e-6);
+            }
+        }
+    }
+}
+
+TEST_CASE("inputs 60 times larger: each row's softmax subtracts its largest allowed score") {
+    // Scores grow with the square of the input: ×60 puts them in the thousands, where e^s
+    // overflows float unless each row's maximum is subtracted first, and where a maximum
+    // taken over the masked (future) keys too leaves e^(s − m) = 0 for every allowed key.
+    attn::Rng rng(5);
+    attn::Head head(16, 8, 6, 0.0f, rng);
+    const Tensor3 x = rng.normal_tensor<3>({2, 6, 16}) * 60.0f;
+    const Tensor3 expected = head.forward(x);
+    REQUIRE(xt::all(xt::isfinite(expected)));
+    const Tensor3 got = head_forward(x, head.key.weight, head.query.weight, head.value.weight,
+                                     head.tril);
+    INFO("the scores are in the thousands here: subtract each row's largest score over the keys "
+         "it may see (after the mask) before exp, or e^s overflows to inf (inf/inf = NaN)");
+    CHECK_MESSAGE(xt::all(xt::isfinite(got)), "the output holds NaN or inf");
+    // Scores of ~1e3 carry float32 rounding of ~1e-4, which moves a weight by ~1e-4 of
+    // itself; outputs are ~1e2: 1e-3 of the largest output stays clear of rounding.
+    const double scale = xt::amax(xt::abs(expected))();
+    CHECK_CLOSE(got, expected, 1e-3 * scale);
 }
 
 TEST_CASE("bad input is rejected with std::invalid_argument") {

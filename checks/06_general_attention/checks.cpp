@@ -4,6 +4,7 @@
 #include "attn/check.hpp"
 #include "attn/npy.hpp"
 #include "attn/random.hpp"
+#include "attn/sdpa.hpp"
 
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
@@ -104,6 +105,42 @@ TEST_CASE("every batch index is attended on its own") {
                                           Tensor2(xt::view(v, b, h)));
             CHECK_CLOSE(xt::view(all.out, b, h), one.out, 1e-6);  // same sums, same order
         }
+}
+
+TEST_CASE("more queries than keys, values wider than keys, one key, and scores past 100") {
+    // The fixtures have T_q < T_k, d_v <= d_k and scores of size ~1: here the other way
+    // round, a single key, and queries ×60, whose scores pass 100, where e^s overflows float
+    // unless each row's maximum is subtracted first. The reference is the library's
+    // scaled_dot_product_attention.
+    struct Case {
+        std::size_t T_q, T_k, d_k, d_v;
+        float size;  // of the queries
+    };
+    attn::Rng rng(64);
+    for (const Case& c : {Case{6, 2, 3, 5, 1.0f}, Case{3, 1, 4, 2, 1.0f}, Case{4, 5, 8, 3, 60.0f}}) {
+        for (bool masked : {false, true}) {
+            CAPTURE(c.T_q);
+            CAPTURE(c.T_k);
+            CAPTURE(c.d_k);
+            CAPTURE(c.d_v);
+            CAPTURE(c.size);
+            CAPTURE(masked);
+            const Tensor3 q = rng.normal_tensor<3>({2, c.T_q, c.d_k}) * c.size;
+            const Tensor3 k = rng.normal_tensor<3>({2, c.T_k, c.d_k});
+            const Tensor3 v = rng.normal_tensor<3>({2, c.T_k, c.d_v});
+            attn::Mask<2> mask = rng.uniform_tensor<2>({c.T_q, c.T_k}, 0.0f, 1.0f) < 0.6f;
+            Tensor3 weights;
+            const Tensor3 out = masked ? attn::scaled_dot_product_attention(q, k, v, mask, &weights)
+                                       : attn::scaled_dot_product_attention(q, k, v, {}, &weights);
+            const auto got = attention<3>(q, k, v, masked ? &mask : nullptr);
+            INFO("with scores past 100, subtract each row's largest score before exp: e^100 "
+                 "overflows float");
+            // Scores up to ~200 carry float32 rounding of ~1e-5, which moves a weight by
+            // ~1e-5 of itself; values and weights are of size ~1.
+            CHECK_CLOSE(got.weights, weights, 1e-4);
+            CHECK_CLOSE(got.out, out, 1e-4);
+        }
+    }
 }
 
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {

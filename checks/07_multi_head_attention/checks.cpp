@@ -34,31 +34,62 @@ TEST_CASE("merge_heads undoes split_heads") {
                 Tensor3({{{1, 2, 3, 4}, {5, 6, 7, 8}}}), 0.0);
 }
 
-TEST_CASE("multi-head attention equals NH single heads on slices of the weights") {
-    constexpr std::size_t B = 2, T = 6, C = 12, NH = 3, hs = C / NH;
-    attn::Rng rng(72);
-    Tensor3 x = rng.normal_tensor<3>({B, T, C});
-    Tensor2 c_attn = rng.normal_tensor<2>({3 * C, C}, 0.0f, 0.3f);
-    Tensor2 c_proj = rng.normal_tensor<2>({C, C}, 0.0f, 0.3f);
-    const Tensor3 got = multi_head_attention(x, c_attn, c_proj, NH);
-    // The reference: each head on its own, with its own rows of c_attn, heads concatenated.
-    Tensor3 concatenated({B, T, C});
+namespace {
+// Multi-head attention written as NH separate heads: head h projects x with its own rows of
+// c_attn (its slices of the query, key and value thirds), attends causally, and the heads'
+// outputs side by side go through c_proj. (B, T, C) in, (B, T, C) out.
+Tensor3 heads_one_by_one(const Tensor3& x, const Tensor2& c_attn, const Tensor2& c_proj,
+                         std::size_t NH) {
+    const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2], hs = C / NH;
+    Tensor3 out({B, T, C});
     for (std::size_t b = 0; b < B; ++b) {
-        Tensor2 xb = xt::view(x, b);
+        const Tensor2 xb = xt::view(x, b);
+        Tensor2 concatenated({T, C});
         for (std::size_t h = 0; h < NH; ++h) {
             auto rows = [&](std::size_t part) {
                 return Tensor2(xt::view(c_attn, xt::range(part * C + h * hs, part * C + (h + 1) * hs),
                                         xt::all()));
             };
-            xt::view(concatenated, b, xt::all(), xt::range(h * hs, (h + 1) * hs)) =
+            xt::view(concatenated, xt::all(), xt::range(h * hs, (h + 1) * hs)) =
                 attn::scaled_dot_product_attention(attn::matmul_transposed(xb, rows(0)),
                                                    attn::matmul_transposed(xb, rows(1)),
                                                    attn::matmul_transposed(xb, rows(2)),
                                                    attn::causal_mask(T));
         }
-        // The same products in the same order up to BLAS blocking: a few ulps of O(1) values.
-        CHECK_CLOSE(xt::view(got, b), attn::matmul_transposed(xt::view(concatenated, b), c_proj), 1e-5);
+        xt::view(out, b) = attn::matmul_transposed(concatenated, c_proj);
     }
+    return out;
+}
+}  // namespace
+
+TEST_CASE("multi-head attention equals NH single heads on slices of the weights") {
+    constexpr std::size_t B = 2, T = 6, C = 12, NH = 3;
+    attn::Rng rng(72);
+    Tensor3 x = rng.normal_tensor<3>({B, T, C});
+    Tensor2 c_attn = rng.normal_tensor<2>({3 * C, C}, 0.0f, 0.3f);
+    Tensor2 c_proj = rng.normal_tensor<2>({C, C}, 0.0f, 0.3f);
+    // The same products in the same order up to BLAS blocking: a few ulps of O(1) values.
+    CHECK_CLOSE(multi_head_attention(x, c_attn, c_proj, NH), heads_one_by_one(x, c_attn, c_proj, NH),
+                1e-5);
+}
+
+TEST_CASE("one head, heads of one channel, one token and one sequence") {
+    // The checks above have 2 to 4 heads of 2 to 4 channels over several tokens: here NH = 1
+    // (one head of all C channels) and NH = C (heads of one channel), T = 1 and B = 1.
+    constexpr std::size_t C = 6;
+    attn::Rng rng(76);
+    const Tensor2 c_attn = rng.normal_tensor<2>({3 * C, C}, 0.0f, 0.3f);
+    const Tensor2 c_proj = rng.normal_tensor<2>({C, C}, 0.0f, 0.3f);
+    for (std::size_t NH : {1, 6})
+        for (std::size_t B : {1, 2})
+            for (std::size_t T : {1, 5}) {
+                CAPTURE(NH);
+                CAPTURE(B);
+                CAPTURE(T);
+                const Tensor3 x = rng.normal_tensor<3>({B, T, C});
+                CHECK_CLOSE(multi_head_attention(x, c_attn, c_proj, NH),
+                            heads_one_by_one(x, c_attn, c_proj, NH), 1e-5);
+            }
 }
 
 TEST_CASE("multi-head attention matches PyTorch on nanoGPT's layout") {

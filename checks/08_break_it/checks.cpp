@@ -77,9 +77,66 @@ TEST_CASE("sharper attention has lower entropy") {
     }
 }
 
+TEST_CASE("the mean runs over the query positions, whatever the number of keys") {
+    // Head 0's rows spread evenly over 4 keys (ln 4 each), head 1's are one-hot (0), for
+    // T_q = 3 queries over T_k = 5 keys and T_q = 4 over T_k = 2 (two keys: ln 2 each).
+    // The mean of each head's B·T_q entropies is its row entropy: dividing by B·T_k is not.
+    Tensor4 wide = xt::zeros<float>({2, 2, 3, 5}), tall = xt::zeros<float>({2, 2, 4, 2});
+    for (std::size_t b = 0; b < 2; ++b) {
+        for (std::size_t i = 0; i < 3; ++i) {
+            for (std::size_t j = 0; j < 4; ++j) wide(b, 0, i, j) = 0.25f;
+            wide(b, 1, i, i) = 1.0f;
+        }
+        for (std::size_t i = 0; i < 4; ++i) {
+            tall(b, 0, i, 0) = tall(b, 0, i, 1) = 0.5f;
+            tall(b, 1, i, i % 2) = 1.0f;
+        }
+    }
+    INFO("each head's mean is over its B·T_q rows (B = 2 batch items, T_q queries), not B·T_k");
+    CHECK_CLOSE(mean_entropy_per_head(wide), Tensor1({ln(4), 0.0f}), 1e-6);
+    CHECK_CLOSE(mean_entropy_per_head(tall), Tensor1({ln(2), 0.0f}), 1e-6);
+}
+
+TEST_CASE("one key: every row is [1], entropy 0") {
+    const Tensor4 w = xt::ones<float>({2, 3, 4, 1});
+    CHECK_CLOSE(attention_entropy(w), xt::zeros<float>({2, 3, 4}), 0.0);
+}
+
+TEST_CASE("an even spread over 2048 keys has entropy ln 2048: no weight is too small to count") {
+    // Every weight is 1/2048 ≈ 4.9e-4; each adds (1/2048)·ln 2048 to the entropy.
+    Tensor4 w = xt::zeros<float>({1, 1, 2, 2048});
+    xt::view(w, 0, 0, 0) = 1.0f / 2048.0f;
+    w(0, 0, 1, 7) = 1.0f;  // and a one-hot row beside it
+    INFO("an even spread over n keys has entropy ln n = 7.6246189 for n = 2048, however small "
+         "each weight: only a weight of exactly 0 adds nothing");
+    // 2048 float32 terms summed in double: the result is exact to float32 rounding.
+    CHECK_CLOSE(attention_entropy(w), Tensor3({{{ln(2048), 0.0f}}}), 1e-5);
+}
+
+TEST_CASE("rows are accepted within 1e-3 of 1 and refused beyond it") {
+    INFO("the contract's tolerance is 1e-3: a row summing to 1.0005 or 0.9995 is accepted, "
+         "1.005 or 0.995 refused");
+    // Sums of two float32 numbers, computed in double: 0.5 + 0.5005 = 1.0005 up to 1e-8.
+    CHECK_NOTHROW(attention_entropy(Tensor4({{{{0.5f, 0.5005f}, {0.5f, 0.4995f}}}})));
+    CHECK_THROWS_AS(attention_entropy(Tensor4({{{{0.5f, 0.505f}}}})), std::invalid_argument);
+    CHECK_THROWS_AS(attention_entropy(Tensor4({{{{0.5f, 0.495f}}}})), std::invalid_argument);
+}
+
 TEST_CASE("weights that are not probabilities are rejected with std::invalid_argument") {
     SUBCASE("a negative weight") {
         CHECK_THROWS_AS(attention_entropy(Tensor4({{{{1.5f, -0.5f}}}})), std::invalid_argument);
+        // A tiny negative weight in a row that sums to 1 (and whose positive entries sum to
+        // 1.0005, within the tolerance): refused for its sign, not for its sum.
+        INFO("{0.6, 0.4005, -0.0005} sums to 1, but a weight of -0.0005 is no probability");
+        CHECK_THROWS_AS(attention_entropy(Tensor4({{{{0.6f, 0.4005f, -0.0005f}}}})),
+                        std::invalid_argument);
+    }
+    SUBCASE("a row of zeros: a query that attends to nothing") {
+        INFO("a row of zeros sums to 0, not 1: the contract refuses it");
+        CHECK_THROWS_AS(attention_entropy(Tensor4({{{{0.5f, 0.5f}, {0.0f, 0.0f}}}})),
+                        std::invalid_argument);
+        CHECK_THROWS_AS(mean_entropy_per_head(Tensor4({{{{0.0f, 0.0f, 0.0f}}}})),
+                        std::invalid_argument);
     }
     SUBCASE("a row that does not sum to 1") {
         CHECK_THROWS_AS(attention_entropy(Tensor4({{{{0.5f, 0.6f}}}})), std::invalid_argument);

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 using attn::Tensor3;
@@ -179,6 +180,55 @@ TEST_CASE("a later token cannot change an earlier position's output") {
     CHECK(xt::amax(xt::abs(xt::view(after, 0, 6) - xt::view(before, 0, 6)))() > 1e-3);
 }
 
+TEST_CASE("with MLP inputs of a few units (c_fc × 20), the GELU is the exact erf GELU") {
+    // The fixtures' MLP inputs are 0.1 to 0.3, where GPT-2's tanh approximation of GELU,
+    // 0.5·u·(1 + tanh(√(2/π)·(u + 0.044715·u³))), is within 3e-6 of the exact
+    // 0.5·u·(1 + erf(u/√2)); scaled by 20 they reach a few units, where the two differ by
+    // up to 4.7e-4 (at u = −2.7). The library's GELU is the exact one: the block's output
+    // then moves by 7e-5 with the tanh form, and stays within 3e-7 with the exact one.
+    Fixture f = load_fixture("bias");
+    attn::GPT& m = f.model;
+    const attn::GPTConfig& c = m.config();
+    const int B = f.B, T = f.T, C = c.n_embd;
+    const attn::ParameterTensors& p = m.params();
+    const std::size_t fc_size = static_cast<std::size_t>(c.n_layer) * 4 * C * C;
+    for (std::size_t i = 0; i < fc_size; ++i) p.fcw[i] *= 20.0f;
+    m.forward(f.x, {}, B, T);
+    const attn::Activations& a = m.activations();
+    const Tensor3 expected = as_tensor(a.residual3.data(), B, T, C);
+    INFO("the MLP's inputs are a few units here: use the exact GELU, 0.5·u·(1 + erf(u/√2)), "
+         "not GPT-2's tanh approximation");
+    CHECK_CLOSE(block_forward(as_tensor(a.encoded.data(), B, T, C), layer(m, 0), c.n_head),
+                expected, parity_tol);
+}
+
+TEST_CASE("one head, heads of one channel, one token and one sequence: the library's stream") {
+    // The fixtures have 2 or 4 heads of 4 to 16 channels and several tokens: here C = 8 in
+    // one head of 8 channels or 8 heads of 1, over B·T = 1·1 and 3·4 tokens.
+    for (int n_head : {1, 8}) {
+        for (const auto& [B, T] : {std::pair<int, int>{1, 1}, {3, 4}}) {
+            CAPTURE(n_head);
+            CAPTURE(B);
+            CAPTURE(T);
+            attn::GPTConfig config;
+            config.vocab_size = 13;
+            config.block_size = 4;
+            config.n_layer = 1;
+            config.n_head = n_head;
+            config.n_embd = 8;
+            attn::GPT m(config, 7);
+            m.train(false);
+            attn::Rng rng(static_cast<std::uint64_t>(n_head * 10 + B));
+            std::vector<int> tokens(static_cast<std::size_t>(B * T));
+            for (int& t : tokens) t = static_cast<int>(rng.below(13));
+            m.forward(tokens, {}, B, T);
+            const attn::Activations& a = m.activations();
+            CHECK_CLOSE(block_forward(as_tensor(a.encoded.data(), B, T, 8), layer(m, 0), n_head),
+                        as_tensor(a.residual3.data(), B, T, 8), parity_tol);
+        }
+    }
+}
+
 TEST_CASE("a head count that does not divide the width is refused, naming both") {
     Fixture f = load_fixture("bias");  // C = 32
     attn::Rng rng(4);
@@ -192,4 +242,6 @@ TEST_CASE("a head count that does not divide the width is refused, naming both")
         CHECK_MESSAGE(what.find('5') != std::string::npos, "the message names n_head = 5: " << what);
     }
     CHECK_THROWS_AS((void)block_forward(x, layer(f.model, 0), 0), std::invalid_argument);
+    INFO("32 % -2 == 0 in C++, but -2 is no number of heads: n_head must be at least 1");
+    CHECK_THROWS_AS((void)block_forward(x, layer(f.model, 0), -2), std::invalid_argument);
 }

@@ -46,8 +46,9 @@ double weighted(const Tensor2& out, const Tensor2& g) {
 
 // Tolerance of the finite-difference comparisons: a step h = 1e-2 on O(1) inputs has a
 // truncation error h²/6·f''' of about 2e-5, and float rounding of a sum of ~30 outputs
-// divided by 2h adds about 5e-5 (measured on the solution: below 1e-4); 1e-3 stays far
-// below the O(0.1) error of a wrong formula.
+// divided by 2h adds about 5e-5 (measured on the solution: below 2e-4, the most for
+// LayerNorm rows around 5, where float32 resolves x ± h less finely); 1e-3 stays far below
+// the O(0.1) error of a wrong formula.
 constexpr float h = 1e-2f;
 constexpr double fd_tol = 1e-3;
 
@@ -98,6 +99,33 @@ TEST_CASE("dq, dk and dv agree with finite differences of the forward pass") {
     CHECK(ev <= fd_tol);
 }
 
+TEST_CASE("heads wider than the sequence, longer sequences, and sharper weights") {
+    // The check above has T = 6 tokens of hs = 4 channels and scores of size ~1: here
+    // hs > T, T > hs, and q and k twice as large, whose weights are far from uniform.
+    struct Case {
+        std::size_t T, hs;
+        float size;  // of q and k
+    };
+    attn::Rng rng(15);
+    for (const Case& c : {Case{3, 8, 1.0f}, Case{9, 2, 1.0f}, Case{5, 3, 2.0f}}) {
+        CAPTURE(c.T);
+        CAPTURE(c.hs);
+        CAPTURE(c.size);
+        Tensor2 q = rng.normal_tensor<2>({c.T, c.hs}, 0.0f, c.size),
+                k = rng.normal_tensor<2>({c.T, c.hs}, 0.0f, c.size),
+                v = rng.normal_tensor<2>({c.T, c.hs});
+        const Tensor2 dout = rng.normal_tensor<2>({c.T, c.hs});
+        const auto g = exercise::attention_backward(dout, q, k, v, head_forward(q, k, v).w);
+        auto loss = [&] { return weighted(head_forward(q, k, v).out, dout); };
+        const double eq = fd_error(q, g.dq, loss), ek = fd_error(k, g.dk, loss),
+                     ev = fd_error(v, g.dv, loss);
+        MESSAGE("max |analytic - numeric|: dq " << eq << ", dk " << ek << ", dv " << ev);
+        CHECK(eq <= fd_tol);
+        CHECK(ek <= fd_tol);
+        CHECK(ev <= fd_tol);
+    }
+}
+
 TEST_CASE("the mask: the first query's gradient reaches the first key and value only") {
     attn::Rng rng(11);
     const Tensor2 q = rng.normal_tensor<2>({5, 3}), k = rng.normal_tensor<2>({5, 3}),
@@ -134,6 +162,42 @@ TEST_CASE("LayerNorm's gradients agree with finite differences of the forward pa
     CHECK(ex <= fd_tol);
     CHECK(ew <= fd_tol);
     CHECK(eb <= fd_tol);
+}
+
+TEST_CASE("LayerNorm's gradients for one row of two channels, and rows far from zero") {
+    // The check above has N = 4 rows of C = 6 channels around 0.5: here a single row of
+    // two channels (the fewest with a variance), and 3 rows of 16 around 5.
+    struct Case {
+        int N, C;
+        float mean;  // of x
+    };
+    attn::Rng rng(16);
+    for (const Case& c : {Case{1, 2, 0.0f}, Case{3, 16, 5.0f}}) {
+        CAPTURE(c.N);
+        CAPTURE(c.C);
+        CAPTURE(c.mean);
+        const std::size_t N = static_cast<std::size_t>(c.N), C = static_cast<std::size_t>(c.C);
+        Tensor2 x = rng.normal_tensor<2>({N, C}, c.mean, 1.0f);
+        Tensor1 weight = rng.normal_tensor<1>({C}), bias = rng.normal_tensor<1>({C});
+        const Tensor2 dout = rng.normal_tensor<2>({N, C});
+        const auto g = exercise::layernorm_backward(dout, x, weight);
+        Tensor2 y({N, C});
+        std::vector<float> mean(N), rstd(N);
+        auto loss = [&] {
+            attn::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(),
+                                    bias.data(), 1, c.N, c.C);
+            return weighted(y, dout);
+        };
+        const double ex = fd_error(x, g.dx, loss);
+        const double ew =
+            attn::finite_difference(weight.data(), g.dweight.data(), C, h, loss).max_abs_error;
+        const double eb =
+            attn::finite_difference(bias.data(), g.dbias.data(), C, h, loss).max_abs_error;
+        MESSAGE("max |analytic - numeric|: dx " << ex << ", dweight " << ew << ", dbias " << eb);
+        CHECK(ex <= fd_tol);
+        CHECK(ew <= fd_tol);
+        CHECK(eb <= fd_tol);
+    }
 }
 
 TEST_CASE("LayerNorm keeps its epsilon: a row of tiny variance") {

@@ -52,6 +52,22 @@ TEST_CASE("two steps agree with values worked by hand") {
     CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.90526316f}), 5e-6);
 }
 
+TEST_CASE("a zero gradient after a non-zero one still decays the moments and moves θ") {
+    // θ = 1, g = 1 then 0, η = 0.1, β = (0.9, 0.99), no decay:
+    // step 1: m = 0.1, v = 0.01, θ = 0.9
+    // step 2: m = 0.09, v = 0.0099, m̂ = 0.09/0.19 = 0.4736842, v̂ = 0.0099/0.0199 = 0.4974874,
+    //         θ = 0.9 − 0.1·0.4736842/0.7053279 = 0.8328420
+    INFO("by hand: after g = 1 then g = 0, m = 0.09, v = 0.0099 and θ = 0.8328420: a zero "
+         "gradient still decays m and v, and the momentum still moves θ");
+    Vec param{1.0f}, m{0.0f}, v{0.0f};
+    adamw_step(param, Vec{1.0f}, m, v, 1, no_decay(0.1f), false);
+    adamw_step(param, Vec{0.0f}, m, v, 2, no_decay(0.1f), false);
+    CHECK_CLOSE(xt::adapt(m), xt::adapt(Vec{0.09f}), 1e-7);
+    CHECK_CLOSE(xt::adapt(v), xt::adapt(Vec{0.0099f}), 1e-7);
+    // Float rounding of the bias corrections, as in the two-step example: ~1e-6.
+    CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.8328420f}), 5e-6);
+}
+
 TEST_CASE("weight decay shrinks only the tensors marked for it, and stays out of the moments") {
     AdamWSettings s;
     s.lr = 0.1f;
@@ -74,6 +90,50 @@ TEST_CASE("weight decay shrinks only the tensors marked for it, and stays out of
         adamw_step(param, Vec{3.0f}, m, v, 1, s, true);
         CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{1.9f - 0.1f}), 1e-6);
     }
+}
+
+TEST_CASE("no momentum (β₁ = 0), a late step (t = 1000), and moments from earlier steps") {
+    // The other checks start from zero moments at steps 1 to 5 with β₁ = 0.9: here m and v
+    // hold earlier steps' values, t is 3 or 1000 (bias corrections near 1), β₁ is 0 or 0.9,
+    // and the parameters are of either sign. The reference is the contract's formulas in
+    // double, written out below.
+    attn::Rng rng(11);
+    for (float beta1 : {0.0f, 0.9f})
+        for (long step : {3L, 1000L})
+            for (bool decay : {false, true}) {
+                CAPTURE(beta1);
+                CAPTURE(step);
+                CAPTURE(decay);
+                AdamWSettings s;
+                s.lr = 0.01f;
+                s.beta1 = beta1;
+                const std::size_t n = 8;
+                Vec param(n), grad(n), m(n), v(n);
+                for (std::size_t i = 0; i < n; ++i) {
+                    param[i] = rng.normal() * 2.0f;
+                    grad[i] = rng.normal();
+                    m[i] = 0.1f * rng.normal();
+                    v[i] = 0.01f * std::fabs(rng.normal()) + 1e-4f;  // positive
+                }
+                Vec expected_param(n), expected_m(n), expected_v(n);
+                const double c1 = 1.0 - std::pow(double(s.beta1), step);
+                const double c2 = 1.0 - std::pow(double(s.beta2), step);
+                for (std::size_t i = 0; i < n; ++i) {
+                    double theta = param[i];
+                    if (decay) theta *= 1.0 - double(s.lr) * s.weight_decay;
+                    const double mi = s.beta1 * double(m[i]) + (1.0 - s.beta1) * grad[i];
+                    const double vi = s.beta2 * double(v[i]) + (1.0 - s.beta2) * double(grad[i]) * grad[i];
+                    theta -= s.lr * (mi / c1) / (std::sqrt(vi / c2) + s.eps);
+                    expected_param[i] = static_cast<float>(theta);
+                    expected_m[i] = static_cast<float>(mi);
+                    expected_v[i] = static_cast<float>(vi);
+                }
+                adamw_step(param, grad, m, v, step, s, decay);
+                // Float32 rounding of parameters of size ≤ 6 and of moments ≤ 1: a few ulps.
+                CHECK_CLOSE(xt::adapt(param), xt::adapt(expected_param), 2e-6);
+                CHECK_CLOSE(xt::adapt(m), xt::adapt(expected_m), 1e-7);
+                CHECK_CLOSE(xt::adapt(v), xt::adapt(expected_v), 1e-7);
+            }
 }
 
 TEST_CASE("five steps on a small GPT's gradients agree with attn::AdamW, tensor by tensor") {
@@ -133,5 +193,19 @@ TEST_CASE("bad input is rejected with std::invalid_argument") {
     CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
     bad = good;
     bad.lr = -1e-3f;
+    CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    // Each setting's range on its own, both ends: β₂ = 1 would divide 0 by 1 − 1ᵗ = 0.
+    for (float beta : {1.0f, -0.1f}) {
+        CAPTURE(beta);
+        bad = good;
+        bad.beta1 = beta;
+        CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+        bad = good;
+        bad.beta2 = beta;
+        CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    }
+    bad = good;
+    bad.weight_decay = -0.1f;
+    INFO("a negative weight decay would grow every weight: the contract asks for λ ≥ 0");
     CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
 }

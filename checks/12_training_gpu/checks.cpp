@@ -93,7 +93,9 @@ TEST_CASE("every weight matches a float64 causal softmax, over several blocks of
     const auto out = run(s, rows, T);
     const auto ref = reference(s, rows, T);
     int bad = 0;
-    for (std::size_t n = 0; n < out.size(); ++n) bad += std::fabs(out[n] - ref[n]) > 1e-6;
+    for (std::size_t n = 0; n < out.size(); ++n) {
+        bad += !(std::fabs(out[n] - ref[n]) <= 1e-6);  // a NaN counts as bad
+    }
     CHECK(bad == 0);
 }
 
@@ -106,16 +108,62 @@ TEST_CASE("large scores do not overflow: the maximum is subtracted before exp") 
     CHECK(out[3] == doctest::Approx(e / (1.0f + e)).epsilon(1e-6));
 }
 
+TEST_CASE("a masked key's score, however large, does not set the row's maximum") {
+    // Query 0 sees key 0 only: [1, 0], whatever key 1 holds. A maximum taken over both keys
+    // is 1000, and e^(0 − 1000) = 0 for the only key query 0 may see: 0/0.
+    INFO("query 0 may see key 0 only: take the row's maximum over the keys j <= i, not over "
+         "the masked key 1 whose score is 1000");
+    const auto out = run({0.0f, 1000.0f, 0.0f, 1.0f}, 2, 2);
+    const float e = std::exp(1.0f);
+    CHECK(out[0] == doctest::Approx(1.0f));
+    CHECK(out[1] == 0.0f);
+    CHECK(out[2] == doctest::Approx(1.0f / (1.0f + e)).epsilon(1e-6));
+    CHECK(out[3] == doctest::Approx(e / (1.0f + e)).epsilon(1e-6));
+}
+
+TEST_CASE("scores around -1000 do not underflow: the maximum starts at minus infinity") {
+    // softmax(−1000, −1001) = (e, 1) / (1 + e): a maximum that starts at 0 stays 0 here, and
+    // e^(−1000) is 0 in float: 0/0.
+    INFO("every score is near -1000: the running maximum must start at -infinity (or the "
+         "first score), not at 0, or every e^(s - m) underflows to 0");
+    const auto out = run({-1000.0f, 5.0f, -1000.0f, -1001.0f}, 2, 2);
+    const float e = std::exp(1.0f);
+    CHECK(out[0] == doctest::Approx(1.0f));
+    CHECK(out[1] == 0.0f);
+    CHECK(out[2] == doctest::Approx(e / (1.0f + e)).epsilon(1e-6));
+    CHECK(out[3] == doctest::Approx(1.0f / (1.0f + e)).epsilon(1e-6));
+}
+
+TEST_CASE("rows of 31, 32, 33, 64 and 65 keys: every lane and every warp boundary") {
+    // One key short of, exactly at and one past a warp's 32 lanes (and two warps' 64): a
+    // lane that misses its last key or visits one twice shows here.
+    for (int T : {31, 32, 33, 64, 65}) {
+        CAPTURE(T);
+        const int rows = 3 * T;  // three heads
+        const auto s = wavy_scores(rows, T);
+        const auto out = run(s, rows, T);
+        const auto ref = reference(s, rows, T);
+        int bad = 0;
+        for (std::size_t n = 0; n < out.size(); ++n) {
+            bad += !(std::fabs(out[n] - ref[n]) <= 1e-6);  // a NaN counts as bad
+        }
+        CHECK(bad == 0);
+    }
+}
+
 TEST_CASE("a single key: every row is [1]") {
     const auto out = run({-5.0f, 0.0f, 42.0f}, 3, 1);
     CHECK(out == std::vector<float>{1.0f, 1.0f, 1.0f});
 }
 
-TEST_CASE("rows that are not a multiple of T, or no rows at all, are refused") {
+TEST_CASE("rows that are not a multiple of T, no rows at all, or negative sizes are refused") {
     float* p = nullptr;
     REQUIRE(cudaMalloc(&p, 16 * sizeof(float)) == cudaSuccess);
     CHECK_THROWS_AS(causal_softmax(p, p, 5, 4), std::invalid_argument);
     CHECK_THROWS_AS(causal_softmax(p, p, 0, 4), std::invalid_argument);
     CHECK_THROWS_AS(causal_softmax(p, p, 4, 0), std::invalid_argument);
+    INFO("-4 % 4 == 0 in C++, but -4 rows is no number of rows: refuse rows < 1 and T < 1");
+    CHECK_THROWS_AS(causal_softmax(p, p, -4, 4), std::invalid_argument);
+    CHECK_THROWS_AS(causal_softmax(p, p, 4, -4), std::invalid_argument);
     cudaFree(p);
 }

@@ -113,6 +113,50 @@ TEST_CASE("large scores do not overflow") {
     CHECK(state.acc(0) / state.sum == doctest::Approx(0.7310586).epsilon(1e-6));
 }
 
+TEST_CASE("scores near -1000 do not underflow: the maximum is the largest score, never 0") {
+    // Tiles [-1000] then [-1001]: m = -1000, l = 1 + e^-1, acc/l = (e·v0 + v1)/(e + 1). A
+    // maximum that starts at 0 subtracts 0, and e^-1000 is 0 in float: 0/0.
+    INFO("every score is near -1000: the new maximum is max(m, scores), starting from the state's "
+         "m (-inf at first), not from 0");
+    RowState state = empty_state(1);
+    online_softmax_update(state, Tensor1({-1000.0f}), Tensor2({{1}}));
+    online_softmax_update(state, Tensor1({-1001.0f}), Tensor2({{0}}));
+    CHECK(state.max == -1000.0f);
+    CHECK(state.sum == doctest::Approx(1.3678794).epsilon(1e-6));
+    CHECK(state.acc(0) / state.sum == doctest::Approx(0.7310586).epsilon(1e-6));
+}
+
+TEST_CASE("an empty tile, and a masked tile after visible keys, change nothing") {
+    const float inf = std::numeric_limits<float>::infinity();
+    RowState state = empty_state(3);
+    online_softmax_update(state, Tensor1({0.5f, -0.25f}), Tensor2({{1, 2, 3}, {4, 5, 6}}));
+    const RowState before = state;
+    online_softmax_update(state, Tensor1(xt::zeros<float>({0})), Tensor2(xt::zeros<float>({0, 3})));
+    online_softmax_update(state, Tensor1({-inf, -inf, -inf}), Tensor2(xt::zeros<float>({3, 3})));
+    CHECK(state.max == before.max);
+    CHECK(state.sum == before.sum);
+    CHECK_CLOSE(state.acc, before.acc, 0.0);
+}
+
+TEST_CASE("values of one and of 64 channels, and tiles of one key") {
+    // The other checks have d_v of 1, 2 or 5: here 1 and 64, with every tile a single key.
+    attn::Rng rng(14);
+    for (std::size_t d_v : {1, 64}) {
+        CAPTURE(d_v);
+        const std::size_t n = 9;
+        const Tensor1 scores = rng.normal_tensor<1>({n}, 0.0f, 2.0f);
+        const Tensor2 values = rng.normal_tensor<2>({n, d_v});
+        RowState state = empty_state(d_v);
+        for (std::size_t j = 0; j < n; ++j) {
+            const long at = static_cast<long>(j);
+            online_softmax_update(state, Tensor1(xt::view(scores, xt::range(at, at + 1))),
+                                  Tensor2(xt::view(values, xt::range(at, at + 1), xt::all())));
+        }
+        // 9 float32 terms rescaled up to 9 times: a few ulps of values of size ~1.
+        CHECK_CLOSE(Tensor1(state.acc / state.sum), plain_attention_row(scores, values), 1e-5);
+    }
+}
+
 TEST_CASE("a later tile with smaller scores keeps the running maximum") {
     {
         // Tiles [100] then [-100]: m stays 100, the second key's weight e^-200 rounds to 0.

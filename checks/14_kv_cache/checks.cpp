@@ -10,6 +10,8 @@
 #include <xtensor/xadapt.hpp>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <vector>
 
 using attn::Tensor1;
@@ -50,6 +52,53 @@ TEST_CASE("scores near 100 neither overflow nor give NaN") {
     const Tensor1 out = append_and_attend(keys, values, 1, Tensor1{4}, Tensor1{24.75f},
                                           Tensor1{0, 1});
     CHECK_CLOSE(out, Tensor1({0.7310586f, 0.2689414f}), 1e-6);
+}
+
+TEST_CASE("scores near -1000 neither underflow nor give NaN") {
+    // hs = 1: scores q·k are −4·250 = −1000 and −4·250.25 = −1001, weights e/(e+1) and
+    // 1/(e+1). A softmax whose maximum starts at 0 (not at the first score or −∞) subtracts
+    // 0, and e^−1000 is 0 in float: 0/0.
+    INFO("scores -1000 and -1001 should give weights e/(e+1) and 1/(e+1): the largest score is "
+         "-1000, not 0");
+    Tensor2 keys = {{250}, {0}}, values = {{1, 0}, {0, 0}};
+    const Tensor1 out = append_and_attend(keys, values, 1, Tensor1{-4}, Tensor1{250.25f},
+                                          Tensor1{0, 1});
+    CHECK_CLOSE(out, Tensor1({0.7310586f, 0.2689414f}), 1e-6);
+}
+
+TEST_CASE("a cache of one row, and values wider than keys, over a whole sequence") {
+    // The random checks have hs_v = hs: here hs_v = 7 > hs = 2, and a capacity of 1.
+    attn::Rng rng(5);
+    Tensor2 one_key = xt::zeros<float>({1, 3}), one_value = xt::zeros<float>({1, 4});
+    const Tensor1 v = rng.normal_tensor<1>({4});
+    CHECK_CLOSE(append_and_attend(one_key, one_value, 0, rng.normal_tensor<1>({3}),
+                                  rng.normal_tensor<1>({3}), v),
+                v, 1e-6);
+    const int capacity = 5, hs = 2, hs_v = 7;
+    Tensor2 keys = xt::zeros<float>({capacity, hs}), values = xt::zeros<float>({capacity, hs_v});
+    const Tensor2 all_keys = rng.normal_tensor<2>({capacity, hs});
+    const Tensor2 all_values = rng.normal_tensor<2>({capacity, hs_v});
+    for (int pos = 0; pos < capacity; ++pos) {
+        CAPTURE(pos);
+        const Tensor1 q = rng.normal_tensor<1>({hs});
+        const Tensor1 out = append_and_attend(keys, values, pos, q, xt::row(all_keys, pos),
+                                              xt::row(all_values, pos));
+        // softmax(q·K[0..pos]ᵀ/√hs)·V[0..pos], written out in double
+        double m = -1e300, sum = 0.0;
+        std::vector<double> s(pos + 1);
+        for (int j = 0; j <= pos; ++j) {
+            s[j] = (double(q(0)) * all_keys(j, 0) + double(q(1)) * all_keys(j, 1)) / std::sqrt(2.0);
+            m = std::max(m, s[j]);
+        }
+        for (double& x : s) sum += (x = std::exp(x - m));
+        Tensor1 want = xt::zeros<float>({hs_v});
+        for (int i = 0; i < hs_v; ++i) {
+            double acc = 0.0;
+            for (int j = 0; j <= pos; ++j) acc += s[j] / sum * all_values(j, i);
+            want(i) = static_cast<float>(acc);
+        }
+        CHECK_CLOSE(out, want, 1e-6);  // float32 sums of ≤ 5 terms of size ~1
+    }
 }
 
 TEST_CASE("only row pos is written and rows after pos are never read") {

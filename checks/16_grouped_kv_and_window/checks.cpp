@@ -6,8 +6,10 @@
 
 #include <doctest/doctest.h>
 #include <xtensor/xbuilder.hpp>
+#include <xtensor/xview.hpp>
 
 #include <stdexcept>
+#include <utility>
 
 using attn::Tensor3;
 using exercise::expand_kv;
@@ -75,6 +77,33 @@ TEST_CASE("the backward pass is the forward's transpose: sum(d * expand(kv)) = s
     }
 }
 
+TEST_CASE("one query head, many in one group, and every T and hs: forward and backward by hand") {
+    // The other checks have T = 1 or 5 and hs = 2 to 5 with 2 to 8 query heads: here also
+    // NH = G = 1, NH = 7 in one group, and sequences of 1 to 6 positions of 1 to 3 channels.
+    attn::Rng rng(17);
+    for (const auto& [NH, G] : {std::pair<int, int>{1, 1}, {7, 1}, {6, 2}})
+        for (std::size_t T : {1, 6})
+            for (std::size_t hs : {1, 3}) {
+                CAPTURE(NH);
+                CAPTURE(G);
+                CAPTURE(T);
+                CAPTURE(hs);
+                const std::size_t nh = static_cast<std::size_t>(NH), g = static_cast<std::size_t>(G);
+                const Tensor3 kv = rng.normal_tensor<3>({g, T, hs});
+                const Tensor3 d = rng.normal_tensor<3>({nh, T, hs});
+                // Query head h reads head h / (NH / G); head g's gradient sums its group's.
+                Tensor3 expanded = Tensor3::from_shape({nh, T, hs});
+                Tensor3 dkv = xt::zeros<float>({g, T, hs});
+                for (std::size_t h = 0; h < nh; ++h) {
+                    const std::size_t group = h / (nh / g);
+                    xt::view(expanded, h) = xt::view(kv, group);
+                    xt::view(dkv, group) += xt::view(d, h);
+                }
+                CHECK_CLOSE(expand_kv(kv, NH), expanded, 0.0);
+                CHECK_CLOSE(expand_kv_backward(d, G), dkv, 1e-6);  // the same sums, any order
+            }
+}
+
 TEST_CASE("the shapes follow: (G, T, hs) to (NH, T, hs) and back") {
     const Tensor3 kv = xt::ones<float>({2, 3, 5});
     const Tensor3 out = expand_kv(kv, 6);
@@ -97,4 +126,9 @@ TEST_CASE("G that does not divide NH, a head outside 0 to NH − 1 or a count be
     CHECK_THROWS_AS(expand_kv(xt::ones<float>({3, 1, 2}), 4), std::invalid_argument);
     CHECK_THROWS_AS(expand_kv_backward(xt::ones<float>({4, 1, 2}), 3), std::invalid_argument);
     CHECK_THROWS_AS(expand_kv_backward(xt::ones<float>({4, 1, 2}), 0), std::invalid_argument);
+    // Negative counts: 4 % -2 == 0 in C++, but -2 heads is no number of heads.
+    INFO("4 % -2 == 0 and -4 % 2 == 0 in C++: refuse counts below 1 before testing divisibility");
+    CHECK_THROWS_AS(kv_head(0, 4, -2), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv(xt::ones<float>({2, 1, 2}), -4), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv_backward(xt::ones<float>({4, 1, 2}), -2), std::invalid_argument);
 }

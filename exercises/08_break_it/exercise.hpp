@@ -9,15 +9,22 @@ namespace exercise {
 /// The entropy H(p) = −Σ_j p_j ln p_j (natural log, in nats) of every row of attention
 /// weights, where a zero weight contributes nothing (0 ln 0 = 0).
 ///
+/// A row of zeros, which a softmax gives a query the mask left nothing to attend to, is not
+/// a distribution (it sums to 0): it is refused like any other row that does not sum to 1.
+///
 /// @param weights (B, NH, T_q, T_k) attention weights: no negative entry, rows summing to 1
 /// @return (B, NH, T_q)
-/// @throws std::invalid_argument when a weight is negative or a row's sum is not 1 within 1e-3
+/// @throws std::invalid_argument when a weight is negative (however small, even when the
+///         row still sums to 1) or a row's sum differs from 1 by more than 1e-3
 attn::Tensor3 attention_entropy(const attn::Tensor4& weights);
 
-/// Every head's entropy, averaged over the batch items and the query positions.
+/// Every head's entropy, averaged over the batch items and the query positions: the sum of
+/// its B·T_q entropies divided by B·T_q.
 ///
-/// @param weights (B, NH, T_q, T_k) attention weights, as for attention_entropy()
+/// @param weights (B, NH, T_q, T_k) attention weights, as for attention_entropy(); T_k may
+///                differ from T_q
 /// @return (NH)
+/// @throws std::invalid_argument as attention_entropy()
 attn::Tensor1 mean_entropy_per_head(const attn::Tensor4& weights);
 
 }  // namespace exercise
