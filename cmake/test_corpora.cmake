@@ -1,7 +1,8 @@
 # Short texts for the lessons' tests (cmake/course.cmake), written at configure time into
 # ATTN_TEST_CORPORA: "short.txt", 30 KB from the middle of tiny shakespeare with every "e "
 # spelt "é " (a different text and vocabulary, with two-byte UTF-8 characters), and
-# "tiny.txt", its first 3 KB, too short for some of what the lessons do.
+# "tiny.txt", its first 3 KB on one line (no newline character at all), too short for some
+# of what the lessons do.
 set(ATTN_TEST_CORPORA "${PROJECT_BINARY_DIR}/test_corpora")
 set(_corpus "${PROJECT_SOURCE_DIR}/data/tinyshakespeare.txt")
 if(EXISTS "${_corpus}")
@@ -11,6 +12,9 @@ if(EXISTS "${_corpus}")
     list(GET _pair 1 _bytes)
     file(READ "${_corpus}" _text OFFSET 400000 LIMIT ${_bytes})  # ASCII: cut anywhere
     string(REPLACE "e " "é " _text "${_text}")
+    if(_file STREQUAL "tiny.txt")
+      string(REPLACE "\n" " " _text "${_text}")
+    endif()
     file(WRITE "${ATTN_TEST_CORPORA}/${_file}" "${_text}")
   endforeach()
 else()

@@ -21,6 +21,8 @@ TEST_CASE("the vocabulary is the sorted distinct characters, and encoding round-
     CHECK(v.size() == 10);
     CHECK(v.encode("hello") == std::vector<int>{5, 4, 6, 6, 7});
     CHECK(v.decode(v.encode("low, row\n")) == "low, row\n");
+    CHECK(v.can_encode("row, row\n"));
+    CHECK_FALSE(v.can_encode("rows"));
 }
 
 TEST_CASE("characters are code points, so UTF-8 text encodes one id per character") {

@@ -73,6 +73,13 @@ std::vector<int> CharVocab::encode(std::string_view text) const {
     return out;
 }
 
+bool CharVocab::can_encode(std::string_view text) const {
+    const std::set<std::string> known(chars_.begin(), chars_.end());
+    for (const auto& c : utf8_characters(text))
+        if (known.count(c) == 0) return false;
+    return true;
+}
+
 std::string CharVocab::decode(const std::vector<int>& ids) const {
     std::string s;
     for (int id : ids) {
@@ -181,13 +188,9 @@ std::size_t targets_to_score(const std::vector<int>& tokens, std::size_t wanted,
 
 std::string fitting_prompt(const CharVocab& vocab, std::string_view preferred,
                            const std::vector<int>& fallback_text) {
-    try {
-        (void)vocab.encode(preferred);
-        return std::string(preferred);
-    } catch (const std::invalid_argument&) {
-        const std::size_t n = std::min(utf8_characters(preferred).size(), fallback_text.size());
-        return vocab.decode(std::vector<int>(fallback_text.begin(), fallback_text.begin() + static_cast<std::ptrdiff_t>(n)));
-    }
+    if (vocab.can_encode(preferred)) return std::string(preferred);
+    const std::size_t n = std::min(utf8_characters(preferred).size(), fallback_text.size());
+    return vocab.decode(std::vector<int>(fallback_text.begin(), fallback_text.begin() + static_cast<std::ptrdiff_t>(n)));
 }
 
 double cosine_lr(std::int64_t step, std::int64_t warmup, std::int64_t decay_steps, double lr_max,

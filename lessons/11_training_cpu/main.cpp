@@ -32,10 +32,10 @@ namespace {
 // The first line of the validation text that is between 30 and 60 characters long,
 // with its newline: the line the trained model's attention is drawn on.
 std::vector<int> probe_line(const TextDataset& data) {
-    const std::vector<int> newline = data.vocab.encode("\n");
+    const int newline = data.vocab.can_encode("\n") ? data.vocab.encode("\n").at(0) : -1;  // -1: no lines
     std::size_t start = 0;
     for (std::size_t i = 0; i < data.val.size(); ++i) {
-        if (data.val[i] != newline.at(0)) continue;
+        if (data.val[i] != newline) continue;
         const std::size_t length = i + 1 - start;
         if (length >= 30 && length <= 60) {
             return {data.val.begin() + static_cast<std::ptrdiff_t>(start),

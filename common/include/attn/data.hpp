@@ -32,6 +32,8 @@ public:
     /// Encodes a text; @throws std::invalid_argument naming the first character that is not
     /// in the vocabulary.
     std::vector<int> encode(std::string_view text) const;
+    /// Whether every character of `text` is in the vocabulary (so encode() would not throw).
+    bool can_encode(std::string_view text) const;
     /// Decodes ids; @throws std::invalid_argument for an id outside 0…V−1.
     std::string decode(const std::vector<int>& ids) const;
 
