@@ -15,7 +15,8 @@ namespace exercise {
 ///     y[t, 2i]   = x[t, 2i] · cos θ − x[t, 2i+1] · sin θ
 ///     y[t, 2i+1] = x[t, 2i] · sin θ + x[t, 2i+1] · cos θ
 ///
-/// (Llama pairs channel i with i + hs/2 instead; this exercise uses adjacent pairs.)
+/// (GPT-NeoX and Hugging Face's Llama pair channel i with i + hs/2 instead; this exercise uses
+/// adjacent pairs, as the RoFormer paper and Meta's Llama code do.)
 ///
 /// @param x    (T, hs) one vector per position; hs must be even
 /// @param pos0 the position of row 0, at least 0
