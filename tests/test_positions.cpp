@@ -122,11 +122,13 @@ TEST_CASE("rope_forward rotates as PyTorch does, and rope_backward is its transp
     CHECK(worst_v == 0.0);
 }
 
-TEST_CASE("the halves convention of Llama and GPT-NeoX is the adjacent pairs' rotation with the "
-          "channels permuted") {
-    // Halves, written here from Llama's rotate_half: y = x·cos + (−x[hs/2:], x[:hs/2])·sin,
-    // with pair i at channels i and i + hs/2. Permuting x so that channel 2i goes to i and
-    // 2i+1 to i + hs/2 turns the pairs' rotation into it.
+TEST_CASE("the halves convention of GPT-NeoX and Hugging Face's Llama is the adjacent pairs' "
+          "rotation with the channels permuted") {
+    // Halves, written here from the rotate_half of GPT-NeoX and of Hugging Face's Llama port
+    // (Meta's own Llama code pairs adjacent channels, as this library does):
+    // y = x·cos + (−x[hs/2:], x[:hs/2])·sin, with pair i at channels i and i + hs/2.
+    // Permuting x so that channel 2i goes to i and 2i+1 to i + hs/2 turns the pairs' rotation
+    // into it.
     const int hs = 8, T = 6, pos0 = 2;
     Rng rng(4);
     const std::vector<float> x = normal_vector(rng, static_cast<std::size_t>(T) * hs);

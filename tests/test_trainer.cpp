@@ -97,6 +97,17 @@ TEST_CASE("a tiny run learns: the loss falls from about ln V well below it") {
     CHECK(lines == s.steps.size() + s.evals.size());
 }
 
+TEST_CASE("median_step_seconds takes warm-up plus timed steps and refuses no timed step") {
+    const TextDataset data = make_dataset(word_corpus(400));
+    Trainer trainer(tiny(10), data);
+    const double seconds = median_step_seconds(trainer, 3, 2);
+    CHECK(trainer.step() == 5);
+    CHECK(seconds > 0.0);  // a duration, never a threshold on it
+    CHECK_THROWS_AS(median_step_seconds(trainer, 0), std::invalid_argument);
+    CHECK_THROWS_AS(median_step_seconds(trainer, 1, -1), std::invalid_argument);
+    CHECK(trainer.step() == 5);  // a refused call takes no step
+}
+
 TEST_CASE("a loss that stops being finite ends the run and leaves the last checkpoint intact") {
     const TextDataset data = make_dataset(word_corpus(2000));
     TempDir tmp("diverge");

@@ -735,4 +735,22 @@ float dump_gradients(Trainer& trainer, const fs::path& dir) {
     return loss;
 }
 
+double median_step_seconds(Trainer& trainer, int steps, int warmup) {
+    if (steps < 1 || warmup < 0) {
+        throw std::invalid_argument("median_step_seconds: expected at least 1 timed step and no "
+                                    "negative warm-up, got steps = " + std::to_string(steps) +
+                                    ", warmup = " + std::to_string(warmup));
+    }
+    for (int i = 0; i < warmup; ++i) trainer.train_step();
+    std::vector<double> seconds(static_cast<std::size_t>(steps));
+    for (double& s : seconds) {
+        const auto start = std::chrono::steady_clock::now();
+        trainer.train_step();
+        s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    std::sort(seconds.begin(), seconds.end());
+    const std::size_t mid = seconds.size() / 2;
+    return seconds.size() % 2 ? seconds[mid] : 0.5 * (seconds[mid - 1] + seconds[mid]);
+}
+
 }  // namespace attn

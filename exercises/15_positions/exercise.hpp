@@ -15,7 +15,8 @@ namespace exercise {
 ///     y[t, 2i]   = x[t, 2i] · cos θ − x[t, 2i+1] · sin θ
 ///     y[t, 2i+1] = x[t, 2i] · sin θ + x[t, 2i+1] · cos θ
 ///
-/// (Llama pairs channel i with i + hs/2 instead; this exercise uses adjacent pairs.)
+/// (GPT-NeoX and Hugging Face's Llama pair channel i with i + hs/2 instead; this exercise uses
+/// adjacent pairs, as the RoFormer paper and Meta's Llama code do.)
 ///
 /// Positions run into the thousands in a long context, where θ rounded to float is off by
 /// up to 0.002 radians: θ, its cosine and its sine are computed in double, and only the

@@ -1,23 +1,17 @@
 // Lesson 02: scores and scaling. The page that narrates this program is lesson.md beside it.
 #include "attn/attention.hpp"
-#include "attn/entropy.hpp"
-#include "attn/gpt.hpp"
-#include "attn/gpt_inspect.hpp"
 #include "attn/lesson.hpp"
 #include "attn/linalg.hpp"
 #include "attn/linear.hpp"
 #include "attn/print.hpp"
 #include "attn/random.hpp"
-#include "attn/trainer.hpp"
 
 #include <xtensor/xview.hpp>
 
 #include <cmath>
 #include <cstdio>
-#include <functional>
 #include <iostream>
 #include <stdexcept>
-#include <vector>
 
 using namespace attn;
 
@@ -29,29 +23,6 @@ double standard_deviation(const Tensor3& t) {
     for (float v : t) sum += v, sum2 += double(v) * v;
     const double n = double(t.size()), mean = sum / n;
     return std::sqrt(sum2 / n - mean * mean);
-}
-
-// The root mean square of every entry of t.
-double rms(const Tensor4& t) {
-    double sum2 = 0;
-    for (float v : t) sum2 += double(v) * v;
-    return std::sqrt(sum2 / double(t.size()));
-}
-
-// The root mean square of the raw scores q_i · k_j over the pairs a causal head uses (j ≤ i).
-double rms_causal_scores(const Tensor4& q, const Tensor4& k) {
-    double sum2 = 0;
-    std::size_t n = 0;
-    const auto& s = q.shape();  // (B, NH, T, hs)
-    for (std::size_t b = 0; b < s[0]; ++b)
-        for (std::size_t h = 0; h < s[1]; ++h)
-            for (std::size_t i = 0; i < s[2]; ++i)
-                for (std::size_t j = 0; j <= i; ++j, ++n) {
-                    double dot = 0;
-                    for (std::size_t c = 0; c < s[3]; ++c) dot += double(q(b, h, i, c)) * k(b, h, j, c);
-                    sum2 += dot * dot;
-                }
-    return std::sqrt(sum2 / double(n));
 }
 
 // A probability printed so that tiny ones stay readable: 0.2447 or 1.1e-07.
@@ -143,51 +114,6 @@ int main(int argc, char** argv) {
             std::printf("%5zu    %9.3f    %5.1f    %13.3f\n", size, raw,
                         std::sqrt(static_cast<double>(size)), scaled);
         }
-
-        print_heading("The course's own GPT at initialisation: q and k are far from unit variance");
-        std::vector<std::function<void()>> claims;  // printed after the table
-        std::cout << "recipe        hs   rms q_c   rms k_c   rms q·k   entropy scaled / unscaled   uniform\n";
-        for (const char* recipe : {"cpu", "shakespeare"}) {
-            //! [course_init]
-            // The GPT of lessons 09-12 as initialised for a recipe, on random tokens: every
-            // layer's q and k (after a LayerNorm and N(0, 0.02²) weights), and the attention
-            // entropy with the scale and, same weights, without it.
-            GPTConfig config = TrainConfig::named(recipe).model_config(65);
-            const int Bq = 2, Tq = config.block_size, hs_model = config.n_embd / config.n_head;
-            std::vector<int> tokens(static_cast<std::size_t>(Bq * Tq));
-            for (int& t : tokens) t = static_cast<int>(rng.below(65));
-            GPT model(config, 1337);
-            config.scaled_attention = false;
-            GPT unscaled(config, 1337);  // the same weights: only the 1/√hs is gone
-            model.forward(tokens, {}, Bq, Tq);
-            unscaled.forward(tokens, {}, Bq, Tq);
-            double q_ms = 0, k_ms = 0, qk_ms = 0, h_scaled = 0, h_unscaled = 0;
-            for (int l = 0; l < config.n_layer; ++l) {
-                const Tensor4 q_l = attention_queries_or_keys(model, l, 0);  // (B, NH, T, hs)
-                const Tensor4 k_l = attention_queries_or_keys(model, l, 1);  // (B, NH, T, hs)
-                q_ms += rms(q_l) * rms(q_l) / config.n_layer;
-                k_ms += rms(k_l) * rms(k_l) / config.n_layer;
-                qk_ms += std::pow(rms_causal_scores(q_l, k_l), 2) / config.n_layer;
-                h_scaled += xt::mean(mean_entropy_per_head(attention_weights(model, l)))() / config.n_layer;
-                h_unscaled += xt::mean(mean_entropy_per_head(attention_weights(unscaled, l)))() / config.n_layer;
-            }
-            //! [course_init]
-            const double uniform = uniform_causal_entropy(static_cast<std::size_t>(Tq));
-            std::printf("%-12s %3d   %7.3f   %7.3f   %7.3f   %7.3f / %.3f             %.3f\n", recipe,
-                        hs_model, std::sqrt(q_ms), std::sqrt(k_ms), std::sqrt(qk_ms), h_scaled,
-                        h_unscaled, uniform);
-            const std::string tag = std::string(recipe) == "cpu" ? "cpu" : "gpu";
-            claims.push_back([=] {
-                print_claim("q_rms_" + tag, std::sqrt(q_ms), 2);
-                print_claim("qk_rms_" + tag, std::sqrt(qk_ms), 2);
-                print_claim("entropy_scaled_" + tag, h_scaled, 2);
-                print_claim("entropy_unscaled_" + tag, h_unscaled, 2);
-                print_claim("entropy_uniform_" + tag, uniform, 2);
-                print_claim("hs_" + tag, std::to_string(hs_model));
-            });
-        }
-        std::cout << "\nthe numbers the page quotes:\n";
-        for (const auto& print : claims) print();
 
         print_heading("Why it matters: large scores saturate the softmax");
         //! [saturation]

@@ -85,7 +85,7 @@ int main(int argc, char** argv) {
                     worst_sum(w_right, 1), worst_sum(w_wrong, 1), worst_sum(w_right, 0),
                     worst_sum(w_wrong, 0));
         std::cout << "\nright axis:\n" << heatmap_text(w_right, tokens, tokens)
-                  << "wrong axis (the last key gets all of one query's attention):\n"
+                  << "wrong axis (columns sum to 1: the last key, seen only by the last query, gets weight 1 from it):\n"
                   << heatmap_text(w_wrong, tokens, tokens);
         if (!options.figures.empty()) {
             heatmap_grid_png(options.figures / "lesson04_axes.png", {w_right, w_wrong},

@@ -48,6 +48,14 @@ int main(int argc, char** argv) {
         print_rows(xt::view(hand_out, 0));
         const std::vector<std::string> xs = {"x0", "x1", "x2"};
         std::cout << heatmap_text(xt::view(hand_weights, 0), xs, xs);
+        // The numbers the page works out by hand, checked against these.
+        print_claim("hand_w10", hand_weights(0, 1, 0), 4);
+        print_claim("hand_w11", hand_weights(0, 1, 1), 4);
+        print_claim("hand_w20", hand_weights(0, 2, 0), 4);
+        print_claim("hand_w22", hand_weights(0, 2, 2), 4);
+        print_claim("hand_out1", hand_out(0, 1, 0), 4);
+        print_claim("hand_out1b", hand_out(0, 1, 1), 4);
+        print_claim("hand_out2", hand_out(0, 2, 0), 4);
 
         print_heading("A head with random weights, and a shorter sequence");
         //! [head]

@@ -6,6 +6,7 @@
 #include "attn/lesson.hpp"
 #include "attn/multi_head.hpp"
 #include "attn/print.hpp"
+#include "attn/run_control.hpp"
 #include "attn/random.hpp"
 #include "attn/sdpa.hpp"
 #include "attn/trainer.hpp"
@@ -13,6 +14,7 @@
 #include <xtensor/xview.hpp>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -87,6 +89,10 @@ std::pair<double, double> score_rms_and_entropy(GPT& model, const std::vector<in
         entropy += xt::mean(mean_entropy_per_head(attention_weights(model, l)))() / c.n_layer;
     }
     return {std::sqrt(sum2 / double(n)), entropy};
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
 // Whether two tensors hold the same bits (not merely equal values).
@@ -241,6 +247,7 @@ int main(int argc, char** argv) {
         sample.max_new_tokens = 160;
         sample.top_k = 10;
         const std::string prompt = fitting_prompt(data.vocab, "\n", data.val);  // a newline, if the text has one
+        double val_loss[2] = {0.0, 0.0};  // with the mask, without it
         for (const bool causal : {true, false}) {
             recipe.causal = causal;
             Trainer trainer(recipe, data);
@@ -253,8 +260,15 @@ int main(int argc, char** argv) {
                         e.val_loss, static_cast<long long>(trainer.step()));
             std::cout << "  generated:" << text << "\n\n";
             print_claim(causal ? "honest_val" : "cheater_val", e.val_loss, 2);
+            val_loss[causal ? 0 : 1] = e.val_loss;
         }
         //! [cheat]
+        std::printf("the cheater's val loss is %.2f nats lower; knowing nothing would score ln %zu = %.2f\n",
+                    val_loss[0] - val_loss[1], data.vocab.size(), std::log(static_cast<double>(data.vocab.size())));
+        print_claim("cheat_steps", std::to_string(recipe.max_iters));
+        print_claim("cheater_advantage", val_loss[0] - val_loss[1], 2);
+        print_claim("vocab", std::to_string(data.vocab.size()));
+        print_claim("ln_vocab", std::log(static_cast<double>(data.vocab.size())), 2);
 
         print_heading("(d) Train a model without the scaling");
         // Lesson 11's CPU recipe (hs = 32), with and without the 1/√hs, several seeds: same
@@ -275,6 +289,7 @@ int main(int argc, char** argv) {
         double init_rms[2] = {0.0, 0.0};  // the scores' spread at step 0, with and without
         int unscaled_better = 0;
         double sum_difference = 0.0, mean_rms[2] = {0.0, 0.0}, mean_entropy[2] = {0.0, 0.0};
+        double step_seconds = 0.0, other_seconds = 0.0;  // the training steps; the rest of each run
         for (int s = 0; s < seeds; ++s) {
             double val[2], rms[2], entropy[2];
             for (const bool scaled : {true, false}) {
@@ -284,12 +299,17 @@ int main(int argc, char** argv) {
                 config.seed = 1337 + static_cast<std::uint64_t>(s);
                 config.scaled_attention = scaled;  // false: scores q·kᵀ, no 1/√hs
                 if (options.quick) config.make_quick();
+                const auto run_start = std::chrono::steady_clock::now();
                 Trainer trainer(config, data);
                 if (s == 0) init_rms[scaled ? 0 : 1] = score_rms_and_entropy(trainer.model(), probe, 4, 64).first;
                 trainer.model().train(true);
+                const auto steps_start = std::chrono::steady_clock::now();
                 while (!trainer.done()) trainer.train_step();
+                const double steps_took = seconds_since(steps_start);
                 const EvalRecord e = trainer.evaluate();
                 //! [unscaled_training]
+                step_seconds += steps_took;
+                other_seconds += seconds_since(run_start) - steps_took;
                 val[scaled ? 0 : 1] = e.val_loss;
                 std::tie(rms[scaled ? 0 : 1], entropy[scaled ? 0 : 1]) =
                     score_rms_and_entropy(trainer.model(), probe, 4, 64);
@@ -319,5 +339,17 @@ int main(int argc, char** argv) {
         print_claim("trained_entropy_scaled", mean_entropy[0], 2);
         print_claim("trained_entropy_unscaled", mean_entropy[1], 2);
         print_claim("trained_entropy_uniform", uniform_causal_entropy(64), 2);
+
+        // What the longer experiment the page suggests would take here, from these runs: each
+        // of its runs takes 1000 steps at the measured time per step, plus the rest of a run
+        // (building the trainer, the evaluation) as measured.
+        const int runs = 2 * seeds;
+        const double per_step = step_seconds / (runs * steps), per_run_rest = other_seconds / runs;
+        const double longer = 6 * (1000 * per_step + per_run_rest);  // 2 × 3 seeds of 1000 steps
+        std::printf("\nthese %d runs took %.1f ms per training step and %.1f s each besides; at that\n"
+                    "speed the longer experiment (3 seeds, 1000 steps) would take %s\n",
+                    runs, 1e3 * per_step, per_run_rest, format_duration(longer).c_str());
+        print_claim("ms_per_step", 1e3 * per_step, 1);
+        print_claim("longer_experiment", format_duration(longer));
     }, LessonText::corpus);
 }

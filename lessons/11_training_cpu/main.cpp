@@ -2,7 +2,7 @@
 //
 // It trains nanoGPT's CPU recipe on tiny shakespeare (`--data FILE`: on another text). The
 // environment variable ATTN_LESSON11_MAX_ITERS shortens the run (the test suite sets it;
-// the docs show the full run), and `--quick` runs every step of the lesson in a few seconds.
+// the docs show the full run), and `--quick` runs every step of the lesson at its smallest.
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/entropy.hpp"
@@ -65,6 +65,51 @@ double fixed_val_loss(GPT& model, const std::vector<int>& val, int B, int T, int
         sum += model.forward(x, y, B, T);
     }
     return sum / count;
+}
+
+// An induction head (Olsson et al. 2022) completes a repeat: at a character that occurred
+// before, it attends to the character that followed the earlier occurrence, and the model
+// copies it. The probe: B passages of n validation characters, each followed by itself
+// (T = 2n). Returns the mean loss of the first copy's predictions and of the second's, and
+// for every head (L, NH) its mean weight w[t, t − n + 1] over the second copy.
+struct InductionProbe {
+    double loss_first = 0.0, loss_second = 0.0;
+    std::vector<Tensor1> score;  // (L, NH)
+};
+
+InductionProbe probe_induction(GPT& model, const std::vector<int>& val, int B, int n) {
+    const int T = 2 * n, V = model.config().vocab_size;
+    std::vector<int> x(static_cast<std::size_t>(B * T)), y(x.size());
+    const std::size_t stride = (val.size() - static_cast<std::size_t>(n)) / static_cast<std::size_t>(B);
+    for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) {
+            const std::size_t start = static_cast<std::size_t>(b) * stride;
+            x[static_cast<std::size_t>(b * T + t)] = val[start + static_cast<std::size_t>(t % n)];
+            y[static_cast<std::size_t>(b * T + t)] = val[start + static_cast<std::size_t>((t + 1) % n)];
+        }
+    model.train(false);
+    model.forward(x, y, B, T);
+    InductionProbe probe;
+    const std::vector<float>& logits = model.logits();  // (B, T, V)
+    for (int b = 0; b < B; ++b)
+        for (int t = 0; t < T; ++t) {
+            if (t == n - 1) continue;  // the seam: the first copy's last character predicts the repeat's start
+            const float* z = logits.data() + static_cast<std::size_t>(b * T + t) * V;
+            const double m = *std::max_element(z, z + V);
+            double sum = 0.0;
+            for (int v = 0; v < V; ++v) sum += std::exp(z[v] - m);
+            const double nll = m + std::log(sum) - z[y[static_cast<std::size_t>(b * T + t)]];
+            (t < n ? probe.loss_first : probe.loss_second) += nll / (B * (n - 1));
+        }
+    for (int l = 0; l < model.config().n_layer; ++l) {
+        const Tensor4 w = attention_weights(model, l);  // (B, NH, T, T)
+        Tensor1 score = xt::zeros<float>({w.shape()[1]});
+        for (std::size_t h = 0; h < w.shape()[1]; ++h)
+            for (int b = 0; b < B; ++b)
+                for (int t = n; t < T; ++t) score(h) += w(b, h, t, t - n + 1) / float(B * n);
+        probe.score.push_back(score);
+    }
+    return probe;
 }
 
 // Every layer's mean entropy per head on one line: (L, NH).
@@ -147,6 +192,7 @@ int main(int argc, char** argv) {
                     1e3 * run.step_seconds / static_cast<double>(run.steps.size()),
                     tokens / run.step_seconds);
         print_claim("vocab", std::to_string(data.vocab.size()));
+        print_claim("corpus_characters", std::to_string(data.train.size() + data.val.size()));
         print_claim("ln_vocab", std::log(static_cast<double>(data.vocab.size())), 2);
         print_claim("first_val", run.evals.front().val_loss, 2);
         print_claim("final_train", last.train_loss, 2);
@@ -273,5 +319,42 @@ int main(int argc, char** argv) {
         print_claim("ablation_base", base, 3);
         print_claim("ablation_worst_head", "layer " + std::to_string(worst_l) + ", head " + std::to_string(worst_h));
         print_claim("ablation_worst_delta", delta[worst_l][static_cast<std::size_t>(worst_h)], 3);
+
+        print_heading("Looking for induction heads: a passage and its repeat");
+        //! [induction]
+        // 16 passages of 32 validation characters, each followed by itself: a head that
+        // completes repeats attends, in the second copy, to the character after the earlier
+        // occurrence of the current one, w[t, t − 31], and the second copy's loss collapses.
+        const int repeat = config.block_size / 2;
+        const InductionProbe induction = probe_induction(model, data.val, 16, repeat);
+        //! [induction]
+        double induction_uniform = 0.0;  // even spreading over the t + 1 visible characters
+        for (int t = repeat; t < 2 * repeat; ++t) induction_uniform += 1.0 / (t + 1) / repeat;
+        int ind_l = 0, ind_h = 0;
+        std::printf("weight on the character after the earlier occurrence, mean over the second copy\n"
+                    "(even spreading: %.3f)\n", induction_uniform);
+        for (int l = 0; l < L; ++l) {
+            std::printf("layer %d:", l);
+            for (int h = 0; h < NH; ++h) {
+                std::printf("  head %d %.3f", h, static_cast<double>(induction.score[l](h)));
+                if (induction.score[l](h) > induction.score[ind_l](ind_h)) ind_l = l, ind_h = h;
+            }
+            std::printf("\n");
+        }
+        std::printf("loss on the first copy %.3f, on the repeat %.3f\n", induction.loss_first,
+                    induction.loss_second);
+        // Called an induction head here when it puts most of its weight there and the repeat
+        // is predicted far better than the first copy; the words the page prints follow.
+        const bool found = induction.score[ind_l](ind_h) > 0.5 &&
+                           induction.loss_second < 0.5 * induction.loss_first;
+        const std::string best = "layer " + std::to_string(ind_l) + ", head " + std::to_string(ind_h);
+        print_claim("induction_found", found ? "the model has one: " + best : "no head is one");
+        print_claim("induction_best_head", best);
+        print_claim("induction_best_score", induction.score[ind_l](ind_h), 3);
+        print_claim("induction_uniform", induction_uniform, 3);
+        print_claim("induction_loss_first", induction.loss_first, 2);
+        print_claim("induction_loss_second", induction.loss_second, 2);
+        print_claim("induction_repeat", std::to_string(repeat));
+        print_claim("tokens_seen", std::to_string(static_cast<long long>(tokens)));
     }, LessonText::corpus);
 }

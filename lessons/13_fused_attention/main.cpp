@@ -192,6 +192,18 @@ void memory_and_traffic(const LessonOptions& options) {
         line_plot_png(options.figures / "lesson13_memory.png", {plain, tiled},
                       "Memory for one head's scores", "T (tokens)", "MiB");
     }
+    // The GPU recipe's training step (B = 64, NH = 6, T = 256, 6 layers): what the model
+    // keeps per layer for the backward pass, the (B, NH, T) log-sum-exp of the fused
+    // kernels against the (B, NH, T, T) weights of the materialised path.
+    {
+        const double B = 64, NH = 6, T = 256, L = 6, mib_size = 1 << 20;
+        const double lse = 4 * B * NH * T * L / mib_size, weights = 4 * B * NH * T * T * L / mib_size;
+        std::printf("\nthe GPU recipe (B = 64, 6 heads, T = 256, 6 layers) keeps %.2f MiB of log-sum-exp\n"
+                    "with the fused kernels, against %.0f MiB of weights (and as much again for their\n"
+                    "dropped copy) with the materialised ones\n", lse, weights);
+        print_claim("recipe_lse_mib", lse, 2);
+        print_claim("recipe_weights_mib", weights, 0);
+    }
 
     print_heading("FLOPs and bytes of device memory per head, causal forward (hs=64)");
     std::printf("%6s  %10s  %12s  %12s  %10s  %10s\n", "T", "GFLOP", "plain bytes",

@@ -17,6 +17,7 @@
 #include "attn/lesson.hpp"
 #include "attn/plot.hpp"
 #include "attn/print.hpp"
+#include "attn/run_control.hpp"
 #include "attn/trainer.hpp"
 
 #include <cblas.h>  // openblas_set_num_threads
@@ -25,6 +26,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,12 @@ double loss_on_text(GPT& model, const std::vector<int>& val, int n, int T) {
 }
 
 std::string window_name(int W) { return W == 0 ? "full" : std::to_string(W); }
+
+// One configuration's row of the table.
+struct Row {
+    std::size_t parameters = 0, bytes_per_token = 0, bytes_at_1024 = 0;
+    double val_loss = 0.0, rate_short = 0.0, rate_long = 0.0, train_seconds = 0.0;
+};
 
 }  // namespace
 
@@ -100,7 +108,7 @@ int main(int argc, char** argv) {
                                                             "the validation split"));
         const int decoded = opts.quick ? 64 : 1024;  // tokens in the longer decode run
         std::printf("val loss: the mean over %d validation tokens in windows of %d; decode: "
-                    "tokens per second\nwith the KV cache from a one-token prompt (the faster of two runs), "
+                    "tokens per second\nwith the KV cache from a one-token prompt (the fastest of five runs), "
                     "a random-initialised copy\nwith block 1024, top-k 10, one core; same text: "
                     "the cached %d tokens equal the uncached ones\n",
                     n_val, recipe.block_size, decoded / 4);
@@ -109,6 +117,7 @@ int main(int argc, char** argv) {
                     ("tok/s@" + std::to_string(decoded / 4)).c_str(),
                     ("tok/s@" + std::to_string(decoded)).c_str(), "same text", "train s");
         std::vector<PlotSeries> memory;  // the cache's size against the tokens generated
+        std::map<std::pair<int, int>, Row> rows;  // (G, W) → its row
         for (int G : {4, 2, 1}) {
             for (int W : {0, 32, 16}) {
                 //! [train]
@@ -135,8 +144,8 @@ int main(int argc, char** argv) {
                     o.max_new_tokens = i == 0 ? decoded / 4 : decoded;
                     o.top_k = 10;
                     std::string text;
-                    double s = 1e30;  // the faster of two runs: other programs share the cores
-                    for (int round = 0; round < 2; ++round)
+                    double s = 1e30;  // the fastest of five runs: other programs share the cores
+                    for (int round = 0; round < 5; ++round)
                         s = std::min(s, seconds([&] { text = generate_cached(timing_model, data.vocab, "", o); }));
                     rate[i] = o.max_new_tokens / s;
                     if (i == 0) same = text == generate_text(timing_model, data.vocab, "", o);
@@ -155,6 +164,7 @@ int main(int argc, char** argv) {
                             window_name(W).c_str(), c.model_config(V).num_parameters(), val,
                             per_token, static_cast<double>(at_1024) / 1024.0, rate[0], rate[1],
                             same ? "yes" : "NO", train_s);
+                rows[{G, W}] = {c.model_config(V).num_parameters(), per_token, at_1024, val, rate[0], rate[1], train_s};
             }
         }
         if (!opts.figures.empty()) {
@@ -165,6 +175,95 @@ int main(int argc, char** argv) {
                           "tokens generated", "KiB");
             std::printf("\nchart: lesson16_cache_memory.png\n");
         }
+
+        // The page's table and the comparisons its prose makes, from these numbers.
+        std::printf("\nthe numbers the page quotes:\n");
+        const auto name = [](int G, int W) { return "g" + std::to_string(G) + "_w" + window_name(W); };
+        double training_seconds = 0.0;
+        for (const auto& [key, r] : rows) {
+            const std::string n = name(key.first, key.second);
+            print_claim(n + "_params", std::to_string(r.parameters));
+            print_claim(n + "_val", r.val_loss, 3);
+            print_claim(n + "_bytes", std::to_string(r.bytes_per_token));
+            print_claim(n + "_kib", std::to_string(r.bytes_at_1024 / 1024));
+            print_claim(n + "_rate_short", r.rate_short, 0);
+            print_claim(n + "_rate_long", r.rate_long, 0);
+            training_seconds += r.train_seconds;
+        }
+        print_claim("training_seconds", training_seconds, 0);
+        print_claim("decoded_short", std::to_string(decoded / 4));
+        print_claim("decoded_long", std::to_string(decoded));
+        const Row &mha = rows.at({4, 0}), &mqa16 = rows.at({1, 16});
+        print_claim("params_saved_g2", std::to_string(mha.parameters - rows.at({2, 0}).parameters));
+        print_claim("params_saved_g1", std::to_string(mha.parameters - rows.at({1, 0}).parameters));
+        print_claim("kib_ratio", std::to_string(mha.bytes_at_1024 / mqa16.bytes_at_1024));
+        // Speed: the mean over G of each window's rates, and how the long run compares.
+        const auto mean_rate = [&](int W, bool long_run) {
+            double sum = 0.0;
+            for (int G : {4, 2, 1}) sum += long_run ? rows.at({G, W}).rate_long : rows.at({G, W}).rate_short;
+            return sum / 3.0;
+        };
+        for (int W : {0, 32, 16}) {
+            const std::string w = "w" + window_name(W);
+            print_claim(w + "_rate_short_mean", mean_rate(W, false), 0);
+            print_claim(w + "_rate_long_mean", mean_rate(W, true), 0);
+            print_claim(w + "_rate_ratio", mean_rate(W, true) / mean_rate(W, false), 2);
+        }
+        // The work of one cached step per layer, in multiply-adds: the projections
+        // (c_attn with G key/value heads, c_proj, the MLP) and the attention row over T keys.
+        const int C = recipe.n_embd, hs = C / NH;
+        const auto projections = [&](int G) { return C * (C + 2 * G * hs) + C * C + 8 * C * C; };
+        // The mean work per generated token of a run of n tokens from a one-token prompt:
+        // every layer's projections and its row over min(context, W) keys, and the LM head.
+        const auto mean_work = [&](int G, int W, int n) {
+            double sum = 0.0;
+            for (int t = 1; t <= n; ++t) {
+                const int keys = W == 0 ? t : std::min(t, W);
+                sum += recipe.n_layer * (double(projections(G)) + 2.0 * keys * C) + double(C) * V;
+            }
+            return sum / n;
+        };
+        for (int W : {0, 32, 16}) {  // the rate at the long run over the short, if work set it
+            double predicted = 0.0;
+            for (int G : {4, 2, 1}) predicted += mean_work(G, W, decoded / 4) / mean_work(G, W, decoded) / 3.0;
+            print_claim("w" + window_name(W) + "_predicted_ratio", predicted, 2);
+        }
+        double predicted_g1_over_g4 = 0.0;
+        for (int W : {0, 32, 16}) predicted_g1_over_g4 += mean_work(4, W, decoded) / mean_work(1, W, decoded) / 3.0;
+        print_claim("g1_over_g4_predicted", predicted_g1_over_g4, 2);
+        print_claim("projections_g4", std::to_string(projections(4)));
+        print_claim("projections_g1", std::to_string(projections(1)));
+        print_claim("projections_saving_g1", 100.0 * (1.0 - double(projections(1)) / projections(4)), 1);
+        print_claim("attention_row_long", std::to_string(2 * decoded * C));
+        double g1_over_g4 = 0.0;  // the measured rate with one key/value head over four, mean over W
+        for (int W : {0, 32, 16}) g1_over_g4 += rows.at({1, W}).rate_long / rows.at({4, W}).rate_long / 3.0;
+        print_claim("g1_over_g4_rate", g1_over_g4, 2);
+        // Loss: in how many rows of G the window of 16 is best, and what the heads cost.
+        int w16_best = 0;
+        double w16_gain = 0.0, kv_cost = 0.0;
+        for (int G : {4, 2, 1}) {
+            const double full_ctx = rows.at({G, 0}).val_loss, w32 = rows.at({G, 32}).val_loss,
+                         w16 = rows.at({G, 16}).val_loss;
+            w16_best += w16 < full_ctx && w16 < w32;
+            w16_gain += (full_ctx - w16) / 3.0;
+            kv_cost = std::max(kv_cost, rows.at({G, 0}).val_loss - mha.val_loss);
+        }
+        print_claim("w16_best_rows", std::to_string(w16_best) + " of 3");
+        print_claim("w16_gain", w16_gain, 3);
+        print_claim("kv_cost", kv_cost, 3);
+
+        // What the full run would take here: nanoGPT's CPU recipe, timed for a few steps on
+        // this machine, times its steps for all nine models (the training alone).
+        TrainConfig full = TrainConfig::named("cpu");
+        if (opts.quick) full.make_quick();
+        Trainer timing(full, data);
+        const double full_step = median_step_seconds(timing, opts.quick ? 1 : 5, opts.quick ? 0 : 2);
+        const double full_estimate = full_step * static_cast<double>(9 * full.max_iters);
+        std::printf("\nthe full run's model (nanoGPT's CPU recipe) takes %.0f ms per training step here;\n"
+                    "9 models x %lld steps would take about %s of training\n", 1e3 * full_step,
+                    static_cast<long long>(full.max_iters), format_duration(full_estimate).c_str());
+        print_claim("full_ms_per_step", 1e3 * full_step, 0);
+        print_claim("full_run_estimate", format_duration(full_estimate));
         if (!opts.full) {
             std::printf("\nThis was the short run; the full one (nanoGPT's CPU recipe, 2000 steps per "
                         "model): ./build/lesson_16 --full\n");

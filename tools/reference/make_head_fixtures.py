@@ -52,7 +52,8 @@ class Head(nn.Module):
         return wei @ v
 
 
-# (B, T, C, hs, block_size): T below the block size in most cases, so the mask is sliced.
+# (B, T, C, hs, block_size): T below the block size in two cases (the mask is sliced), equal
+# to it in the other three.
 CASES = [
     (1, 3, 2, 2, 3),
     (2, 5, 8, 4, 8),

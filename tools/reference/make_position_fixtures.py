@@ -19,8 +19,9 @@ and under rotation/ one RoPE rotation on its own, for the exercise's checks:
   gradient of sum(rotated * dy) with respect to x (PyTorch's autograd).
 
 RoPE pairs adjacent channels (2i, 2i+1) as RoFormer (Su et al. 2021) does, angle
-pos * 10000^(-2i/hs). The script also checks that Llama's convention (channel i paired with
-i + hs/2) gives the same scores once q and k's channels are permuted. ALiBi's slopes are
+pos * 10000^(-2i/hs), as Meta's Llama code does too. The script also checks that the
+convention of GPT-NeoX and Hugging Face's Llama (channel i paired with i + hs/2, rotate_half)
+gives the same scores once q and k's channels are permuted. ALiBi's slopes are
 Press et al. 2021's (their get_slopes, including a head count that is not a power of two).
 The model and the writer are in reference_gpt.py, beside this script. The fixtures are
 committed; the tests never need PyTorch.

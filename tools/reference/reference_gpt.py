@@ -39,7 +39,11 @@ def rope_pairs(x, positions):
 
 
 def rope_halves(x, positions):
-    """Llama / GPT-NeoX: pairs channel i with i + hs/2 (rotate_half)."""
+    """GPT-NeoX and Hugging Face's Llama: pairs channel i with i + hs/2 (rotate_half).
+
+    Meta's Llama code pairs adjacent channels (view_as_complex), like rope_pairs; Hugging
+    Face's conversion permutes the q and k rows so that rotate_half gives the same scores.
+    """
     a = rope_angles(positions, x.shape[-1])
     cos, sin = torch.cos(a).to(x.dtype), torch.sin(a).to(x.dtype)
     cos, sin = torch.cat((cos, cos), -1), torch.cat((sin, sin), -1)

@@ -97,7 +97,11 @@ void sample_batch(const std::vector<int>& data, std::size_t B, std::size_t T, Rn
 /// The first `n` next-token predictions of `tokens` as n / T consecutive windows of T:
 /// x (n/T, T) = tokens[0, n), y the same shifted by one. Scoring them scores the same n
 /// targets at any T that divides n, each with the context its window gives it.
+/// @param tokens the token ids, e.g. TextDataset::val
 /// @param n     the number of targets; a multiple of T
+/// @param T     the length of each window
+/// @param x     (n/T · T) filled with the inputs, row-major (n/T, T)
+/// @param y     (n/T · T) filled with the targets: x shifted by one token
 /// @param what  what `tokens` is, for the message, e.g. "the validation split"
 /// @throws std::invalid_argument naming the sizes if T does not divide n or `tokens` holds
 /// n tokens or fewer ("the validation split has 2452 tokens; scoring 4096 targets at

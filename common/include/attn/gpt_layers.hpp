@@ -147,15 +147,17 @@ std::vector<float> alibi_slopes(int NH);
 /// The rotation angle of RoPE's channel pair i at position `pos`: `pos · base^(−2i/hs)`
 /// (Su et al. 2021), computed in double.
 /// @param pos the position  @param i the pair, 0 ≤ i < hs/2  @param hs head size
-/// @param base 10000 in RoFormer and Llama
+/// @param base 10000 in RoFormer and in Llama 1 and 2
 /// @return the angle in radians
 double rope_angle(int pos, int i, int hs, double base = 10000.0);
 
 /// Rotary position embedding, in place on the q and k parts of `qkv`: in every head, the
 /// channel pairs (2i, 2i+1) of q and k at position p = pos0 + t are rotated by the angle
 /// rope_angle(p, i, hs): `(x₀, x₁) ← (x₀·cos − x₁·sin, x₀·sin + x₁·cos)`. v is unchanged.
-/// Then `q_i·k_j` depends on the positions only through i − j. Llama and GPT-NeoX pair
-/// channel i with i + hs/2 instead: the same rotation with the channels permuted.
+/// Then `q_i·k_j` depends on the positions only through i − j. These are the pairs of the
+/// RoFormer paper and of Meta's Llama code (`apply_rotary_emb`); GPT-NeoX and Hugging Face's
+/// Llama pair channel i with i + hs/2 (`rotate_half`): the same rotation with the channels
+/// permuted.
 /// @param qkv (B, T, 3C) changed in place
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
 ///        (the head size hs = C/NH must be even)

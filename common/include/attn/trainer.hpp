@@ -318,6 +318,17 @@ void plot_losses(const std::filesystem::path& path, const std::vector<StepRecord
 void read_metrics(const std::filesystem::path& path, std::vector<StepRecord>& steps,
                   std::vector<EvalRecord>& evals);
 
+/// Times training steps: `warmup` untimed ones (first-touch allocations), then `steps`
+/// timed ones, and returns the median seconds per step (one step delayed by another program
+/// moves the median least). The lessons turn it into the time a longer run would take, so
+/// that a page's estimate comes from a measurement. The trainer takes warmup + steps steps.
+/// @param trainer the run to time
+/// @param steps the timed steps, at least 1
+/// @param warmup the untimed steps before them
+/// @return seconds per step
+/// @throws std::invalid_argument if steps < 1 or warmup < 0
+double median_step_seconds(Trainer& trainer, int steps, int warmup = 2);
+
 /// Writes one step's gradients for comparison with PyTorch, on the first batch of the run
 /// and in evaluation mode (no dropout): `DIR/weights/` (the model, which PyTorch can load),
 /// `DIR/x.npy`, `DIR/y.npy` (B, T) token ids as float32, `DIR/loss.npy` (1), and
