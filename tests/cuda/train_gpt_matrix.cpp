@@ -13,7 +13,8 @@
 // by step: the loss and gradient norm of every step, the evaluations (the one at step 0
 // included), the weights and AdamW's moments after the last step, the sample, or the
 // dumped gradients. A combination one side does not implement must be refused before any
-// work, in one line naming the option; metrics.jsonl must hold no null (NaN) anywhere.
+// work (the same command with a corpus that does not exist gives the same line, and nothing
+// is written), in one line naming the option; metrics.jsonl must hold no null (NaN) anywhere.
 //
 // The same matrix drives the other pairs of paths: an option that picks another path to
 // the same function (--attention fused, --threads, --tf32) must agree with the run
@@ -698,7 +699,9 @@ struct Entry {
     Config config;
     bool excluded = false;  // by --help's Excludes: both sides must refuse
     std::vector<std::string> excluded_names;
+    std::vector<std::string> expected[2];  // a refusal naming one of these, or a run
     Outcome outcome[2];
+    Outcome probe[2];  // the same command with a corpus that does not exist, when refused
     RunFiles files[2];
     bool ran[2] = {false, false};  // trained (or dumped, or timed) to the end
     int head_size = 0;
@@ -883,8 +886,19 @@ int main(int argc, char** argv) {
             const TrainConfig t = TrainConfig::named(value_of(c, "--recipe", "tiny"));
             entry.head_size = t.n_embd / t.n_head;
         }
-        for (Side side : {Side::cpu, Side::sim}) {
-            const fs::path dir = root / ("c" + std::to_string(e)) / side_name(side);
+        if (entry.excluded) {
+            entry.expected[0] = entry.expected[1] = entry.excluded_names;
+        } else if (!has(c, "--threads-info")) {  // it prints the threads and exits, first
+            entry.expected[0] = cpu_refusal(c);
+            entry.expected[1] = !entry.expected[0].empty() ? entry.expected[0] : gpu_refusal(c, entry.head_size);
+        }
+        // A refusal comes before any work: the same command with a corpus that does not exist
+        // must give the same line, not the missing corpus's.
+        for (int run = 0; run < 4; ++run) {
+            const Side side = run % 2 ? Side::sim : Side::cpu;
+            const bool probe = run >= 2;
+            if (probe && entry.expected[side == Side::sim].empty()) continue;
+            const fs::path dir = root / ("c" + std::to_string(e)) / side_name(side) / (probe ? "probe" : "");
             const fs::path out = dir / "run";
             std::vector<std::string> args;
             // The base's options, unless the entry sets them or excludes them.
@@ -911,13 +925,15 @@ int main(int argc, char** argv) {
                     args.push_back(s.value);
                 }
             }
-            for (const std::string& a : {std::string("--data"), corpus.string(), std::string("--out"),
+            const fs::path data = probe ? root / "no_such_corpus.txt" : corpus;
+            for (const std::string& a : {std::string("--data"), data.string(), std::string("--out"),
                                          out.string(), std::string("--device"), std::string(side_name(side))}) {
                 args.push_back(a);
             }
             // The race check is the other cudasim tests' (each kernel at its shapes); here the
             // question is agreement, and each launch once is enough.
-            jobs.push_back({args, dir, {{"CUDA_SIM_RACECHECK", "0"}}, &entry.outcome[side == Side::sim]});
+            Outcome* outcome = probe ? &entry.probe[side == Side::sim] : &entry.outcome[side == Side::sim];
+            jobs.push_back({args, dir, {{"CUDA_SIM_RACECHECK", "0"}}, outcome});
         }
     }
     std::set<std::string> varied_options;
@@ -968,6 +984,15 @@ int main(int argc, char** argv) {
             return fs::exists(out) || fs::exists(base_dir / side_name(static_cast<Side>(side)) / "grads");
         };
 
+        auto first_line = [](const std::string& text) { return text.substr(0, text.find('\n')); };
+        for (int side = 0; side < 2; ++side) {
+            std::string probe = first_line(entry.probe[side].err);  // its folders are probe/...
+            for (std::size_t at; (at = probe.find("/probe/")) != std::string::npos;) probe.erase(at, 6);
+            if (!entry.expected[side].empty() && probe != first_line(entry.outcome[side].err)) {
+                fail(where + " (" + side_name(static_cast<Side>(side)) + ")",
+                     {"refused after reading the corpus: without one it says \"" + probe + "\""});
+            }
+        }
         if (entry.excluded) {
             ++cli_refused;
             for (int side = 0; side < 2; ++side) {
@@ -986,16 +1011,14 @@ int main(int argc, char** argv) {
             if (entry.outcome[0].out != entry.outcome[1].out) fail(where, {"--threads-info prints other settings on the two sides"});
             continue;
         }
-        std::vector<std::string> expected[2];
-        expected[0] = cpu_refusal(c);
-        expected[1] = expected[0].empty() ? gpu_refusal(c, entry.head_size) : expected[0];
+        const std::vector<std::string>* expected = entry.expected;
         for (int side = 0; side < 2; ++side) {
             const Outcome& o = entry.outcome[side];
             const std::string at = where + " (" + side_name(static_cast<Side>(side)) + ")";
             if (!expected[side].empty()) {
                 ++refused[side];
                 fail(at, check_refusal(o, expected[side], wrote(side)));
-                refusal_lines.insert(o.err.substr(0, o.err.find('\n')));
+                refusal_lines.insert(first_line(o.err));
             } else if (o.status != 0) {
                 fail(at, {"exit " + std::to_string(o.status) + ": " + o.err});
             } else {
