@@ -134,6 +134,8 @@ struct Runner {
     const void* main_bottom = nullptr;
     std::size_t main_size = 0;
     bool from_scheduler = false;  // whether the fiber being entered was resumed by it
+    const void* entered_from_bottom = nullptr;  // the stack a new fiber was entered from
+    std::size_t entered_from_size = 0;
 #endif
     // Stacks of threads that a smaller block left over, kept for the next larger one:
     // launches alternate between block sizes, and mapping the stacks again each time
@@ -256,13 +258,12 @@ void fiber_main() {
     Runner& r = runner();
 #ifdef CUDA_SIM_ASAN
     // The stack this fiber was entered from: the scheduler's, to switch back to later,
-    // unless another fiber passed control to it.
-    const void* from_bottom = nullptr;
-    std::size_t from_size = 0;
-    __sanitizer_finish_switch_fiber(nullptr, &from_bottom, &from_size);
+    // unless another fiber passed control to it. (Into the runner, not into locals of this
+    // frame, whose redzones would stay poisoned where the next block's fiber starts.)
+    __sanitizer_finish_switch_fiber(nullptr, &r.entered_from_bottom, &r.entered_from_size);
     if (r.from_scheduler) {
-        r.main_bottom = from_bottom;
-        r.main_size = from_size;
+        r.main_bottom = r.entered_from_bottom;
+        r.main_size = r.entered_from_size;
     }
 #endif
     r.body(r.arg);
