@@ -221,8 +221,8 @@ std::vector<Use> option_table() {
     return {
         fixed("--help", Role::help, "its text is what this test reads"),
         fixed("--device", Role::axis,
-              "the comparison itself, cpu against sim (cuda and auto need a GPU build; "
-              "test_train_gpt.sh checks the one-line refusal of --device cuda here)"),
+              "the comparison itself, cpu against sim; in this build, without a GPU, auto must "
+              "train the base run on the CPU (bit for bit) and cuda must be refused"),
         fixed("--data", Role::plumbing, "every run reads the test's corpus"),
         fixed("--out", Role::plumbing, "every run writes its own folder"),
         varied("--recipe", trains, {}, "tiny",
@@ -943,6 +943,20 @@ int main(int argc, char** argv) {
               << " alone, " << entries.size() - 1 - values.size() << " pairs), " << jobs.size()
               << " runs of train_gpt\n"
               << std::flush;
+    // --device's other choices, on the base run: in a build without a GPU, auto trains on
+    // the CPU (saying so) and cuda is refused.
+    std::map<std::string, Outcome> other_devices;
+    for (const std::string& d : listed.at("--device").choices) {
+        if (d == "cpu" || d == "sim") continue;
+        if (d != "auto" && d != "cuda") fail("the table", {"--device " + d + " is new: say what it does here"});
+        std::vector<std::string> args = jobs[0].args;
+        const fs::path dir = root / ("device_" + d);
+        for (std::size_t k = 0; k + 1 < args.size(); ++k) {
+            if (args[k] == "--out") args[k + 1] = (dir / "run").string();
+            if (args[k] == "--device") args[k + 1] = d;
+        }
+        jobs.push_back({args, dir, {}, &other_devices[d]});
+    }
     run_all(program, jobs, parallel);
     const double run_seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
@@ -1049,6 +1063,17 @@ int main(int argc, char** argv) {
         if (!a.evals.empty() && !b.evals.empty()) {
             worst_step0 = std::max({worst_step0, std::fabs(a.evals[0].train_loss - b.evals[0].train_loss) / a.evals[0].train_loss,
                                     std::fabs(a.evals[0].val_loss - b.evals[0].val_loss) / a.evals[0].val_loss});
+        }
+    }
+
+    for (const auto& [d, o] : other_devices) {
+        const fs::path out = root / ("device_" + d) / "run";
+        if (d == "cuda") {
+            fail("--device cuda", check_refusal(o, {"--device cuda"}, fs::exists(out)));
+        } else if (o.status != 0 || o.err.find("--device auto") == std::string::npos) {
+            fail("--device auto", {"exit " + std::to_string(o.status) + ", without the note: " + o.err});
+        } else if (!identical(read_run(out, {}, true), entries[0].files[0])) {
+            fail("--device auto", {"does not train the base run as --device cpu does"});
         }
     }
 
