@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -171,6 +172,20 @@ TEST_CASE("a truncated parameter file is reported, naming the file") {
     fs::resize_file(file, size - 10);
     const std::string e = load_error(dir);
     CHECK(e.find("transformer.wpe.weight.npy") != std::string::npos);
+}
+
+TEST_CASE("a NaN or an infinity in a parameter is refused, naming the file and the index") {
+    // Such weights make every loss NaN: found at load time, before a run writes a null loss.
+    const fs::path dir = fresh_dir("nonfinite");
+    const fs::path file = dir / "transformer.h.1.ln_2.bias.npy";
+    std::vector<float> values(8, 0.5f);
+    values[5] = std::numeric_limits<float>::quiet_NaN();
+    write_npy(file, {8}, values.data());
+    CHECK(load_error(dir) == file.string() + ": holds NaN at index 5");
+    values[5] = 0.0f;
+    values[2] = -std::numeric_limits<float>::infinity();
+    write_npy(file, {8}, values.data());
+    CHECK(load_error(dir) == file.string() + ": holds an infinity at index 2");
 }
 
 TEST_CASE("an LM head that differs from the tied embedding is rejected") {

@@ -124,6 +124,24 @@ TEST_CASE("causal attention's backward agrees with finite differences") {
     for (int i = 0; i < C; ++i) CHECK(out[i] == doctest::Approx(qkv[2 * C + i]).epsilon(1e-6));
 }
 
+TEST_CASE("a dropout mask depends on each element's index alone, not on how the tensor is split") {
+    // The model runs slices of the batch on different threads, and the GPU one thread per
+    // element: the mask of elements [first, first + n) handed to one call must be the
+    // whole tensor's mask at those indices.
+    const int N = 1000, cut = 337;
+    const float p = 0.4f;
+    std::vector<float> whole(N, 1.0f), split(N, 1.0f), mask(N), mask_split(N);
+    dropout_forward(whole.data(), mask.data(), p, DropoutSite{123, 0}, N);
+    dropout_forward(split.data(), mask_split.data(), p, DropoutSite{123, 0}, cut);
+    dropout_forward(split.data() + cut, mask_split.data() + cut, p, DropoutSite{123, cut}, N - cut);
+    CHECK(split == whole);
+    CHECK(mask_split == mask);
+    // And another seed gives another mask.
+    std::vector<float> other(N, 1.0f), other_mask(N);
+    dropout_forward(other.data(), other_mask.data(), p, DropoutSite{124, 0}, N);
+    CHECK(other != whole);
+}
+
 TEST_CASE("attention's backward with dropout agrees with finite differences for a fixed mask") {
     const int B = 1, T = 6, C = 8, NH = 2;
     const float p = 0.3f;
@@ -131,10 +149,10 @@ TEST_CASE("attention's backward with dropout agrees with finite differences for 
     std::vector<float> qkv = normal_vector(rng, B * T * 3 * C);
     std::vector<float> out(B * T * C), att(B * NH * T * T), att_dropped(att.size());
     std::vector<float> scratch(att.size()), w = normal_vector(rng, out.size());
+    const DropoutSite site{99, 0};  // the same mask on every evaluation
     auto forward = [&] {
-        Rng mask_rng(99);  // the same mask on every evaluation
-        attention_forward(out.data(), att.data(), att_dropped.data(), qkv.data(), p, &mask_rng, B,
-                          T, C, NH);
+        attention_forward(out.data(), att.data(), att_dropped.data(), qkv.data(), p, &site, B, T,
+                          C, NH);
     };
     forward();
     int dropped = 0;
@@ -202,8 +220,7 @@ TEST_CASE("inverted dropout zeroes about p of the values and scales the rest by 
     const int N = 20000;
     const float p = 0.25f;
     std::vector<float> x(N, 1.0f), mask(N);
-    Rng rng(8);
-    dropout_forward(x.data(), mask.data(), p, rng, N);
+    dropout_forward(x.data(), mask.data(), p, DropoutSite{8, 0}, N);
     int zeros = 0;
     double sum = 0.0;
     for (int i = 0; i < N; ++i) {

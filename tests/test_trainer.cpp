@@ -8,6 +8,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <unistd.h>
 
 using namespace attn;
@@ -123,6 +125,24 @@ TEST_CASE("a loss that stops being finite ends the run and leaves the last check
     Trainer restored = Trainer::load(tmp.path / "checkpoint", data);
     CHECK(restored.step() == 0);
     CHECK(restored.model().parameters() == initial);
+}
+
+TEST_CASE("an evaluation that is not finite ends the run before metrics.jsonl holds a null") {
+    // JSON has no NaN: a NaN loss would be written as null. Weights made NaN after loading
+    // (load_checkpoint refuses such files) make the evaluation at step 0 NaN.
+    const TextDataset data = make_dataset(word_corpus(2000));
+    TempDir tmp("nan_eval");
+    Trainer trainer(tiny(5), data);
+    trainer.model().parameters()[0] = std::numeric_limits<float>::quiet_NaN();
+    RunOptions options;
+    options.out_dir = tmp.path;
+    CHECK_THROWS_WITH_AS(run_training(trainer, options),
+                         doctest::Contains("evaluation at step 0 gave a train loss of NaN"),
+                         TrainingDiverged);
+    std::ifstream metrics(tmp.path / "metrics.jsonl");
+    const std::string text{std::istreambuf_iterator<char>(metrics), std::istreambuf_iterator<char>()};
+    CHECK(text.find("null") == std::string::npos);
+    CHECK(!fs::exists(tmp.path / "checkpoint"));  // nor a checkpoint of the NaN weights
 }
 
 TEST_CASE("a stop request saves a checkpoint that resumes where it stopped") {

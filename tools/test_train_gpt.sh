@@ -46,7 +46,15 @@ expect_one_line "a learning rate that makes the loss infinite" "${tiny[@]}" --le
 if "$program" "${tiny[@]}" --max-iters 3 --sample 0 >/dev/null 2>&1; then
   f=$(ls "$tmp/run/checkpoint"/transformer.wte.weight.npy)
   head -c 100 "$f" > "$f.cut" && mv "$f.cut" "$f"
-  expect_one_line "a truncated weight file" "${tiny[@]}" --resume "$tmp/run"
+  expect_one_line "a truncated weight file" --data "$tmp/corpus.txt" --resume "$tmp/run"
+  # Weights holding a NaN (the last value of ln_f's weight): refused when they are loaded,
+  # before a loss is computed and written as null.
+  small=(--recipe tiny --data "$tmp/corpus.txt" --max-iters 1 --sample 0)
+  "$program" "${small[@]}" --out "$tmp/nan_run" >/dev/null 2>&1
+  w="$tmp/nan_run/checkpoint/transformer.ln_f.weight.npy"
+  printf '\000\000\300\177' | dd of="$w" bs=1 seek=$(( $(stat -c %s "$w") - 4 )) conv=notrunc 2>/dev/null
+  expect_one_line "weights holding a NaN" "${small[@]}" --init "$tmp/nan_run/checkpoint" --out "$tmp/nan_out"
+  if grep -qs null "$tmp/nan_out/metrics.jsonl"; then echo "FAIL: weights holding a NaN: null in metrics.jsonl"; status=1; fi
 else
   echo "FAIL: a 3-step tiny run failed"; status=1
 fi

@@ -15,6 +15,7 @@
 #include "attn/trainer.hpp"
 #if ATTN_HAVE_CUDA
 #include "attn/cuda/device.hpp"
+#include "attn/cuda/generate.hpp"
 #include "attn/cuda/training_device.hpp"
 #endif
 
@@ -70,6 +71,17 @@ fs::path corpus_of(const Flags& f) { return f.data.empty() ? course_corpus() : f
 // A run folder (holding checkpoint/) or a checkpoint folder itself.
 fs::path checkpoint_of(const fs::path& dir) {
     return fs::exists(dir / "checkpoint" / "trainer.json") ? dir / "checkpoint" : dir;
+}
+
+// Weights from --init with what the flags set of the training: --dropout (nanoGPT's
+// override when it starts from weights), not the value in their config.json.
+GPT with_flags(GPT model, const Flags& f) {
+    if (!f.dropout) return model;
+    GPTConfig config = model.config();
+    config.dropout = *f.dropout;
+    GPT changed(config);
+    changed.parameters() = model.parameters();
+    return changed;
 }
 
 // A validator for counts: a whole number of at least `least`, with a message that says so.
@@ -133,53 +145,112 @@ void check_simulator_choice(const Flags& f) {
 #endif
 }
 
-// --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one);
-// sim (see check_simulator_choice).
-void choose_device(Trainer& trainer, const Flags& f) {
-    if (f.device == "cpu") return;
-    const GPTConfig& mc = trainer.model().config();
-    const Position position = mc.position;
-    if (position != Position::learned) {  // the GPU model has wpe only (lesson 15)
-        const std::string why = std::string("the GPU model has learned positions only, this one ") +
-                                position_name(position);
-        if (f.device != "auto") throw std::runtime_error("--device " + f.device + ": " + why);
-        std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
-        return;
+// The model the flags describe, known before any work: the recipe's with the flags'
+// changes, or the config.json of the weights that --init or --resume start from (nothing
+// when that folder is missing: loading it says so).
+std::optional<GPTConfig> planned_model(const Flags& f, const TrainConfig& config) {
+    const fs::path weights = !f.resume.empty() ? checkpoint_of(f.resume) : f.init;
+    if (weights.empty()) return config.model_config(1);
+    if (!fs::exists(weights / "config.json")) return std::nullopt;
+    return load_config(weights);
+}
+
+// The options that shaped the model's attention, as typed: the weights folder it comes
+// from, or the flags. The refusals below name them.
+std::string attention_options(const Flags& f) {
+    std::string names;
+    auto add = [&names](const std::string& name) { names += (names.empty() ? "" : " ") + name; };
+    if (!f.resume.empty()) add("--resume " + f.resume.string());
+    if (!f.init.empty()) add("--init " + f.init.string());
+    if (f.no_causal_mask) add("--no-causal-mask");
+    if (!f.position.empty() && f.position != "learned") add("--position " + f.position);
+    if (f.no_attention_scale) add("--no-attention-scale");
+    if (f.kv_heads != 0) add("--kv-heads " + std::to_string(f.kv_heads));
+    if (f.window != 0) add("--window " + std::to_string(f.window));
+    if (f.attention == "fused") add("--attention fused");
+    return names.empty() ? "--recipe " + f.recipe : names;
+}
+
+#if ATTN_HAVE_CUDA
+cuda::CudaOptions cuda_options(const Flags& f) {
+    cuda::CudaOptions options;
+    options.tf32 = f.tf32;
+    options.attention = f.attention == "fused" ? cuda::AttentionKind::fused
+                                               : cuda::AttentionKind::materialised;
+    return options;
+}
+#endif
+
+// --device: cpu; cuda (a CUDA GPU or a one-line error); auto (the GPU when there is one and
+// it can train this model, else the CPU, with a note); sim (see check_simulator_choice).
+// Decided before any work: an option the chosen path does not implement is refused here,
+// in one line that names it, never trained on another path or silently left out.
+// Returns the device the run uses: cpu, cuda or sim.
+std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model) {
+    if (model && f.attention == "fused") {  // on either device
+        const std::string why = fused_attention_unsupported(*model);
+        if (!why.empty()) throw std::invalid_argument(attention_options(f) + ": " + why);
     }
-    if (mc.kv_heads() != mc.n_head || mc.window != 0) {  // full multi-head only (lesson 16)
-        const std::string why = "the GPU model has one key/value head per query head and no "
-                                "window, this one " + std::to_string(mc.kv_heads()) +
-                                " key/value heads and window " + std::to_string(mc.window);
-        if (f.device == "cuda") throw std::runtime_error("--device cuda: " + why);
+    if (f.device == "cpu") {
+        if (f.tf32) throw std::invalid_argument("--tf32 needs --device cuda or auto");
+        return "cpu";
+    }
+    if (f.bench > 0 && f.device == "sim") {
+        throw std::invalid_argument("--bench with --device sim: the CUDA simulator checks the GPU "
+                                    "code, it does not time it");
+    }
+    auto fall_back = [&f](const std::string& why) {
+        if (f.device != "auto") throw std::runtime_error("--device " + f.device + " with " + why);
         std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
-        return;
+        return std::string("cpu");
+    };
+#if ATTN_HAVE_CUDA
+    if (model) {
+        const std::string why = cuda::unsupported_on_gpu(*model, cuda_options(f));
+        if (!why.empty()) return fall_back(attention_options(f) + ": " + why);
     }
 #if ATTN_CUDA_SIMULATED
-    if (f.device == "auto") {
-        std::cerr << "train_gpt: --device auto: this build has no GPU; training on the CPU\n";
-        return;
-    }
-#endif
-#if ATTN_HAVE_CUDA
+    if (f.device == "auto") return fall_back("this build has no GPU");
+    return "sim";
+#else
     std::string why;
-    if (cuda::device_available(&why)) {
-        cuda::CudaOptions options;
-        options.tf32 = f.tf32;
-        options.attention = f.attention == "fused" ? cuda::AttentionKind::fused
-                                                   : cuda::AttentionKind::materialised;
-        trainer.use_device(cuda::make_training_device(trainer.model(), options));
-        std::cout << "device: " << trainer.device()->name() << "\n";
-        return;
-    }
-    if (f.device == "cuda") throw std::runtime_error("--device cuda: no usable CUDA device (" + why + ")");
-    std::cerr << "train_gpt: --device auto: no usable CUDA device (" << why << "); training on the CPU\n";
+    if (!cuda::device_available(&why)) return fall_back("no usable CUDA device (" + why + ")");
+    return "cuda";
+#endif
+#else
+    (void)model;
+    return fall_back("this build has no CUDA (nvcc was not found when it was configured)");
+#endif
+}
+
+// Attaches the GPU to the trainer: the run's steps, evaluations and gradients happen there.
+void attach_device(Trainer& trainer, const Flags& f, const std::string& device) {
+    if (device == "cpu") return;
+#if ATTN_HAVE_CUDA
+    trainer.use_device(cuda::make_training_device(trainer.model(), cuda_options(f)));
+    std::cout << "device: " << trainer.device()->name() << "\n";
 #else
     (void)trainer;
-    if (f.device == "cuda")
-        throw std::runtime_error("--device cuda: this build has no CUDA (nvcc was not found when it "
-                                 "was configured)");
-    std::cerr << "train_gpt: --device auto: this build has no CUDA; training on the CPU\n";
+    (void)f;
 #endif
+}
+
+// The sample after training, on the device that trained: the same generation loop as the
+// CPU's generate_text (the whole forward pass over the cropped context for each new
+// character, the same draws), with the forward passes on the GPU.
+std::string sample_text(Trainer& trainer, const Flags& f, const std::string& device,
+                        const SampleOptions& s) {
+#if ATTN_HAVE_CUDA
+    if (device != "cpu") {
+        trainer.use_device(nullptr);  // the trained weights back on the host, the copy freed
+        cuda::CudaGPT gpu(trainer.model(), cuda_options(f));
+        return cuda::generate_text(gpu, trainer.data().vocab, f.prompt, s, /*cached=*/false);
+    }
+#else
+    (void)f;
+    (void)device;
+#endif
+    return generate_text(trainer.model(), trainer.data().vocab, f.prompt, s);
 }
 
 int run(const Flags& f) {
@@ -188,26 +259,6 @@ int run(const Flags& f) {
     std::cout << describe_threads() << "\n";
     if (f.threads_info) return 0;
     check_simulator_choice(f);
-    if (f.tf32 && f.device == "cpu") throw std::invalid_argument("--tf32 needs --device cuda or auto");
-    if (f.device == "cuda" && !f.position.empty() && f.position != "learned") {
-        throw std::invalid_argument("--device cuda: the GPU model has learned positions only, "
-                                    "not --position " + f.position + ": train it on the CPU");
-    }
-    if (f.device == "cuda" && (f.kv_heads != 0 || f.window != 0)) {
-        throw std::invalid_argument("--device cuda: the GPU model has multi-head attention over "
-                                    "the whole context only, not --kv-heads/--window: train it "
-                                    "on the CPU");
-    }
-    if (f.device == "cuda") {  // fail before any work when the GPU cannot be had
-#if ATTN_HAVE_CUDA
-        std::string why;
-        if (!cuda::device_available(&why))
-            throw std::runtime_error("--device cuda: no usable CUDA device (" + why + ")");
-#else
-        throw std::runtime_error("--device cuda: this build has no CUDA (nvcc was not found when "
-                                 "it was configured)");
-#endif
-    }
     TrainConfig config = TrainConfig::named(f.recipe);
     if (f.max_iters) {
         config.max_iters = *f.max_iters;
@@ -225,6 +276,7 @@ int run(const Flags& f) {
     if (f.kv_heads != 0) config.n_kv_head = f.kv_heads;
     if (f.window != 0) config.window = f.window;
     config.validate();
+    const std::string device = plan_device(f, planned_model(f, config));
 
     const fs::path corpus = corpus_of(f);
     const std::string text = read_corpus(corpus);
@@ -240,7 +292,7 @@ int run(const Flags& f) {
                   << " of " << trainer->config().max_iters << "\n";
     } else if (!f.init.empty()) {
         CheckpointInfo info;
-        GPT model = load_checkpoint(f.init, &info);
+        GPT model = with_flags(load_checkpoint(f.init, &info), f);
         if (!info.vocab.empty() && info.vocab != data.vocab.chars()) {
             throw std::runtime_error(f.init.string() + ": its vocabulary (" +
                                      std::to_string(model.config().vocab_size) +
@@ -252,6 +304,10 @@ int run(const Flags& f) {
         trainer.emplace(config, std::move(data));
     }
     const TrainConfig& c = trainer->config();
+    // The materialised attention is the default on both devices, as in the library: at the
+    // recipes' sizes the fused one is no faster on the CPU (tools/bench/README.md), and one
+    // default keeps train_gpt, lesson 11 and the benchmark harness on the same code path.
+    if (f.attention == "fused") trainer->model().set_attention(AttentionKind::fused);
     if (f.sample > 0) {  // bad sampling flags fail now, not after the training they follow
         Rng probe(0);
         sample_token(std::vector<float>(trainer->data().vocab.size(), 0.0f), f.temperature, f.top_k, probe);
@@ -261,6 +317,7 @@ int run(const Flags& f) {
             throw std::invalid_argument(std::string("--prompt: ") + e.what());
         }
     }
+    attach_device(*trainer, f, device);
 
     if (!f.dump_grads.empty()) {
         const float loss = dump_gradients(*trainer, f.dump_grads);
@@ -268,17 +325,8 @@ int run(const Flags& f) {
                   << " x " << c.block_size << ") to " << f.dump_grads.string() << "\n";
         return 0;
     }
-    // The materialised attention is the default on both devices, as in the library: at the
-    // recipes' sizes the fused one is no faster on the CPU (tools/bench/README.md), and one
-    // default keeps train_gpt, lesson 11 and the benchmark harness on the same code path.
-    if (f.attention == "fused") trainer->model().set_attention(AttentionKind::fused);
-    choose_device(*trainer, f);
     // The simulator runs the CUDA code to check it; its times say nothing about a GPU.
-    const bool simulated = f.device == "sim";
-    if (f.bench > 0 && simulated) {
-        throw std::invalid_argument("--bench with --device sim: the CUDA simulator checks the GPU "
-                                    "code, it does not time it");
-    }
+    const bool simulated = device == "sim";
     if (f.bench > 0) return bench(*trainer, f.bench);
 
     std::cout << "corpus " << corpus.string() << ": " << text.size() << " bytes, vocabulary "
@@ -334,7 +382,7 @@ int run(const Flags& f) {
         s.temperature = f.temperature;
         s.top_k = f.top_k;
         s.seed = c.seed;
-        const std::string sample = generate_text(trainer->model(), trainer->data().vocab, f.prompt, s);
+        const std::string sample = sample_text(*trainer, f, device, s);
         std::ofstream(out / "sample.txt") << sample << "\n";
         std::cout << "\n--- sample (temperature " << f.temperature << ", top-k " << f.top_k
                   << ") ---\n" << sample << "\n";
@@ -369,7 +417,7 @@ int main(int argc, char** argv) {
         ->excludes(resume);
     app.add_option("--seed", f.seed, "seeds the weights, batches, dropout and sampling")
         ->excludes(resume);
-    app.add_flag("--no-causal-mask", f.no_causal_mask,
+    auto* no_causal_mask = app.add_flag("--no-causal-mask", f.no_causal_mask,
                  "train without the causal mask: every position sees the future (lesson 08)")
         ->excludes(resume)->excludes(init);
     app.add_option("--position", f.position,
@@ -377,7 +425,7 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"learned", "rope", "alibi"}))
         ->excludes(resume)->excludes(init);
     app.add_flag("--no-attention-scale", f.no_attention_scale,
-                 "train without the 1/sqrt(head size) on the attention scores (lesson 08; CPU only)")
+                 "train without the 1/sqrt(head size) on the attention scores (lesson 08)")
         ->excludes(resume)->excludes(init);
     app.add_option("--kv-heads", f.kv_heads,
                    "G key/value heads shared by n_head/G query heads each: 1 is multi-query, "
@@ -388,8 +436,9 @@ int main(int argc, char** argv) {
                    "W: each query sees only the last W positions, itself included "
                    "(default: the whole context; lesson 16)")
         ->check(whole_number_at_least(1))
-        ->excludes(resume)->excludes(init);
-    app.add_option("--dump-grads", f.dump_grads,
+        ->excludes(resume)->excludes(init)
+        ->excludes(no_causal_mask);  // a window is a causal mask
+    auto* dump_grads = app.add_option("--dump-grads", f.dump_grads,
                    "write one step's gradients on the first batch (and the weights and batch) and exit")
         ->excludes(resume);
     app.add_option("--sample", f.sample, "characters to generate at the end (0: none)")->check(whole_number_at_least(0));
@@ -406,7 +455,8 @@ int main(int argc, char** argv) {
                    "tiled attention, no (T, T) weights; on the GPU head size 64 or 128)")
         ->check(CLI::IsMember({"materialised", "fused"}));
     app.add_option("--bench", f.bench, "time N training steps (no evaluation, no files) and exit")
-        ->check(whole_number_at_least(1));
+        ->check(whole_number_at_least(1))
+        ->excludes(dump_grads);  // each ends the program: one of them would be ignored
     app.add_option("--threads", f.threads,
                    "CPU threads for the library's loops and matrix products (default: "
                    "OMP_NUM_THREADS, else every CPU this process may use)")

@@ -1,6 +1,6 @@
-// Causal multi-head attention on the GPU, materialised (the (T, T) weights are stored),
-// forward and backward (mirrors attn::attention_*). Batched cuBLAS products over the
-// B·NH heads, a warp per row for the causal softmax and its backward.
+// Multi-head attention on the GPU, causal or not, materialised (the (T, T) weights are
+// stored), forward and backward (mirrors attn::attention_*). Batched cuBLAS products over
+// the B·NH heads, a warp per row for the (causal) softmax and its backward.
 //
 // Row-major (T, hs) per head is column-major (hs, T); the batched products are written for
 // those column-major views, as llm.c's attention does.
@@ -82,13 +82,15 @@ void gather_heads(float* y, const float* inp, int inp_stride, int B, int T, int 
 }
 
 // One warp per row t of one head's scores (already scaled): the causal softmax over
-// columns 0..t, zeros above the diagonal; with dropout, the dropped copy too.
+// columns 0..t, zeros above the diagonal (without the mask: over every column); with
+// dropout, the dropped copy too.
 __global__ void causal_softmax_kernel(float* att, float* att_dropped, const float* scores,
-                                      int rows, int T, float dropout_p, std::uint64_t seed) {
+                                      int rows, int T, bool causal, float dropout_p,
+                                      std::uint64_t seed) {
     const int row = blockIdx.x * rows_per_block + threadIdx.x / warp_size;
     const int lane = threadIdx.x % warp_size;
     if (row >= rows) return;
-    const int t = row % T;
+    const int t = causal ? row % T : T - 1;  // the last column the row attends to
     const std::size_t off = static_cast<std::size_t>(row) * T;
     const float* s = scores + off;
     float maxval = -INFINITY;
@@ -102,7 +104,7 @@ __global__ void causal_softmax_kernel(float* att, float* att_dropped, const floa
         const float a = j <= t ? expf(s[j] - maxval) * inv : 0.0f;
         att[off + j] = a;
         if (dropout_p > 0.0f) {
-            const bool drop = detail::hash_uniform(seed, off + j) < dropout_p;
+            const bool drop = dropout_uniform(seed, off + j) < dropout_p;
             att_dropped[off + j] = drop ? 0.0f : a * keep_scale;
         }
     }
@@ -114,11 +116,11 @@ __global__ void causal_softmax_kernel(float* att, float* att_dropped, const floa
 // the CPU does (a kept weight is nonzero unless att is, where the product is zero anyway).
 __global__ void causal_softmax_backward_kernel(float* datt, const float* att,
                                                const float* att_dropped, int rows, int T,
-                                               float dropout_p) {
+                                               bool causal, float dropout_p) {
     const int row = blockIdx.x * rows_per_block + threadIdx.x / warp_size;
     const int lane = threadIdx.x % warp_size;
     if (row >= rows) return;
-    const int t = row % T;
+    const int t = causal ? row % T : T - 1;  // the last column the row attended to
     const std::size_t off = static_cast<std::size_t>(row) * T;
     const float keep_scale = dropout_p > 0.0f ? 1.0f / (1.0f - dropout_p) : 1.0f;
     float dot = 0.0f;
@@ -146,15 +148,20 @@ void add_head_gradients(float* dqkv, const float* dq, const float* dk, const flo
     }
 }
 
-// The (B, NH, T, hs) shape of the fused kernels, causal.
-AttentionShape heads_shape(int B, int T, int NH, int hs) {
+// The (B, NH, T, hs) shape of the fused kernels.
+AttentionShape heads_shape(int B, int T, int NH, int hs, bool causal) {
     AttentionShape shape;
     shape.B = static_cast<std::size_t>(B);
     shape.NH = static_cast<std::size_t>(NH);
     shape.T = static_cast<std::size_t>(T);
     shape.hs = static_cast<std::size_t>(hs);
-    shape.causal = true;
+    shape.causal = causal;
     return shape;
+}
+
+// The factor on the scores: 1/√hs, or 1 for a model trained without it.
+float score_scale(int hs, bool scaled) {
+    return scaled ? 1.0f / std::sqrt(static_cast<float>(hs)) : 1.0f;
 }
 
 void check_sizes(int C, int NH) {
@@ -166,13 +173,14 @@ void check_sizes(int C, int NH) {
 
 void launch_attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                               float dropout_p, std::uint64_t seed, const AttentionScratch& s,
-                              int B, int T, int C, int NH, Blas& blas, cudaStream_t stream) {
+                              int B, int T, int C, int NH, Blas& blas, cudaStream_t stream,
+                              bool causal, bool scaled) {
     check_sizes(C, NH);
     const int hs = C / NH;
     split_heads(s, qkv, B, T, NH, hs, stream);
 
     blas.set_stream(stream);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs)), one = 1.0f, zero = 0.0f;
+    const float scale = score_scale(hs, scaled), one = 1.0f, zero = 0.0f;
     const long long head = static_cast<long long>(T) * hs, square = static_cast<long long>(T) * T;
     // scores (T, T) = scale · q · kᵀ per head; column-major: scoresᵀ = scale · k'ᵀ · q'
     CUBLAS_CHECK(cublasSgemmStridedBatched(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, T, T, hs,
@@ -180,7 +188,7 @@ void launch_attention_forward(float* out, float* att, float* att_dropped, const 
                                            T, square, B * NH));
     const int rows = B * NH * T;
     ATTN_LAUNCH(causal_softmax_kernel, ceil_div(rows, rows_per_block), rows_per_block * warp_size, 0,
-                            stream)(att, att_dropped, s.scores, rows, T, dropout_p, seed);
+                            stream)(att, att_dropped, s.scores, rows, T, causal, dropout_p, seed);
     CUDA_CHECK(cudaGetLastError());
     const float* weights = dropout_p > 0.0f ? att_dropped : att;
     // y (T, hs) = weights (T, T) · v (T, hs); column-major: y' = v' · weights'
@@ -193,7 +201,7 @@ void launch_attention_forward(float* out, float* att, float* att_dropped, const 
 void launch_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                                const float* att_dropped, float dropout_p,
                                const AttentionScratch& s, int B, int T, int C, int NH, Blas& blas,
-                               cudaStream_t stream) {
+                               cudaStream_t stream, bool causal, bool scaled) {
     check_sizes(C, NH);
     const int hs = C / NH;
     // q, k, v of this layer again (a later layer's forward pass reused the buffers), and
@@ -202,7 +210,7 @@ void launch_attention_backward(float* dqkv, const float* dout, const float* qkv,
     gather_heads(s.y, dout, C, B, T, NH, hs, stream);
 
     blas.set_stream(stream);
-    const float scale = 1.0f / std::sqrt(static_cast<float>(hs)), one = 1.0f, zero = 0.0f;
+    const float scale = score_scale(hs, scaled), one = 1.0f, zero = 0.0f;
     const long long head = static_cast<long long>(T) * hs, square = static_cast<long long>(T) * T;
     const float* weights = dropout_p > 0.0f ? att_dropped : att;
     float* datt = s.scores;  // (B, NH, T, T)
@@ -219,7 +227,7 @@ void launch_attention_backward(float* dqkv, const float* dout, const float* qkv,
                                            B * NH));
     const int rows = B * NH * T;
     ATTN_LAUNCH(causal_softmax_backward_kernel, ceil_div(rows, rows_per_block), rows_per_block * warp_size,
-                                     0, stream)(datt, att, att_dropped, rows, T, dropout_p);
+                                     0, stream)(datt, att, att_dropped, rows, T, causal, dropout_p);
     CUDA_CHECK(cudaGetLastError());
     // forward: scores = scale · q · kᵀ
     // dq (T, hs) = scale · dscores · k; column-major: dq' = scale · k' · dscores'. dy is no
@@ -240,11 +248,11 @@ void launch_attention_backward(float* dqkv, const float* dout, const float* qkv,
 
 void fused_attention_forward(float* out, float* lse, const float* qkv, float dropout_p,
                              std::uint64_t seed, const AttentionScratch& s, int B, int T, int C,
-                             int NH, stream_t stream) {
+                             int NH, stream_t stream, bool causal) {
     check_sizes(C, NH);
     const int hs = C / NH;
     split_heads(s, qkv, B, T, NH, hs, stream);
-    const AttentionShape shape = heads_shape(B, T, NH, hs);
+    const AttentionShape shape = heads_shape(B, T, NH, hs, causal);
     flash_attention_forward(s.y, lse, s.q, s.k, s.v, shape, stream, {dropout_p, seed});
     merge_heads(out, C, s.y, B, T, NH, hs, false, stream);
 }
@@ -252,7 +260,7 @@ void fused_attention_forward(float* out, float* lse, const float* qkv, float dro
 void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, float dropout_p, std::uint64_t seed,
                               const AttentionScratch& s, int B, int T, int C, int NH,
-                              stream_t stream) {
+                              stream_t stream, bool causal) {
     check_sizes(C, NH);
     const int hs = C / NH;
     // This layer's q, k, v and output again (later layers reused the buffers), and dout,
@@ -260,7 +268,7 @@ void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, 
     split_heads(s, qkv, B, T, NH, hs, stream);
     gather_heads(s.y, out, C, B, T, NH, hs, stream);
     gather_heads(s.dy, dout, C, B, T, NH, hs, stream);
-    const AttentionShape shape = heads_shape(B, T, NH, hs);
+    const AttentionShape shape = heads_shape(B, T, NH, hs, causal);
     flash_attention_backward(s.dq, s.dk, s.dv, s.delta, s.dy, s.q, s.k, s.v, s.y, lse, shape,
                              stream, {dropout_p, seed});
     add_head_gradients(dqkv, s.dq, s.dk, s.dv, B, T, NH, hs, stream);
@@ -268,16 +276,18 @@ void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, 
 
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, std::uint64_t seed, const AttentionScratch& scratch,
-                       int B, int T, int C, int NH, Blas& blas, stream_t stream) {
+                       int B, int T, int C, int NH, Blas& blas, stream_t stream, bool causal,
+                       bool scaled) {
     launch_attention_forward(out, att, att_dropped, qkv, dropout_p, seed, scratch, B, T, C, NH,
-                             blas, stream);
+                             blas, stream, causal, scaled);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                         const float* att_dropped, float dropout_p, const AttentionScratch& scratch,
-                        int B, int T, int C, int NH, Blas& blas, stream_t stream) {
+                        int B, int T, int C, int NH, Blas& blas, stream_t stream, bool causal,
+                        bool scaled) {
     launch_attention_backward(dqkv, dout, qkv, att, att_dropped, dropout_p, scratch, B, T, C, NH,
-                              blas, stream);
+                              blas, stream, causal, scaled);
 }
 
 }  // namespace attn::cuda

@@ -83,7 +83,7 @@ __device__ inline float keep_factor(float p, float keep_scale, std::uint64_t see
                                     long long head, int T, int i, int j) {
     if (p <= 0.0f) return 1.0f;
     const auto index = static_cast<std::uint64_t>((head * T + i) * static_cast<long long>(T) + j);
-    return detail::hash_uniform(seed, index) < p ? 0.0f : keep_scale;
+    return dropout_uniform(seed, index) < p ? 0.0f : keep_scale;
 }
 
 // Reductions over the 16 lanes of a half-warp (one row group).

@@ -56,7 +56,7 @@ __global__ void residual_backward_kernel(float* dinp1, float* dinp2, const float
 __global__ void dropout_kernel(float* x, float p, std::uint64_t seed, std::size_t N) {
     const float keep_scale = 1.0f / (1.0f - p);
     ATTN_GRID_STRIDE(i, N) {
-        x[i] = detail::hash_uniform(seed, i) < p ? 0.0f : x[i] * keep_scale;
+        x[i] = dropout_uniform(seed, i) < p ? 0.0f : x[i] * keep_scale;
     }
 }
 #undef ATTN_GRID_STRIDE

@@ -6,6 +6,7 @@
 #include "attn/cuda/attention.hpp"
 #include "attn/cuda/device.hpp"
 #include "attn/cuda/gpt_ops.hpp"
+#include "attn/dropout_mask.hpp"
 #include "check.cuh"
 
 #include <algorithm>
@@ -150,13 +151,6 @@ void zero_async(float* p, size_t n, cudaStream_t s) {
     if (n) CUDA_CHECK(cudaMemsetAsync(p, 0, n * sizeof(float), s));
 }
 
-// splitmix64: a dropout site's seed from the model's seed, the forward call and the site.
-std::uint64_t mix(std::uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-}
 }  // namespace
 
 // The buffers of one cached generation step (one token), and the key/value cache.
@@ -228,8 +222,9 @@ struct CudaGPT::Impl {
         if (stream) cudaStreamDestroy(stream);
     }
 
-    std::uint64_t site_seed(int site) const {
-        return mix(seed ^ mix(forward_calls * 1024 + static_cast<std::uint64_t>(site)));
+    // The seed of a dropout site's mask in this pass, the CPU model's (dropout_mask.hpp).
+    std::uint64_t site_seed(int layer, int part) const {
+        return dropout_site_seed(seed, forward_calls, dropout_site(layer, part));
     }
 
     void allocate(int newB, int newT, bool dropout) {
@@ -253,36 +248,40 @@ struct CudaGPT::Impl {
     }
 };
 
+std::string unsupported_on_gpu(const GPTConfig& c, const CudaOptions& options) {
+    if (c.position != Position::learned) {
+        return std::string("the GPU model has learned positions only; this model's are ") +
+               position_name(c.position) + ": train it on the CPU";
+    }
+    if (c.kv_heads() != c.n_head || c.window != 0) {
+        return "the GPU model has multi-head attention over the whole context only; this model "
+               "has " + std::to_string(c.kv_heads()) + " key/value heads and window " +
+               std::to_string(c.window) + ": train it on the CPU";
+    }
+    if (options.attention == AttentionKind::fused) {
+        const int hs = c.n_embd / c.n_head;
+        if (!flash_attention_supports(static_cast<size_t>(hs))) {
+            return "the fused attention kernels need a head size of 64 or 128; this model's is " +
+                   std::to_string(hs) + " (n_embd " + std::to_string(c.n_embd) + " / n_head " +
+                   std::to_string(c.n_head) + "): use the materialised attention";
+        }
+        if (!c.scaled_attention) {
+            return "the fused attention kernels always divide the scores by √hs, as the CPU's "
+                   "fused attention does: use the materialised attention for a model without "
+                   "the scale";
+        }
+    }
+    return "";
+}
+
 CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t seed)
     : impl_(std::make_unique<Impl>()), config_(model.config()),
       num_parameters_(model.parameters().size()) {
-    if (config_.position != Position::learned) {
-        throw std::invalid_argument(std::string("CudaGPT: the GPU model has learned positions "
-                                                "only; this model's are ") +
-                                    position_name(config_.position) + ": train it on the CPU");
-    }
-    if (config_.kv_heads() != config_.n_head || config_.window != 0) {
-        throw std::invalid_argument("CudaGPT: the GPU model has multi-head attention over the whole "
-                                    "context only; this model has " +
-                                    std::to_string(config_.kv_heads()) + " key/value heads and window " +
-                                    std::to_string(config_.window) + ": train it on the CPU");
-    }
+    const std::string unsupported = unsupported_on_gpu(config_, options);
+    if (!unsupported.empty()) throw std::invalid_argument("CudaGPT: " + unsupported);
     std::string why;
     if (!device_available(&why)) throw std::runtime_error("CudaGPT: no usable CUDA device (" + why + ")");
     Impl& d = *impl_;
-    if (!config_.scaled_attention) {
-        throw std::invalid_argument(
-            "CudaGPT: the GPU kernels always divide the attention scores by √hs; train a model "
-            "without the factor on the CPU");
-    }
-    if (options.attention == AttentionKind::fused &&
-        !flash_attention_supports(static_cast<size_t>(config_.n_embd / config_.n_head))) {
-        throw std::invalid_argument(
-            "CudaGPT: the fused attention kernels need a head size of 64 or 128; this model's "
-            "is " + std::to_string(config_.n_embd / config_.n_head) + " (n_embd " +
-            std::to_string(config_.n_embd) + " / n_head " + std::to_string(config_.n_head) +
-            "): use the materialised attention");
-    }
     d.cfg = config_;
     d.options = options;
     d.seed = seed;
@@ -396,7 +395,7 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
 
     // x = drop(wte[idx] + wpe[pos])                                     (B, T, C)
     encoder_forward(a.encoded, d_inputs, p.wte, p.wpe, B, T, C, s);
-    if (dropout) dropout_forward(a.encoded, pdrop, d.site_seed(0), BTC, s);
+    if (dropout) dropout_forward(a.encoded, pdrop, d.site_seed(-1, 0), BTC, s);
 
     for (int l = 0; l < L; ++l) {
         const size_t lc = static_cast<size_t>(l) * C;
@@ -423,16 +422,17 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
         switch (d.options.attention) {
         case AttentionKind::materialised:
             attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f,
-                              d.site_seed(1 + 3 * l), a.attention, B, T, C, NH, blas, s);
+                              d.site_seed(l, 0), a.attention, B, T, C, NH, blas, s,
+                              config_.causal, config_.scaled_attention);
             break;
         case AttentionKind::fused:
-            fused_attention_forward(atty, lse, qkv, dropout ? pdrop : 0.0f, d.site_seed(1 + 3 * l),
-                                    a.attention, B, T, C, NH, s);
+            fused_attention_forward(atty, lse, qkv, dropout ? pdrop : 0.0f, d.site_seed(l, 0),
+                                    a.attention, B, T, C, NH, s, config_.causal);
             break;
         }
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C, blas, s);
-        if (dropout) dropout_forward(attproj, pdrop, d.site_seed(2 + 3 * l), BTC, s);
+        if (dropout) dropout_forward(attproj, pdrop, d.site_seed(l, 1), BTC, s);
         residual_forward(residual2, residual, attproj, BTC, s);
 
         // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
@@ -443,7 +443,7 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
         gelu_forward(fch_gelu, fch, BTC * 4, s);
         matmul_forward(fcproj, fch_gelu, p.fcprojw + lc * 4 * C,
                        p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C, blas, s);
-        if (dropout) dropout_forward(fcproj, pdrop, d.site_seed(3 + 3 * l), BTC, s);
+        if (dropout) dropout_forward(fcproj, pdrop, d.site_seed(l, 2), BTC, s);
         residual_forward(residual3, residual2, fcproj, BTC, s);
     }
 
@@ -530,7 +530,7 @@ void CudaGPT::backward() {
         CUDA_CHECK(cudaMemcpyAsync(a.dinner, a.dresidual, BTC * sizeof(float),
                                    cudaMemcpyDeviceToDevice, s));
         // fcproj = drop(fch_gelu · c_projᵀ + b)
-        if (dropout) dropout_backward(a.dinner, pdrop, d.site_seed(3 + 3 * l), BTC, s);
+        if (dropout) dropout_backward(a.dinner, pdrop, d.site_seed(l, 2), BTC, s);
         zero_async(a.dfch_gelu, 4 * BTC, s);
         matmul_backward(a.dfch_gelu, g.fcprojw + lc * 4 * C, g.fcprojb ? g.fcprojb + lc : nullptr,
                         a.dinner, fch_gelu, p.fcprojw + lc * 4 * C, rs, N, 4 * C, C, blas, s);
@@ -550,7 +550,7 @@ void CudaGPT::backward() {
         CUDA_CHECK(cudaMemcpyAsync(a.dinner, a.dresidual, BTC * sizeof(float),
                                    cudaMemcpyDeviceToDevice, s));
         // attproj = drop(atty · c_projᵀ + b)
-        if (dropout) dropout_backward(a.dinner, pdrop, d.site_seed(2 + 3 * l), BTC, s);
+        if (dropout) dropout_backward(a.dinner, pdrop, d.site_seed(l, 1), BTC, s);
         zero_async(a.datty, BTC, s);
         matmul_backward(a.datty, g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr,
                         a.dinner, atty, p.attprojw + lc * C, rs, N, C, C, blas, s);
@@ -559,11 +559,12 @@ void CudaGPT::backward() {
         switch (d.options.attention) {
         case AttentionKind::materialised:
             attention_backward(a.dqkv, a.datty, qkv, att, att_dropped, pdrop, a.attention, B, T,
-                               C, NH, blas, s);
+                               C, NH, blas, s, config_.causal, config_.scaled_attention);
             break;
         case AttentionKind::fused:
             fused_attention_backward(a.dqkv, a.datty, qkv, atty, lse, pdrop,
-                                     d.site_seed(1 + 3 * l), a.attention, B, T, C, NH, s);
+                                     d.site_seed(l, 0), a.attention, B, T, C, NH, s,
+                                     config_.causal);
             break;
         }
         // qkv = ln1 · c_attnᵀ + b
@@ -577,7 +578,7 @@ void CudaGPT::backward() {
     }
 
     // encoded = drop(wte[idx] + wpe[pos])
-    if (dropout) dropout_backward(a.dresidual, pdrop, d.site_seed(0), BTC, s);
+    if (dropout) dropout_backward(a.dresidual, pdrop, d.site_seed(-1, 0), BTC, s);
     encoder_backward(g.wte, g.wpe, a.dresidual, d_inputs, B, T, C, V, s);
 }
 
@@ -612,9 +613,12 @@ void CudaGPT::adamw_step(AdamW& opt, float lr) {
 namespace {
 void check_same_config(const GPTConfig& a, const GPTConfig& b, const char* where) {
     if (a.vocab_size != b.vocab_size || a.block_size != b.block_size || a.n_layer != b.n_layer ||
-        a.n_head != b.n_head || a.n_embd != b.n_embd || a.bias != b.bias) {
+        a.n_head != b.n_head || a.n_embd != b.n_embd || a.bias != b.bias ||
+        a.causal != b.causal || a.scaled_attention != b.scaled_attention ||
+        a.position != b.position || a.kv_heads() != b.kv_heads() || a.window != b.window) {
         throw std::invalid_argument(std::string(where) +
-                                    ": the CPU model's sizes differ from the GPU model's");
+                                    ": the CPU model's sizes or attention differ from the "
+                                                  "GPU model's");
     }
 }
 
@@ -687,7 +691,25 @@ void CudaGPT::copy_logits_row_to(std::vector<float>& out, int b, int t) const {
     download(out.data(), d.a.logits + (static_cast<size_t>(b) * d.T + t) * V, V, d.stream);
 }
 
+namespace {
+// The key/value cache keeps a position's key and value as they were when it was the newest:
+// right for a causal model (no later token changes them), as the CPU's cache requires.
+void require_cacheable(const GPTConfig& c, const char* who) {
+    if (!c.causal) {
+        throw std::invalid_argument(std::string(who) + ": the model is not causal, so an earlier "
+                                    "position's key and value change with every new token: "
+                                    "generate without the cache");
+    }
+    if (!c.scaled_attention) {
+        throw std::invalid_argument(std::string(who) + ": the cached attention divides the "
+                                    "scores by √hs, as the CPU's cache does; this model has no "
+                                    "scale: generate without the cache");
+    }
+}
+}  // namespace
+
 void CudaGPT::decode_step(std::vector<float>& logits, int token, int pos) {
+    require_cacheable(config_, "CudaGPT::decode_step");
     Impl& d = *impl_;
     const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
               NH = config_.n_head, block = config_.block_size, hs = C / NH;
@@ -747,6 +769,7 @@ void CudaGPT::decode_step(std::vector<float>& logits, int token, int pos) {
 }
 
 void CudaGPT::prefill(std::vector<float>& logits, const int* tokens, int T) {
+    require_cacheable(config_, "CudaGPT::prefill");
     train(false);
     forward_async(tokens, nullptr, 1, T);
     Impl& d = *impl_;

@@ -1,8 +1,9 @@
 // Helpers shared by the GPT's CUDA ops: grid arithmetic, warp and block reductions, the
-// dropout hash, the cuBLAS status check and the deterministic column-sum kernels.
+// cuBLAS status check and the deterministic column-sum kernels.
 #pragma once
 
 #include "attn/cuda/gpt_ops.hpp"
+#include "attn/dropout_mask.hpp"
 #include "check.cuh"
 
 #include <cublas_v2.h>
@@ -75,16 +76,6 @@ __device__ inline float block_max(float x, float* shared) {
     __syncthreads();
     x = lane < warps ? shared[lane] : -INFINITY;
     return warp_max(x);
-}
-
-// A uniform number in [0, 1) from (seed, index): splitmix64's finaliser, so that a dropout
-// mask is a pure function of its seed and the element's index and never needs storing.
-__device__ inline float hash_uniform(std::uint64_t seed, std::uint64_t index) {
-    std::uint64_t z = seed + 0x9e3779b97f4a7c15ull * (index + 1);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    z ^= z >> 31;
-    return static_cast<float>(z >> 40) * (1.0f / 16777216.0f);  // 24 random bits
 }
 
 // Column sums in two deterministic passes. Pass 1: block (32, 8) sums rows

@@ -47,6 +47,8 @@ public:
 
     void adamw_step(AdamW& optimizer, float lr) override { gpu_.adamw_step(optimizer, lr); }
 
+    void copy_gradients_to(std::vector<float>& out) override { gpu_.copy_gradients_to(out); }
+
 private:
     CudaGPT gpu_;
     CudaOptions options_;

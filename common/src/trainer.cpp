@@ -334,6 +334,28 @@ StepRecord Trainer::train_step() {
 }
 //! [train_step]
 
+float Trainer::first_batch_gradients(std::vector<int>& x, std::vector<int>& y,
+                                     std::vector<float>& grads) {
+    const int B = config_.batch_size, T = config_.block_size;
+    first_batch(x, y);
+    const float unclipped = std::numeric_limits<float>::infinity();
+    float loss = 0.0f;
+    if (device_) {
+        loss = device_->loss(x.data(), y.data(), B, T, false, 0);
+        device_->backward_and_clip(unclipped);
+        device_->copy_gradients_to(grads);
+        return loss;
+    }
+    model_.train(false);  // no dropout: PyTorch's model.eval() computes the same gradients
+    loss = model_.forward(x.data(), y.data(), B, T);
+    model_.zero_grad();
+    model_.backward();
+    model_.train(true);
+    grads = model_.gradients();
+    model_.zero_grad();
+    return loss;
+}
+
 float Trainer::cpu_loss(std::uint64_t dropout_seed) {
     model_.seed_dropout(dropout_seed);
     model_.train(true);
@@ -618,6 +640,14 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
     }
     auto evaluate = [&] {
         const EvalRecord e = trainer.evaluate();
+        // A NaN or an infinity would be written as JSON's null: a run that cannot evaluate
+        // stops here, with the last checkpoint left as it was.
+        if (!std::isfinite(e.train_loss) || !std::isfinite(e.val_loss)) {
+            throw TrainingDiverged(
+                "the evaluation at step " + std::to_string(e.step) + " gave a train loss of " +
+                describe(static_cast<float>(e.train_loss)) + " and a val loss of " +
+                describe(static_cast<float>(e.val_loss)) + ": training stopped");
+        }
         summary.evals.push_back(e);
         if (options.progress && options.progress_is_terminal) *options.progress << "\r\x1b[K" << std::flush;
         if (options.log) {
@@ -712,13 +742,9 @@ float dump_gradients(Trainer& trainer, const fs::path& dir) {
     }
     const int B = trainer.config().batch_size, T = trainer.config().block_size;
     std::vector<int> x, y;
-    trainer.first_batch(x, y);
-    GPT& model = trainer.model();
-    model.train(false);  // no dropout: PyTorch's model.eval() computes the same gradients
-    const float loss = model.forward(x.data(), y.data(), B, T);
-    model.zero_grad();
-    model.backward();
-    model.train(true);
+    std::vector<float> grads;
+    const float loss = trainer.first_batch_gradients(x, y, grads);
+    const GPT& model = trainer.model();
     write_directory_atomically(dir, [&](const fs::path& tmp) {
         save_checkpoint(tmp / "weights", model, {trainer.data().vocab.chars(), 0});
         const std::vector<std::size_t> bt{static_cast<std::size_t>(B), static_cast<std::size_t>(T)};
@@ -728,10 +754,9 @@ float dump_gradients(Trainer& trainer, const fs::path& dir) {
         write_npy(tmp / "loss.npy", {1}, &loss);
         fs::create_directory(tmp / "grad");
         for (const ParameterInfo& p : model.parameter_table()) {
-            write_npy(tmp / "grad" / (p.name + ".npy"), p.shape, model.gradients().data() + p.offset);
+            write_npy(tmp / "grad" / (p.name + ".npy"), p.shape, grads.data() + p.offset);
         }
     });
-    model.zero_grad();
     return loss;
 }
 

@@ -354,6 +354,87 @@ TEST_CASE("with dropout, the fused and materialised attention draw the same mask
     CHECK(change > 100.0f * fp32_tolerance.relative * scale);
 }
 
+namespace {
+// The logits, loss and every gradient of `cpu` and of its copy on the GPU, in `mode`
+// (training: with dropout, both seeded alike), on one batch.
+void check_same_pass(GPT& cpu, const cuda::CudaOptions& options, int batch, int time,
+                     bool training) {
+    cuda::CudaGPT gpu(cpu, options);
+    const std::size_t n = static_cast<std::size_t>(batch) * time;
+    const std::vector<int> x = random_tokens(n, 51, 65), y = random_tokens(n, 52, 65);
+    cpu.train(training);
+    gpu.train(training);
+    cpu.seed_dropout(77);
+    gpu.seed_dropout(77);
+    const float cpu_loss = cpu.forward(x.data(), y.data(), batch, time);
+    const float gpu_loss = gpu.forward(x.data(), y.data(), batch, time);
+    CHECK(std::fabs(gpu_loss - cpu_loss) <= fp32_tolerance.relative * cpu_loss);
+    std::vector<float> logits, grads;
+    gpu.copy_logits_to(logits);
+    check_close("logits", logits.data(), cpu.logits().data(), logits.size(), fp32_tolerance);
+    cpu.zero_grad();
+    cpu.backward();
+    gpu.zero_grad();
+    gpu.backward();
+    gpu.copy_gradients_to(grads);
+    for (const ParameterInfo& info : cpu.parameter_table()) {
+        check_close(info.name.c_str(), grads.data() + info.offset,
+                    cpu.gradients().data() + info.offset, info.size, fp32_tolerance);
+    }
+}
+}  // namespace
+
+TEST_CASE("without the causal mask or the attention scale, the GPU model is the CPU model") {
+    // Either change moves the loss by ~1e-3 and the attention gradients by far more than
+    // the tolerance, so a GPU that kept the mask or the scale fails here.
+    for (const bool causal : {true, false}) {
+        for (const bool scaled : {true, false}) {
+            if (causal && scaled) continue;
+            CAPTURE(causal);
+            CAPTURE(scaled);
+            GPTConfig c = small_config(true);
+            c.causal = causal;
+            c.scaled_attention = scaled;
+            GPT cpu(c, 7);
+            check_same_pass(cpu, {}, B, T, false);
+        }
+    }
+    GPTConfig c = fused_config(0.0f);  // the fused kernels, not causal
+    c.causal = false;
+    GPT cpu(c, 7);
+    check_same_pass(cpu, fused_options(), fused_B, fused_T, false);
+}
+
+TEST_CASE("with dropout, the GPU model drops the elements the CPU model drops") {
+    // Both hash (seed, forward pass, site, element index): from the same seed the two
+    // compute the same function. A mask drawn otherwise changes the gradients by ~1e-1 of
+    // their scale (the last test case of the dropout pair above measures a new seed's).
+    GPTConfig c = small_config(true);
+    c.dropout = 0.2f;
+    GPT with_dropout(c, 7);
+    check_same_pass(with_dropout, {}, B, T, true);
+    GPT fused_cpu(fused_config(0.2f), 7);  // the CPU trains it on the materialised attention
+    check_same_pass(fused_cpu, fused_options(), fused_B, fused_T, true);
+}
+
+TEST_CASE("the GPU's key/value cache refuses what the CPU's refuses: no causal mask, no scale") {
+    for (const char* which : {"no causal mask", "no scale"}) {
+        CAPTURE(which);
+        GPTConfig c = small_config(true);
+        c.causal = std::string(which) != "no causal mask";
+        c.scaled_attention = std::string(which) != "no scale";
+        GPT cpu(c, 7);
+        cuda::CudaGPT gpu(cpu);
+        std::vector<float> logits;
+        const int token = 3;
+        CHECK_THROWS_AS(gpu.decode_step(logits, token, 0), std::invalid_argument);
+        CHECK_THROWS_AS(gpu.prefill(logits, &token, 1), std::invalid_argument);
+        KVCache cache(c);
+        DecodeScratch scratch;
+        CHECK_THROWS_AS(forward_cached(scratch, cpu, cache, token, 0), std::invalid_argument);
+    }
+}
+
 TEST_CASE("the fused attention refuses a head size its kernels do not take, in one sentence") {
     GPT cpu(small_config(true), 7);  // head size 16
     CHECK_THROWS_WITH_AS(cuda::CudaGPT(cpu, fused_options()),

@@ -215,3 +215,24 @@ TEST_CASE("cublasSgemm is column-major with cuBLAS's transposes and leading dime
     cublasDestroy(h);
     cuda_sim::take_failure();
 }
+
+TEST_CASE("in the TF32 math mode the products' inputs are rounded to a 10-bit mantissa") {
+    // 1 + 2^-12 lies below half of TF32's last place (2^-10) and rounds to 1; 1 + 2^-11 is
+    // exactly half and rounds away from zero to 1 + 2^-10; 3 is exact. So with B = 1 the
+    // 1×1 products are 1, 1 + 2^-10 and 3 in TF32, and the inputs themselves in fp32.
+    const float below = 1.0f + 0x1p-12f, half = 1.0f + 0x1p-11f;
+    Buffer<float> A(std::vector<float>{below, half, 3.0f}), B(std::vector<float>{1.0f}),
+        C(std::vector<float>(3, 0.0f));
+    cublasHandle_t h = nullptr;
+    REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    const float one = 1.0f, zero = 0.0f;
+    REQUIRE(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 1, 1, &one, A.p, 3, B.p, 1, &zero, C.p, 3) ==
+            CUBLAS_STATUS_SUCCESS);
+    CHECK(C.get() == std::vector<float>{below, half, 3.0f});
+    REQUIRE(cublasSetMathMode(h, CUBLAS_TF32_TENSOR_OP_MATH) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 1, 1, &one, A.p, 3, B.p, 1, &zero, C.p, 3) ==
+            CUBLAS_STATUS_SUCCESS);
+    CHECK(C.get() == std::vector<float>{1.0f, 1.0f + 0x1p-10f, 3.0f});
+    cublasDestroy(h);
+    cuda_sim::take_failure();
+}

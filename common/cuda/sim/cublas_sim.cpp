@@ -2,14 +2,19 @@
 // column-major matrices, op(A) is m×k, op(B) is k×n, C is m×n, leading dimensions at least
 // the rows of the stored matrix, C not read when beta is 0, and a batch at fixed strides.
 // Every matrix must lie inside one device allocation, as on a GPU (where reading past it is
-// an illegal address). The TF32 math mode is accepted and computes in fp32.
+// an illegal address). In the TF32 math mode the inputs of each product are rounded to
+// TF32 (a 10-bit mantissa, to nearest, as the tensor cores' conversion does) and the
+// products are summed in fp32, so that a run with TF32 differs from an fp32 run as on a GPU.
 #include "cuda_sim.hpp"
 
 #include <cblas.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
+#include <vector>
 
 struct cublasContext {
     cudaStream_t stream = nullptr;
@@ -29,6 +34,29 @@ namespace {
 cublasStatus_t invalid(const std::string& what) {
     cuda_sim::cublas_detail() = what;
     return CUBLAS_STATUS_INVALID_VALUE;
+}
+
+// x rounded to TF32: the 13 low mantissa bits dropped, to nearest with ties away from zero
+// (cvt.rna.tf32.f32); infinities and NaN pass unchanged.
+float to_tf32(float x) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    if ((bits & 0x7f800000u) != 0x7f800000u) bits = (bits + 0x1000u) & ~0x1fffu;
+    std::memcpy(&x, &bits, sizeof x);
+    return x;
+}
+
+// The column-major rows×cols matrix at p (leading dimension ld), each element rounded to
+// TF32, packed with leading dimension rows.
+std::vector<float> tf32_copy(const float* p, int rows, int cols, int ld) {
+    std::vector<float> out(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+    for (int j = 0; j < cols; ++j) {
+        for (int i = 0; i < rows; ++i) {
+            out[static_cast<std::size_t>(j) * rows + i] =
+                to_tf32(p[static_cast<std::size_t>(j) * ld + i]);
+        }
+    }
+    return out;
 }
 
 // Whether the column-major rows×cols matrix at p with leading dimension ld lies inside one
@@ -76,6 +104,15 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
             }
         }
         return CUBLAS_STATUS_SUCCESS;
+    }
+    std::vector<float> a_tf32, b_tf32;
+    if (h->math == CUBLAS_TF32_TENSOR_OP_MATH) {
+        a_tf32 = tf32_copy(A, a_rows, a_cols, lda);
+        b_tf32 = tf32_copy(B, b_rows, b_cols, ldb);
+        A = a_tf32.data();
+        B = b_tf32.data();
+        lda = a_rows;
+        ldb = b_rows;
     }
     cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
                 tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *alpha, A, lda, B, ldb,

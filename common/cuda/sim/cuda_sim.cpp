@@ -128,14 +128,24 @@ struct Runner {
     std::vector<unsigned char> dynamic_shared;
     std::string failure;  // set by a thread that breaks a rule; ends the block
     bool dirty_stacks = false;
+    bool reverse = false;  // the order of this launch's rounds: threads from last to first
+    std::size_t switches = 0;  // into fibers, during this launch (then added to the stats)
 #ifdef CUDA_SIM_ASAN
     const void* main_bottom = nullptr;
     std::size_t main_size = 0;
+    bool from_scheduler = false;  // whether the fiber being entered was resumed by it
+    const void* entered_from_bottom = nullptr;  // the stack a new fiber was entered from
+    std::size_t entered_from_size = 0;
 #endif
+    // Stacks of threads that a smaller block left over, kept for the next larger one:
+    // launches alternate between block sizes, and mapping the stacks again each time
+    // costs more than the kernels.
+    std::vector<char*> spare_stacks;
     ~Runner() {
         for (Thread& t : threads) {
             if (t.stack) munmap(t.stack - page(), stack_bytes + page());
         }
+        for (char* stack : spare_stacks) munmap(stack - page(), stack_bytes + page());
     }
     static std::size_t page() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
 };
@@ -176,13 +186,28 @@ void make_context(Context* c, char* stack) {
 #endif
 }
 
+// A round resumes every ready thread once, in index order (reversed in the race check's
+// second run). The thread after i in the running round: the next ready one, or -1 when
+// the round is over.
+int next_in_round(const Runner& r, int i) {
+    const int n = static_cast<int>(r.threads.size());
+    const int step = r.reverse ? -1 : 1;
+    for (int j = i + step; j >= 0 && j < n; j += step) {
+        if (r.threads[static_cast<std::size_t>(j)].state == State::ready) return j;
+    }
+    return -1;
+}
+
+// Starts a round at thread i; returns when the round is over (or a thread broke a rule).
+// The threads pass control to one another directly (see yield), not through here.
 void resume(Runner& r, int i) {
     Thread& t = r.threads[static_cast<std::size_t>(i)];
     r.current = i;
     threadIdx = t.idx;
-    ++stats().switches;
+    ++r.switches;
 #ifdef CUDA_SIM_ASAN
     void* fake = nullptr;
+    r.from_scheduler = true;
     __sanitizer_start_switch_fiber(&fake, t.stack, stack_bytes);
     switch_context(&r.scheduler, &t.context);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
@@ -192,17 +217,31 @@ void resume(Runner& r, int i) {
     r.current = -1;
 }
 
-// From a fiber to the scheduler; returns when the scheduler resumes this thread.
+// From a fiber that waits or has finished to the next thread of the round, or to the
+// scheduler at the round's end (one switch instead of two through the scheduler); returns
+// when this thread is resumed.
 void yield(Runner& r) {
     Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    const int next = r.failure.empty() ? next_in_round(r, r.current) : -1;
+    Context* to = &r.scheduler;
+    if (next >= 0) {
+        Thread& u = r.threads[static_cast<std::size_t>(next)];
+        r.current = next;
+        threadIdx = u.idx;
+        ++r.switches;
+        to = &u.context;
+    }
 #ifdef CUDA_SIM_ASAN
     void* fake = nullptr;
-    __sanitizer_start_switch_fiber(t.state == State::done ? nullptr : &fake, r.main_bottom,
-                                   r.main_size);
-    switch_context(&t.context, &r.scheduler);
+    r.from_scheduler = false;
+    __sanitizer_start_switch_fiber(t.state == State::done ? nullptr : &fake,
+                                   next >= 0 ? r.threads[static_cast<std::size_t>(next)].stack
+                                             : r.main_bottom,
+                                   next >= 0 ? stack_bytes : r.main_size);
+    switch_context(&t.context, to);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
-    switch_context(&t.context, &r.scheduler);
+    switch_context(&t.context, to);
 #endif
 }
 
@@ -218,7 +257,14 @@ void yield(Runner& r) {
 void fiber_main() {
     Runner& r = runner();
 #ifdef CUDA_SIM_ASAN
-    __sanitizer_finish_switch_fiber(nullptr, &r.main_bottom, &r.main_size);
+    // The stack this fiber was entered from: the scheduler's, to switch back to later,
+    // unless another fiber passed control to it. (Into the runner, not into locals of this
+    // frame, whose redzones would stay poisoned where the next block's fiber starts.)
+    __sanitizer_finish_switch_fiber(nullptr, &r.entered_from_bottom, &r.entered_from_size);
+    if (r.from_scheduler) {
+        r.main_bottom = r.entered_from_bottom;
+        r.main_size = r.entered_from_size;
+    }
 #endif
     r.body(r.arg);
     r.threads[static_cast<std::size_t>(r.current)].state = State::done;
@@ -277,15 +323,12 @@ bool run_block(Runner& r, uint3 block, bool reverse) {
     r.arrived = 0;
     r.done = 0;
     std::fill(r.dynamic_shared.begin(), r.dynamic_shared.end(), 0xff);  // as uninitialised
+    r.reverse = reverse;
     for (;;) {
-        bool ran = false;
-        for (int k = 0; k < n; ++k) {
-            const int i = reverse ? n - 1 - k : k;
-            if (r.threads[static_cast<std::size_t>(i)].state != State::ready) continue;
-            resume(r, i);
-            ran = true;
-            if (!r.failure.empty()) return false;
-        }
+        const int first = next_in_round(r, reverse ? n : -1);
+        const bool ran = first >= 0;
+        if (ran) resume(r, first);  // the whole round: each thread hands over to the next
+        if (!r.failure.empty()) return false;
         if (r.done == n) return true;
         if (!ran) {
             r.failure = deadlock(r);
@@ -543,18 +586,26 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg) {
         const std::size_t page = Runner::page();
         for (std::size_t i = r.threads.size(); i < threads; ++i) {
             Thread t;
-            void* m = mmap(nullptr, stack_bytes + page, PROT_READ | PROT_WRITE,
-                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-            if (m == MAP_FAILED) {
-                error(cudaErrorMemoryAllocation, kernel + ": no memory for the threads' stacks");
-                return;
+            if (!r.spare_stacks.empty()) {
+                t.stack = r.spare_stacks.back();
+                r.spare_stacks.pop_back();
+#ifdef CUDA_SIM_ASAN
+                __asan_unpoison_memory_region(t.stack, stack_bytes);  // an abandoned fiber's
+#endif
+            } else {
+                void* m = mmap(nullptr, stack_bytes + page, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+                if (m == MAP_FAILED) {
+                    error(cudaErrorMemoryAllocation, kernel + ": no memory for the threads' stacks");
+                    return;
+                }
+                mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting
+                t.stack = static_cast<char*>(m) + page;
             }
-            mprotect(m, page, PROT_NONE);  // a stack overflow faults instead of corrupting
-            t.stack = static_cast<char*>(m) + page;
             r.threads.push_back(t);
         }
         while (r.threads.size() > threads) {
-            munmap(r.threads.back().stack - page, stack_bytes + page);
+            r.spare_stacks.push_back(r.threads.back().stack);
             r.threads.pop_back();
         }
     }
@@ -614,6 +665,8 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg) {
     }
     threadIdx = {0, 0, 0};
     blockIdx = {0, 0, 0};
+    d.stats.switches += r.switches;
+    r.switches = 0;
     if (!failure.empty()) {
         d.sticky = error(cudaErrorLaunchFailure, kernel + ": " + failure);
         std::fprintf(stderr, "CUDA simulator: %s\n", d.detail.c_str());

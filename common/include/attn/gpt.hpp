@@ -79,6 +79,11 @@ enum class AttentionKind {
                    ///< training pass with dropout uses the materialised attention
 };
 
+/// Why the fused attention cannot run a model, or "" when it can: it has one key/value head
+/// per query head, no window, no ALiBi bias and always divides the scores by √hs.
+/// @param config the model @return the reason, one sentence, or ""
+std::string fused_attention_unsupported(const GPTConfig& config);
+
 /// One named parameter tensor inside the flat parameter buffer.
 struct ParameterInfo {
     std::string name;  ///< nanoGPT's state_dict key, e.g. `transformer.h.0.ln_1.weight`
@@ -165,9 +170,10 @@ struct GradientScratch {
 /// buffers); movable.
 ///
 /// Both passes run on the threads of threads.hpp, each thread on its own slice of the
-/// batch's sequences (data parallelism inside one process); the forward pass runs as one
-/// slice when dropout is on, so that the masks come from one random stream in order. The
-/// results agree with a single thread's to float rounding (tests/test_threads.cpp).
+/// batch's sequences (data parallelism inside one process); a dropout mask is a hash of
+/// each element's index in the whole batch (dropout_mask.hpp), so the slices draw the
+/// masks the whole batch would, and the GPU model draws the same ones. The results agree
+/// with a single thread's to float rounding (tests/test_threads.cpp).
 class GPT {
 public:
     /// A model with nanoGPT's initialisation: weights N(0, 0.02), the residual projections
@@ -214,9 +220,13 @@ public:
     void set_attention(AttentionKind kind);
     /// The attention chosen by set_attention().
     AttentionKind attention() const { return attention_; }
-    /// Reseeds the dropout masks' random source.
+    /// Reseeds the dropout masks: the masks of the following forward passes depend only on
+    /// `seed` and their order since this call (dropout_site_seed), as on the GPU model.
     /// @param seed the new seed
-    void seed_dropout(std::uint64_t seed) { dropout_rng_ = Rng(seed); }
+    void seed_dropout(std::uint64_t seed) {
+        dropout_seed_ = seed;
+        forward_calls_ = 0;
+    }
 
     const GPTConfig& config() const { return config_; }  ///< the model's sizes
     /// The name, shape and place in the flat buffer of every parameter tensor, in
@@ -256,7 +266,8 @@ private:
     GradientScratch scratch_;
     std::vector<int> inputs_;   // (B, T) of the last forward call
     std::vector<int> targets_;  // (B, T) of the last forward call
-    Rng dropout_rng_;
+    std::uint64_t dropout_seed_;        // seed_dropout's seed
+    std::uint64_t forward_calls_ = 0;  // forward passes since it was set
     std::vector<float> alibi_slopes_;  // (NH) with Position::alibi, else empty
     int B_ = 0, T_ = 0;
     bool training_ = true;

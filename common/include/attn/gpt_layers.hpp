@@ -13,6 +13,7 @@
 /// Backward functions never allocate: scratch space, where needed, is passed in.
 #pragma once
 
+#include "attn/dropout_mask.hpp"
 #include "attn/random.hpp"
 
 #include <vector>
@@ -92,7 +93,9 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 ///        dropout_p > 0 (otherwise it may be nullptr)
 /// @param qkv (B, T, 3C) q, k and v side by side, as nanoGPT's `c_attn` produces them
 /// @param dropout_p the probability of zeroing a weight; 0 for no dropout
-/// @param rng the source of the dropout mask; unused (may be nullptr) when dropout_p is 0
+/// @param dropout_site the mask's site: weight (b, h, i, j) of the call is element
+///        first_index + ((b·NH + h)·T + i)·T + j of the site (dropout_mask.hpp), the GPU's
+///        index for the same weight; unused (may be nullptr) when dropout_p is 0
 /// @param B batch size  @param T sequence length  @param C channels  @param NH heads
 /// @param causal false attends to every position, future ones included (no mask)
 /// @param scaled false leaves out the 1/√hs (scores q·kᵀ as they are)
@@ -104,7 +107,7 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
 ///        key/value head kv_head_of(h, NH, G). G = 1 is multi-query attention.
 /// @param window W: query t sees keys t − W + 1 … t only (0: all of 0 … t); needs causal
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
-                       float dropout_p, Rng* rng, int B, int T, int C, int NH,
+                       float dropout_p, const DropoutSite* dropout_site, int B, int T, int C, int NH,
                        bool causal = true, bool scaled = true,
                        const float* alibi_slopes = nullptr, int NKV = 0, int window = 0);
 
@@ -213,13 +216,14 @@ void residual_backward(float* dinp1, float* dinp2, const float* dout, int N);
 
 /// Inverted dropout, in place: each element is zeroed with probability p and the survivors
 /// are scaled by 1/(1 − p), so the expected value is unchanged. `mask` records the factor
-/// (0 or 1/(1 − p)) applied to each element.
+/// (0 or 1/(1 − p)) applied to each element. Element i is dropped when
+/// dropout_uniform(site.seed, site.first_index + i) < p, as on the GPU.
 /// @param x (N) changed in place
 /// @param mask (N) the factor applied to each element
 /// @param p probability of zeroing, in [0, 1)
-/// @param rng the source of randomness
+/// @param site the mask's seed and the index of x[0] in the site's tensor
 /// @param N number of elements
-void dropout_forward(float* x, float* mask, float p, Rng& rng, int N);
+void dropout_forward(float* x, float* mask, float p, const DropoutSite& site, int N);
 
 /// Backward of dropout_forward, in place: `dx *= mask`.
 /// @param dx (N) changed in place @param mask (N) from the forward pass

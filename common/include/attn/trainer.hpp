@@ -128,6 +128,9 @@ public:
     /// One AdamW update with the gradients of the last backward_and_clip() call.
     /// @param optimizer the hyper-parameters (its step count advances) @param lr the rate
     virtual void adamw_step(AdamW& optimizer, float lr) = 0;
+    /// The gradients of the last backward_and_clip() call, in GPT::gradients()'s layout.
+    /// @param out resized to the number of parameters
+    virtual void copy_gradients_to(std::vector<float>& out) = 0;
 };
 
 /// The model, its optimizer, the data and the position in the run.
@@ -174,6 +177,14 @@ public:
     /// train_step() uses), without changing the trainer.
     /// @param x (B·T) inputs @param y (B·T) targets
     void first_batch(std::vector<int>& x, std::vector<int>& y) const;
+
+    /// The loss and the gradients of the first batch (first_batch()) in evaluation mode (no
+    /// dropout, nothing clipped), on the device when one is attached; no weight changes.
+    /// @param x receives the (B·T) inputs @param y receives the (B·T) targets
+    /// @param grads receives every gradient, in GPT::gradients()'s layout
+    /// @return the batch's loss
+    float first_batch_gradients(std::vector<int>& x, std::vector<int>& y,
+                                std::vector<float>& grads);
 
     std::int64_t step() const { return step_; }                 ///< steps taken so far
     bool done() const { return step_ >= config_.max_iters; }    ///< whether max_iters is reached
@@ -297,8 +308,8 @@ struct RunSummary {
 /// @param trainer the run
 /// @param options where the output goes
 /// @return the steps and evaluations of this call
-/// @throws TrainingDiverged when the loss stops being finite; the last checkpoint written
-/// is left as it was
+/// @throws TrainingDiverged when the loss stops being finite, or an evaluation's (before it
+/// is written: metrics.jsonl never holds a NaN); the last checkpoint written is left as it was
 RunSummary run_training(Trainer& trainer, const RunOptions& options);
 
 /// Writes a loss-curve PNG: the loss of every step, and the train and val losses of every
@@ -330,7 +341,8 @@ void read_metrics(const std::filesystem::path& path, std::vector<StepRecord>& st
 double median_step_seconds(Trainer& trainer, int steps, int warmup = 2);
 
 /// Writes one step's gradients for comparison with PyTorch, on the first batch of the run
-/// and in evaluation mode (no dropout): `DIR/weights/` (the model, which PyTorch can load),
+/// and in evaluation mode (no dropout), computed on the trainer's device when it has one:
+/// `DIR/weights/` (the model, which PyTorch can load),
 /// `DIR/x.npy`, `DIR/y.npy` (B, T) token ids as float32, `DIR/loss.npy` (1), and
 /// `DIR/grad/<state_dict key>.npy` for every parameter.
 /// @param trainer a run that has taken no step yet

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 
 namespace attn {
@@ -33,6 +34,15 @@ NpyArray read_parameter(const fs::path& file, const std::vector<std::size_t>& sh
     if (a.shape != shape) {
         throw CheckpointError(file.string() + ": expected shape " + format_shape(shape) + ", got " +
                               format_shape(a.shape));
+    }
+    // A NaN or an infinity would make every loss NaN: refused here, where it can be named,
+    // rather than found as a null in metrics.jsonl.
+    const auto bad =
+        std::find_if(a.data.begin(), a.data.end(), [](float x) { return !std::isfinite(x); });
+    if (bad != a.data.end()) {
+        throw CheckpointError(file.string() + ": holds " +
+                              (std::isnan(*bad) ? "NaN" : "an infinity") + " at index " +
+                              std::to_string(bad - a.data.begin()));
     }
     return a;
 }

@@ -143,8 +143,9 @@ int kv_head_of(int h, int NH, int G) {
 
 ATTN_SIMD_CLONES
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
-                       float dropout_p, Rng* rng, int B, int T, int C, int NH, bool causal,
-                       bool scaled, const float* alibi_slopes, int NKV, int window) {
+                       float dropout_p, const DropoutSite* dropout_site, int B, int T, int C,
+                       int NH, bool causal, bool scaled, const float* alibi_slopes, int NKV,
+                       int window) {
     const int G = NKV > 0 ? NKV : NH;
     require(NH % G == 0, "attention_forward: the key/value heads G = " + std::to_string(G) +
                              " must divide NH = " + std::to_string(NH));
@@ -195,8 +196,11 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
             if (dropout) {
                 float* ad = att_dropped + bh;
                 const float keep_scale = 1.0f / (1.0f - dropout_p);
+                // weight (b, h, i, j) is element bh + i·T + j of the call's (B, NH, T, T)
+                const std::uint64_t first = dropout_site->first_index + bh;
                 for (size_t i = 0; i < static_cast<size_t>(T) * T; ++i) {
-                    ad[i] = rng->uniform() < dropout_p ? 0.0f : a[i] * keep_scale;
+                    const bool drop = dropout_uniform(dropout_site->seed, first + i) < dropout_p;
+                    ad[i] = drop ? 0.0f : a[i] * keep_scale;
                 }
                 weights = ad;
             }
@@ -378,10 +382,11 @@ void residual_backward(float* dinp1, float* dinp2, const float* dout, int N) {
     }
 }
 
-void dropout_forward(float* x, float* mask, float p, Rng& rng, int N) {
+void dropout_forward(float* x, float* mask, float p, const DropoutSite& site, int N) {
     const float keep_scale = 1.0f / (1.0f - p);
     for (int i = 0; i < N; ++i) {
-        mask[i] = rng.uniform() < p ? 0.0f : keep_scale;
+        const std::uint64_t index = site.first_index + static_cast<std::uint64_t>(i);
+        mask[i] = dropout_uniform(site.seed, index) < p ? 0.0f : keep_scale;
         x[i] *= mask[i];
     }
 }

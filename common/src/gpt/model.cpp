@@ -94,7 +94,7 @@ std::size_t GPTConfig::num_parameters() const {
 }
 
 GPT::GPT(const GPTConfig& config, std::uint64_t seed)
-    : config_(config), dropout_rng_(seed ^ 0x5eed) {
+    : config_(config), dropout_seed_(seed ^ 0x5eed) {
     config_.validate();
     const size_t V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
                  Tb = config_.block_size;
@@ -251,20 +251,26 @@ void GPT::allocate_activations(int B, int T) {
     T_ = T;
 }
 
+std::string fused_attention_unsupported(const GPTConfig& c) {
+    if (c.position == Position::alibi) {
+        return "the fused attention adds no bias to its scores, so it cannot run an ALiBi model: "
+               "use the materialised attention";
+    }
+    if (c.kv_heads() != c.n_head || c.window != 0) {
+        return "the fused attention has one key/value head per query head and no window: use "
+               "the materialised attention for grouped keys and values or a sliding window";
+    }
+    if (!c.scaled_attention) {
+        return "the fused attention always divides the scores by the square root of the head "
+               "size: use the materialised attention for a model without the scale";
+    }
+    return "";
+}
+
 void GPT::set_attention(AttentionKind kind) {
-    if (kind == AttentionKind::fused && config_.position == Position::alibi) {
-        throw std::invalid_argument("the fused attention adds no bias to its scores, so it cannot "
-                                    "run an ALiBi model: use the materialised attention");
-    }
-    if (kind == AttentionKind::fused && (config_.kv_heads() != config_.n_head || config_.window != 0)) {
-        throw std::invalid_argument("the fused attention has one key/value head per query head and "
-                                    "no window: use the materialised attention for grouped keys "
-                                    "and values or a sliding window");
-    }
-    if (kind == AttentionKind::fused && !config_.scaled_attention) {
-        throw std::invalid_argument("the fused attention always divides the scores by the square "
-                                    "root of the head size: use the materialised attention for a "
-                                    "model without the scale");
+    if (kind == AttentionKind::fused) {
+        const std::string why = fused_attention_unsupported(config_);
+        if (!why.empty()) throw std::invalid_argument(why);
     }
     attention_ = kind;
 }
@@ -310,9 +316,10 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
     if (targets) std::copy(targets, targets + BT, targets_.begin());
 
     // The sequences of a batch never meet in the forward pass, so each thread runs the
-    // whole pass on its own slice of the batch, with no waiting between layers. Dropout
-    // draws its masks from one random stream in a fixed order, so it runs as one slice.
-    const int slices = dropout_applied_ ? 1 : std::min(B, omp_get_max_threads());
+    // whole pass on its own slice of the batch, with no waiting between layers. A dropout
+    // mask is a hash of each element's index in the whole batch: the same in every slicing.
+    ++forward_calls_;
+    const int slices = std::min(B, omp_get_max_threads());
 #pragma omp parallel num_threads(slices)
     {
         const int b0 = batch_slice_begin(B);
@@ -349,12 +356,19 @@ void GPT::forward_slice(int b0, int B) {
     const bool fused = fused_applied_;
     const int N = B * T;  // rows of the slice
     const int* inputs = inputs_.data() + row0;
+    // The mask of a site in this pass, at this slice's first element of a (B, T, C) tensor
+    // (the attention weights' sites start at the slice's first (T, T) matrix instead).
+    auto site = [&](int layer, int part, size_t first) {
+        const int number = dropout_site(layer, part);
+        return DropoutSite{dropout_site_seed(dropout_seed_, forward_calls_, number), first};
+    };
 
     // x = drop(wte[idx] + wpe[pos]), or drop(wte[idx]) without wpe       (B, T, C)
     float* encoded = a.encoded.data() + row0 * C;
     encoder_forward(encoded, inputs, p.wte, p.wpe, B, T, C);
     if (dropout)
-        dropout_forward(encoded, a.encoded_mask.data() + row0 * C, pdrop, dropout_rng_, N * C);
+        dropout_forward(encoded, a.encoded_mask.data() + row0 * C, pdrop, site(-1, 0, row0 * C),
+                        N * C);
 
     for (int l = 0; l < L; ++l) {
         const size_t lc = static_cast<size_t>(l) * C;
@@ -385,7 +399,8 @@ void GPT::forward_slice(int b0, int B) {
         if (fused) {  // full multi-head attention only: set_attention refuses the others
             attention_fused_forward(atty, att_lse, qkv, B, T, C, NH, config_.causal);
         } else {
-            attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &dropout_rng_,
+            const DropoutSite weights_site = site(l, 0, att0);
+            attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &weights_site,
                               B, T, C, NH, config_.causal, config_.scaled_attention,
                               alibi_slopes_.empty() ? nullptr : alibi_slopes_.data(), G,
                               config_.window);
@@ -393,7 +408,8 @@ void GPT::forward_slice(int b0, int B) {
         matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
         if (dropout)
-            dropout_forward(attproj, a.attproj_mask.data() + at, pdrop, dropout_rng_, N * C);
+            dropout_forward(attproj, a.attproj_mask.data() + at, pdrop, site(l, 1, row0 * C),
+                            N * C);
         residual_forward(residual2, residual, attproj, N * C);
 
         // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
@@ -404,7 +420,8 @@ void GPT::forward_slice(int b0, int B) {
         matmul_forward(fcproj, fch_gelu, p.fcprojw + lc * 4 * C,
                        p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C);
         if (dropout)
-            dropout_forward(fcproj, a.fcproj_mask.data() + at, pdrop, dropout_rng_, N * C);
+            dropout_forward(fcproj, a.fcproj_mask.data() + at, pdrop, site(l, 2, row0 * C),
+                            N * C);
         residual_forward(residual3, residual2, fcproj, N * C);
     }
 

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace attn::cuda {
@@ -34,6 +35,13 @@ struct CudaOptions {
     AttentionKind attention = AttentionKind::materialised;  ///< which attention to call
 };
 
+/// Why the GPU model cannot run a model with these options, or "" when it can: it has
+/// learned positions and one key/value head per query head over the whole context only,
+/// and its fused attention takes head sizes 64 and 128 with the 1/√hs scale.
+/// @param config the model @param options the attention it would use
+/// @return the reason, one sentence, or ""
+std::string unsupported_on_gpu(const GPTConfig& config, const CudaOptions& options);
+
 /// nanoGPT's GPT on device 0, a copy of a CPU attn::GPT.
 ///
 /// A training step with no host synchronisation:
@@ -46,7 +54,9 @@ struct CudaOptions {
 /// float loss = gpu.loss();         // waits, only when the loss is wanted
 /// @endcode
 /// forward() is forward_async() followed by loss(). Dropout is applied in training mode
-/// as on the CPU, but with masks from a counter-based hash, not the CPU's random stream.
+/// with the CPU model's masks (dropout_mask.hpp): the same seed drops the same elements.
+/// Causal or not, with or without the attention's 1/√hs, as the CPU model; learned
+/// positions and one key/value head per query head only (the constructor refuses others).
 class CudaGPT {
 public:
     /// Copies `model`'s config and parameters to the device; gradients and optimizer state
@@ -137,7 +147,8 @@ public:
     /// @param token the token's id, in [0, V)
     /// @param pos its position: 0 (a new sequence) or the number of positions cached so far,
     ///        and below block_size
-    /// @throws std::invalid_argument for a token or position outside those bounds
+    /// @throws std::invalid_argument for a token or position outside those bounds, and for a
+    ///         model without the causal mask or the 1/√hs (as the CPU's cache)
     void decode_step(std::vector<float>& logits, int token, int pos);
 
     /// Fills the device's key/value cache from a whole context (the "prefill"): one forward
@@ -146,7 +157,7 @@ public:
     /// @param logits resized to V: the logits of the last position
     /// @param tokens (T) token ids in [0, V)
     /// @param T the context length, 1 ≤ T ≤ block_size
-    /// @throws std::invalid_argument as forward()
+    /// @throws std::invalid_argument as forward() and decode_step()
     void prefill(std::vector<float>& logits, const int* tokens, int T);
 
     /// Waits until every enqueued operation has finished.

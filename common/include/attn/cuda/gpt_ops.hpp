@@ -132,18 +132,22 @@ inline std::size_t attention_scratch_heads(int B, int T, int C) {
     return static_cast<std::size_t>(B) * T * C;
 }
 
-/// Causal multi-head attention, materialised, as attn::attention_forward: the heads are
-/// split into (B, NH, T, hs), the scores come from one batched cuBLAS product, a warp per
-/// row takes the causal softmax, a second batched product blends the values.
+/// Multi-head attention, materialised, as attn::attention_forward: the heads are split
+/// into (B, NH, T, hs), the scores come from one batched cuBLAS product, a warp per row
+/// takes the (causal) softmax, a second batched product blends the values.
 /// @param out (B, T, C) @param att (B, NH, T, T) softmax weights, zero above the diagonal
+///        when causal
 /// @param att_dropped (B, NH, T, T) weights after dropout; used when dropout_p > 0
 /// @param qkv (B, T, 3C) @param dropout_p dropout probability (0: none)
-/// @param seed the dropout mask's seed (a counter-based hash: the same seed gives the same mask)
+/// @param seed the dropout mask's seed (dropout_mask.hpp: the CPU model's masks)
 /// @param scratch the working buffers @param B batch @param T time @param C channels
 /// @param NH heads @param blas the cuBLAS context @param stream the stream
+/// @param causal false attends to every position, future ones included (no mask)
+/// @param scaled false leaves out the 1/√hs (scores q·kᵀ as they are)
 void attention_forward(float* out, float* att, float* att_dropped, const float* qkv,
                        float dropout_p, std::uint64_t seed, const AttentionScratch& scratch,
-                       int B, int T, int C, int NH, Blas& blas, stream_t stream);
+                       int B, int T, int C, int NH, Blas& blas, stream_t stream,
+                       bool causal = true, bool scaled = true);
 
 /// Backward of attention_forward, as attn::attention_backward.
 /// @param dqkv (B, T, 3C) accumulated @param dout (B, T, C) @param qkv (B, T, 3C)
@@ -152,22 +156,25 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
 /// @param scratch the working buffers (the forward pass's q, k, v must still be in it)
 /// @param B batch @param T time @param C channels @param NH heads
 /// @param blas the cuBLAS context @param stream the stream
+/// @param causal as given to attention_forward @param scaled as given to attention_forward
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
                         const float* att_dropped, float dropout_p, const AttentionScratch& scratch,
-                        int B, int T, int C, int NH, Blas& blas, stream_t stream);
+                        int B, int T, int C, int NH, Blas& blas, stream_t stream,
+                        bool causal = true, bool scaled = true);
 
-/// Causal multi-head attention with lesson 13's fused kernels (attention.hpp): the same
-/// function as attention_forward, dropout masks included (same seed, same masks), but the
-/// (T, T) weights are never stored; each row's log-sum-exp is kept for the backward pass.
-/// Head size 64 or 128.
+/// Multi-head attention with lesson 13's fused kernels (attention.hpp): the same function
+/// as attention_forward, dropout masks included (same seed, same masks), but the (T, T)
+/// weights are never stored; each row's log-sum-exp is kept for the backward pass. Head
+/// size 64 or 128; the scores are always scaled by 1/√hs.
 /// @param out (B, T, C) @param lse (B, NH, T) written @param qkv (B, T, 3C)
 /// @param dropout_p dropout probability on the weights (0: none) @param seed the masks' seed
 /// @param scratch the working buffers (q, k, v, y used) @param B batch @param T time
 /// @param C channels @param NH heads @param stream the stream
+/// @param causal false attends to every position, future ones included (no mask)
 /// @throws std::invalid_argument for a head size the kernels do not support
 void fused_attention_forward(float* out, float* lse, const float* qkv, float dropout_p,
                              std::uint64_t seed, const AttentionScratch& scratch, int B, int T,
-                             int C, int NH, stream_t stream);
+                             int C, int NH, stream_t stream, bool causal = true);
 
 /// Backward of fused_attention_forward: recomputes the weights tile by tile from `lse`.
 /// @param dqkv (B, T, 3C) accumulated @param dout (B, T, C) @param qkv (B, T, 3C)
@@ -176,10 +183,11 @@ void fused_attention_forward(float* out, float* lse, const float* qkv, float dro
 /// @param seed the forward pass's mask seed (its masks are regenerated from it)
 /// @param scratch the working buffers (all but scores) @param B batch @param T time
 /// @param C channels @param NH heads @param stream the stream
+/// @param causal as given to fused_attention_forward
 void fused_attention_backward(float* dqkv, const float* dout, const float* qkv, const float* out,
                               const float* lse, float dropout_p, std::uint64_t seed,
                               const AttentionScratch& scratch, int B, int T, int C, int NH,
-                              stream_t stream);
+                              stream_t stream, bool causal = true);
 
 /// One new token's attention over one layer's cached keys and values, as
 /// attn::attention_step_forward (lesson 14): per head h, softmax(q_h · K_hᵀ/√hs) over the T
@@ -217,8 +225,8 @@ void residual_backward(float* dinp1, float* dinp2, const float* dout, std::size_
                        stream_t stream);
 
 /// Inverted dropout in place, the mask drawn from a counter-based hash of (seed, index), so
-/// that the backward pass recomputes it instead of storing it. Not the CPU's random stream:
-/// with dropout on, GPU and CPU draw different masks.
+/// that the backward pass recomputes it instead of storing it: the CPU's dropout_forward
+/// draws the same mask from the same seed (dropout_mask.hpp).
 /// @param x (N) changed in place @param p probability of zeroing, in [0, 1)
 /// @param seed the mask's seed @param N elements @param stream the stream
 void dropout_forward(float* x, float p, std::uint64_t seed, std::size_t N, stream_t stream);
