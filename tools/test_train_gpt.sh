@@ -42,8 +42,20 @@ expect_one_line "a temperature of zero" "${tiny[@]}" --max-iters 2 --sample 10 -
 expect_one_line "a prompt outside the vocabulary" "${tiny[@]}" --max-iters 2 --sample 10 --prompt "QX"
 expect_one_line "top-k above the vocabulary size" "${tiny[@]}" --max-iters 2 --sample 10 --top-k 1000
 expect_one_line "a learning rate that makes the loss infinite" "${tiny[@]}" --learning-rate 1e30 --sample 0
-# A good run, then a checkpoint with a truncated tensor.
+rm -rf "$tmp/run"  # the diverged run's step-0 checkpoint
+# A good run; a second run into its folder is refused and leaves it as it was, --overwrite
+# replaces it; then a checkpoint with a truncated tensor.
 if "$program" "${tiny[@]}" --max-iters 3 --sample 0 >/dev/null 2>&1; then
+  before=$(cat "$tmp/run/checkpoint"/* "$tmp/run/metrics.jsonl" | sha256sum)
+  expect_one_line "a new run into a folder that holds a run" "${tiny[@]}" --max-iters 2 --sample 0
+  [ "$(cat "$tmp/run/checkpoint"/* "$tmp/run/metrics.jsonl" | sha256sum)" = "$before" ] ||
+    { echo "FAIL: the refused run changed the run already there"; status=1; }
+  expect_one_line "--overwrite with --resume" --data "$tmp/corpus.txt" --resume "$tmp/run" --overwrite
+  if "$program" "${tiny[@]}" --max-iters 3 --sample 0 --overwrite >/dev/null 2>&1; then
+    echo "ok: --overwrite replaces the run"
+  else
+    echo "FAIL: --overwrite did not replace the run"; status=1
+  fi
   f=$(ls "$tmp/run/checkpoint"/transformer.wte.weight.npy)
   head -c 100 "$f" > "$f.cut" && mv "$f.cut" "$f"
   expect_one_line "a truncated weight file" --data "$tmp/corpus.txt" --resume "$tmp/run"

@@ -63,10 +63,22 @@ struct Flags {
     int bench = 0;
     int threads = 0;  // 0: the library's policy (OMP_NUM_THREADS, else the CPUs)
     bool threads_info = false;
+    bool overwrite = false;  // replace a run already in --out
 };
 
 // The corpus: --data, or the course's own (tiny shakespeare, in data/).
 fs::path corpus_of(const Flags& f) { return f.data.empty() ? course_corpus() : fs::path(f.data); }
+
+// A run folder that already holds a run is the learner's work: a new run replaces it only when
+// asked (--overwrite), and the refusal comes before any work.
+void refuse_to_replace_a_run(const Flags& f) {
+    if (!f.resume.empty() || f.overwrite || f.bench > 0 || !f.dump_grads.empty()) return;
+    std::error_code ec;
+    if (!fs::exists(f.out / "checkpoint", ec) && !fs::exists(f.out / "metrics.jsonl", ec)) return;
+    throw std::invalid_argument(f.out.string() + " already holds a run: --resume " + f.out.string() +
+                                " goes on with it, --out DIR starts a new one elsewhere, --overwrite "
+                                "replaces it");
+}
 
 // A run folder (holding checkpoint/) or a checkpoint folder itself.
 fs::path checkpoint_of(const fs::path& dir) {
@@ -277,6 +289,7 @@ int run(const Flags& f) {
     if (f.window != 0) config.window = f.window;
     config.validate();
     const std::string device = plan_device(f, planned_model(f, config));
+    refuse_to_replace_a_run(f);
 
     const fs::path corpus = corpus_of(f);
     const std::string text = read_corpus(corpus);
@@ -402,9 +415,11 @@ int main(int argc, char** argv) {
     app.add_option("--data", f.data,
                    "the corpus, a UTF-8 text (default: tiny shakespeare, data/tinyshakespeare.txt)");
     app.add_option("--out", f.out, "the run folder: checkpoint/, metrics.jsonl, loss.png, sample.txt");
+    auto* overwrite = app.add_flag("--overwrite", f.overwrite, "replace the run already in --out (without it, that is refused)");
     auto* resume = app.add_option("--resume", f.resume, "go on from a run folder or checkpoint");
     auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch)");
     resume->excludes(init);
+    resume->excludes(overwrite);  // a resumed run goes on in its own folder
     resume->excludes(recipe);  // a resumed run keeps its checkpoint's settings
     app.add_option("--max-iters", f.max_iters, "steps in the run")->check(whole_number_at_least(1));
     app.add_option("--eval-interval", f.eval_interval, "evaluate every N steps")->check(whole_number_at_least(1))

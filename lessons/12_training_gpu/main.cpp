@@ -116,7 +116,7 @@ void compare_on_gpu(GPT& cpu, const std::vector<int>& x, const std::vector<int>&
         gpu.copy_gradients_to(grads);
         //! [compare]
         std::printf("%s: loss CPU %.6f GPU %.6f | max |Δ| logits %.2e, gradients %.2e%s\n",
-                    tf32 ? (simulated ? "TF32 (computed in fp32)" : "TF32") : "fp32",
+                    tf32 ? "TF32" : "fp32",
                     static_cast<double>(cpu_loss),
                     static_cast<double>(gpu_loss),
                     static_cast<double>(max_abs_difference(logits, cpu.logits())),

@@ -225,6 +225,7 @@ std::vector<Use> option_table() {
               "train the base run on the CPU (bit for bit) and cuda must be refused"),
         fixed("--data", Role::plumbing, "every run reads the test's corpus"),
         fixed("--out", Role::plumbing, "every run writes its own folder"),
+        fixed("--overwrite", Role::plumbing, "every run writes its own, new folder"),
         varied("--recipe", trains, {}, "tiny",
                {{"shakespeare", "its 10.7M parameters take minutes per step in the simulator; "
                                 "what it adds to the other recipes (head size 64, dropout) runs "
