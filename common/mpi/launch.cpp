@@ -1,0 +1,204 @@
+// Starting a program as N ranks through mpirun, and reading how the job ended.
+#include "attn/mpi/launch.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <poll.h>
+#include <regex>
+#include <stdexcept>
+#include <string>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#ifndef ATTN_MPIEXEC
+#define ATTN_MPIEXEC "mpirun"
+#endif
+
+namespace attn::mpi {
+
+namespace {
+
+volatile sig_atomic_t g_mpirun_pid = 0;
+
+// SIGTERM to the launcher is passed on to mpirun, which stops the ranks.
+void forward_term(int) {
+    if (g_mpirun_pid > 0) kill(static_cast<pid_t>(g_mpirun_pid), SIGTERM);
+}
+
+// mpirun frames each report of its own between lines of dashes.
+bool is_frame(const std::string& line) {
+    return line.size() >= 20 && line.find_first_not_of('-') == std::string::npos;
+}
+
+// Reads what mpirun's reports say: which rank ended the job and by which signal.
+void read_report(const std::string& report, LaunchResult& result) {
+    std::smatch m;
+    if (result.failed_rank < 0 && std::regex_search(report, m, std::regex(R"(rank (\d+))"))) {
+        result.failed_rank = std::stoi(m[1]);
+    }
+    if (result.signal == 0 && std::regex_search(report, m, std::regex(R"(signal (\d+))"))) {
+        result.signal = std::stoi(m[1]);
+    }
+}
+
+// Splits what arrives on a pipe into lines; a partial last line waits for the rest.
+struct LineReader {
+    std::string pending;
+    template <class OnLine>
+    void feed(const char* data, std::size_t n, OnLine on_line) {
+        pending.append(data, n);
+        std::size_t start = 0, end;
+        while ((end = pending.find('\n', start)) != std::string::npos) {
+            on_line(pending.substr(start, end - start));
+            start = end + 1;
+        }
+        pending.erase(0, start);
+    }
+};
+
+}  // namespace
+
+std::string mpirun_path() { return ATTN_MPIEXEC; }
+
+std::vector<std::string> local_mpirun_options() {
+    std::vector<std::string> options = {"--oversubscribe", "--bind-to", "none"};
+    if (geteuid() == 0) options.push_back("--allow-run-as-root");
+    return options;
+}
+
+std::string this_program() { return std::filesystem::read_symlink("/proc/self/exe").string(); }
+
+LaunchResult run_ranks(const std::string& program, const std::vector<std::string>& args,
+                       const LaunchOptions& options) {
+    if (options.ranks < 1) {
+        throw std::invalid_argument("a job needs at least one rank, got " + std::to_string(options.ranks));
+    }
+    std::vector<std::string> command = {mpirun_path(), "-np", std::to_string(options.ranks)};
+    for (const std::string& o : local_mpirun_options()) command.push_back(o);
+    command.push_back(program);
+    command.insert(command.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (std::string& a : command) argv.push_back(a.data());
+    argv.push_back(nullptr);
+
+    int err_pipe[2], out_pipe[2] = {-1, -1};
+    if (pipe(err_pipe) != 0 || (options.capture_output && pipe(out_pipe) != 0)) {
+        throw std::runtime_error(std::string("cannot make a pipe for mpirun: ") + std::strerror(errno));
+    }
+    std::fflush(stdout);
+    std::fflush(stderr);
+    const pid_t pid = fork();
+    if (pid < 0) throw std::runtime_error(std::string("cannot start mpirun: ") + std::strerror(errno));
+    if (pid == 0) {
+        for (const std::string& pair : options.environment) {
+            const std::size_t eq = pair.find('=');
+            setenv(pair.substr(0, eq).c_str(), eq == std::string::npos ? "" : pair.substr(eq + 1).c_str(), 1);
+        }
+        dup2(err_pipe[1], STDERR_FILENO);
+        if (options.capture_output) dup2(out_pipe[1], STDOUT_FILENO);
+        for (int fd : {err_pipe[0], err_pipe[1], out_pipe[0], out_pipe[1]}) {
+            if (fd >= 0) close(fd);
+        }
+        execv(argv[0], argv.data());
+        std::fprintf(stderr, "cannot run %s: %s\n", argv[0], std::strerror(errno));
+        _exit(127);
+    }
+    close(err_pipe[1]);
+    if (options.capture_output) close(out_pipe[1]);
+
+    // While mpirun runs, Ctrl-C reaches it (and the ranks) from the terminal, and it stops
+    // them; this process waits to say how the job ended. SIGTERM is passed on.
+    g_mpirun_pid = pid;
+    struct sigaction ignore{}, forward{}, old_int{}, old_term{};
+    ignore.sa_handler = SIG_IGN;
+    forward.sa_handler = forward_term;
+    sigaction(SIGINT, &ignore, &old_int);
+    sigaction(SIGTERM, &forward, &old_term);
+
+    LaunchResult result;
+    LineReader err_lines, out_lines;
+    bool in_frame = false;
+    std::string report;
+    auto on_err_line = [&](const std::string& line) {
+        if (is_frame(line)) {
+            in_frame = !in_frame;
+            if (!in_frame) read_report(report, result);
+            report.clear();
+        } else if (in_frame) {
+            report += line + "\n";
+        } else {
+            std::fprintf(stderr, "%s\n", line.c_str());
+            std::fflush(stderr);
+        }
+    };
+    std::vector<pollfd> fds = {{err_pipe[0], POLLIN, 0}};
+    if (options.capture_output) fds.push_back({out_pipe[0], POLLIN, 0});
+    char buffer[4096];
+    int open_pipes = static_cast<int>(fds.size());
+    while (open_pipes > 0) {
+        if (poll(fds.data(), fds.size(), -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (pollfd& p : fds) {
+            if (p.fd < 0 || !(p.revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            const ssize_t n = read(p.fd, buffer, sizeof buffer);
+            if (n <= 0) {
+                close(p.fd);
+                p.fd = -1;
+                --open_pipes;
+            } else if (p.fd == err_pipe[0]) {
+                err_lines.feed(buffer, static_cast<std::size_t>(n), on_err_line);
+            } else {
+                out_lines.feed(buffer, static_cast<std::size_t>(n),
+                               [&](const std::string& line) { result.output += line + "\n"; });
+            }
+        }
+    }
+    if (!err_lines.pending.empty()) on_err_line(err_lines.pending);
+    result.output += out_lines.pending;
+    int wstatus = 0;
+    while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
+    }
+    g_mpirun_pid = 0;
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    if (WIFEXITED(wstatus)) {
+        result.status = WEXITSTATUS(wstatus);
+    } else {
+        result.status = 128 + WTERMSIG(wstatus);  // mpirun itself ended by a signal
+    }
+    if (result.status == 127 && result.failed_rank < 0 && result.signal == 0) {
+        throw std::runtime_error("cannot run " + mpirun_path() +
+                                 " (Open MPI's mpirun: install openmpi-bin)");
+    }
+    return result;
+}
+
+std::string describe_end(const LaunchResult& r, int ranks) {
+    const std::string of = " of " + std::to_string(ranks);
+    if (r.signal != 0) {
+        const char* name = r.signal == SIGKILL ? "SIGKILL" : r.signal == SIGTERM ? "SIGTERM"
+                         : r.signal == SIGSEGV ? "SIGSEGV" : r.signal == SIGINT ? "SIGINT"
+                         : r.signal == SIGABRT ? "SIGABRT" : "a signal";
+        const std::string who = r.failed_rank >= 0 ? "rank " + std::to_string(r.failed_rank) + of
+                                                   : "a rank";
+        return who + (r.signal == SIGKILL ? " was killed" : " ended") + " (signal " +
+               std::to_string(r.signal) + ", " + name + ") and mpirun stopped the other ranks";
+    }
+    if (r.failed_rank >= 0) {
+        return "rank " + std::to_string(r.failed_rank) + of + " ended with an error (exit status " +
+               std::to_string(r.status) + ") and mpirun stopped the other ranks";
+    }
+    if (r.status >= 128) {
+        return "mpirun was stopped (signal " + std::to_string(r.status - 128) +
+               ") and with it the ranks";
+    }
+    return "the ranks ended with exit status " + std::to_string(r.status);
+}
+
+}  // namespace attn::mpi
