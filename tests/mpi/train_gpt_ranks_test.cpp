@@ -15,6 +15,8 @@
 //       stops, the job ends with one line naming the rank and the checkpoint, the checkpoint
 //       resumes on 2 ranks, and the resumed run's losses are those of a run that never
 //       stopped (on one process).
+//   train_gpt_ranks_test compare RUN REFERENCE_RUN
+//       The same comparison of two run folders (for the test across network namespaces).
 #include "attn/checkpoint.hpp"
 #include "attn/npy.hpp"
 
@@ -623,8 +625,17 @@ int test_kill(const std::string& program, const fs::path& root) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    if (argc == 4 && std::string(argv[1]) == "compare") {
+        // Two run folders: the second is the reference (tests/mpi/multihost_netns.sh).
+        for (const std::string& problem : compare(results_of(argv[2]), results_of(argv[3]))) {
+            fail(argv[2], problem);
+        }
+        std::cout << (failures ? "FAILED" : "the same run") << ": " << argv[2] << " against " << argv[3] << "\n";
+        return failures ? 1 : 0;
+    }
     if (argc != 4 && argc != 5) {
-        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill [MPIRUN]\n";
+        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill [MPIRUN]\n"
+                     "       train_gpt_ranks_test compare RUN REFERENCE_RUN\n";
         return 2;
     }
     const std::string program = fs::absolute(argv[1]).string(), part = argv[3];
