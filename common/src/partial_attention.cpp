@@ -25,6 +25,25 @@ void merge_partial_attention(float* out, float* lse, const float* out_b, const f
 }
 //! [merge]
 
+void merge_adding_log_sum_exps(float* out, float* lse, const float* out_b, const float* lse_b,
+                               std::size_t rows, std::size_t hs) {
+    const float none = -std::numeric_limits<float>::infinity();
+    for (std::size_t i = 0; i < rows; ++i) {
+        if (lse_b[i] == none) continue;
+        if (lse[i] == none) {
+            std::copy(out_b + i * hs, out_b + (i + 1) * hs, out + i * hs);
+            lse[i] = lse_b[i];
+            continue;
+        }
+        //! [wrong_merge]
+        const float merged = lse[i] + lse_b[i];  // wrong: ln(x) + ln(y) is ln(x·y), not ln(x + y)
+        //! [wrong_merge]
+        const float a = std::exp(lse[i] - merged), b = std::exp(lse_b[i] - merged);
+        for (std::size_t d = 0; d < hs; ++d) out[i * hs + d] = a * out[i * hs + d] + b * out_b[i * hs + d];
+        lse[i] = merged;
+    }
+}
+
 const char* sequence_order_name(SequenceOrder order) {
     return order == SequenceOrder::zigzag ? "zigzag" : "contiguous";
 }

@@ -20,31 +20,12 @@
 #include "attn/partial_attention.hpp"
 #include "attn/random.hpp"
 
-#include <cstring>
 #include <string>
 #include <vector>
 
 using namespace attn;
 
 namespace {
-
-// The wrong merge of lesson 19: the log-sum-exps added, and the outputs weighted as if
-// that were the merged one. It looks like "log of a product", and is wrong.
-void merge_lse_added(float* out, float* lse, const float* out_b, const float* lse_b,
-                     std::size_t rows, std::size_t hs) {
-    for (std::size_t i = 0; i < rows; ++i) {
-        if (lse_b[i] == -INFINITY) continue;
-        if (lse[i] == -INFINITY) {
-            std::memcpy(out + i * hs, out_b + i * hs, hs * sizeof(float));
-            lse[i] = lse_b[i];
-            continue;
-        }
-        const float merged = lse[i] + lse_b[i];
-        const float a = std::exp(lse[i] - merged), b = std::exp(lse_b[i] - merged);
-        for (std::size_t d = 0; d < hs; ++d) out[i * hs + d] = a * out[i * hs + d] + b * out_b[i * hs + d];
-        lse[i] = merged;
-    }
-}
 
 std::vector<float> normal(Rng& rng, std::size_t n) {
     std::vector<float> x(n);
@@ -209,7 +190,7 @@ int main(int argc, char** argv) {
     std::size_t longest = 16384;
     for (int i = 1; i < argc; ++i) {
         if (std::string(argv[i]) == "--merge" && i + 1 < argc && std::string(argv[i + 1]) == "added") {
-            merge = merge_lse_added;
+            merge = merge_adding_log_sum_exps;
             merge_name = "the WRONG merge (log-sum-exps added)";
             longest = 512;  // the first case is enough to fail
             ++i;

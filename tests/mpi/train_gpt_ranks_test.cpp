@@ -36,7 +36,6 @@
 #include <fstream>
 #include <iostream>
 #include <map>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -121,12 +120,14 @@ Outcome run(const std::string& program, const std::vector<std::string>& args, co
     return finish(start(program, args, dir), dir);
 }
 
-// The lines of stderr that are not progress lines ("step 100/3000 | loss ...").
+// The lines of stderr that are not progress lines ("step   100/3000 | loss ...").
 std::vector<std::string> message_lines(const std::string& err) {
     std::vector<std::string> lines;
     std::istringstream in(err);
     for (std::string line; std::getline(in, line);) {
-        if (!std::regex_search(line, std::regex(R"(^step +\d+/\d+ \|)"))) lines.push_back(line);
+        const bool progress = line.rfind("step ", 0) == 0 && line.find('/') != std::string::npos &&
+                              line.find(" | loss ") != std::string::npos;
+        if (!progress) lines.push_back(line);
     }
     return lines;
 }
@@ -289,14 +290,17 @@ std::vector<Use> option_table() {
     };
 }
 
-// The options --help lists: "  --name ..." at the start of a line.
+// The options --help lists: "  --name ..." (or "  -h,--help") at the start of a line.
 std::set<std::string> listed_options(const std::string& help) {
     std::set<std::string> names;
     std::istringstream in(help);
-    const std::regex option(R"(^\s+(?:-h,)?(--[a-z0-9-]+))");
     for (std::string line; std::getline(in, line);) {
-        std::smatch m;
-        if (std::regex_search(line, m, option)) names.insert(m[1]);
+        const std::size_t start = line.find_first_not_of(' ');
+        if (start == 0 || start == std::string::npos) continue;  // not an option's line
+        std::size_t at = line.compare(start, 3, "-h,") == 0 ? start + 3 : start;
+        if (line.compare(at, 2, "--") != 0) continue;
+        const std::size_t end = line.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-", at + 2);
+        names.insert(line.substr(at, end == std::string::npos ? std::string::npos : end - at));
     }
     return names;
 }

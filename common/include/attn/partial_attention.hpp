@@ -42,6 +42,16 @@ void merge_partial_attention(float* out, float* lse, const float* out_b, const f
 using MergeRule = void (*)(float* out, float* lse, const float* out_b, const float* lse_b,
                            std::size_t rows, std::size_t hs);
 
+/// A WRONG merge, kept to be shown failing (lesson 19, and the ring's equality test): the
+/// log-sum-exps added, lse = lse_a + lse_b, as if the log of a sum were the sum of the logs,
+/// and the outputs weighted by e^(lse_a − lse) and e^(lse_b − lse) against that. An empty
+/// side (lse −∞) is still skipped, so only the merging itself is wrong.
+/// Parameters as merge_partial_attention().
+/// @param out (rows, hs) @param lse (rows) @param out_b (rows, hs) @param lse_b (rows)
+/// @param rows query rows @param hs head size
+void merge_adding_log_sum_exps(float* out, float* lse, const float* out_b, const float* lse_b,
+                               std::size_t rows, std::size_t hs);
+
 /// How a sequence of T positions is cut into pieces for N processes (ranks).
 enum class SequenceOrder {
     /// N pieces of T/N; rank r holds piece r. Under a causal mask rank r's queries see r + 1
