@@ -250,6 +250,7 @@ std::vector<Use> option_table() {
         varied("--prompt", sample, {"to be"}),
         rounds_differently(varied("--tf32", same, {flag})),
         varied("--attention", same, {}, "materialised"),
+        varied("--precision", trains, {}, "fp32"),
         varied("--bench", exits, {"2"}),
         varied("--threads", same, {"2"}, "1"),
         varied("--threads-info", exits, {flag}),
@@ -313,11 +314,12 @@ std::vector<std::string> cpu_refusal(const Config& c) {
 }
 
 // What the GPU model lacks (cuda::unsupported_on_gpu): positions other than learned,
-// grouped keys and values, a window, fused kernels for head sizes other than 64 and 128;
-// and the simulator does not time (--bench).
+// grouped keys and values, a window, fused kernels for head sizes other than 64 and 128,
+// mixed precision (the matrix tries only --precision's values other than fp32); and the
+// simulator does not time (--bench).
 std::vector<std::string> gpu_refusal(const Config& c, int head_size) {
     std::vector<std::string> names;
-    for (const char* lacking : {"--position", "--kv-heads", "--window", "--bench"}) {
+    for (const char* lacking : {"--position", "--kv-heads", "--window", "--bench", "--precision"}) {
         if (has(c, lacking)) names.push_back(lacking);
     }
     if (has(c, "--attention", "fused") && head_size != 64 && head_size != 128) {
