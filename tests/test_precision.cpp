@@ -3,6 +3,10 @@
 // nearest-value search in double for bfloat16; ranges, spacing, rounding counts, loss
 // scaling; and the 16-bit attention of mixed_attention.hpp against float64 with
 // FlashAttention's rule.
+#include "attn/checkpoint.hpp"
+#include "attn/data.hpp"
+#include "attn/gpt.hpp"
+#include "attn/trainer.hpp"
 #include "attn/mixed_attention.hpp"
 #include "attn/npy.hpp"
 #include "attn/precision.hpp"
@@ -207,6 +211,40 @@ TEST_CASE("rounding a buffer counts the values flushed to zero, made subnormal a
     CHECK(b.overflowed == 0);
 }
 
+TEST_CASE("rounding a whole buffer gives the value of the conversion, value by value") {
+    // round_in_place takes another route (branch-free, for vector code): every float16 and
+    // bfloat16 value, every midpoint and a float step either side, and random floats.
+    std::vector<float> x;
+    for (std::uint32_t h = 0; h < 0x10000u; ++h) {
+        for (Precision p : {Precision::fp16, Precision::bf16}) {
+            const auto bits = static_cast<std::uint16_t>(h);
+            const float v = p == Precision::fp16 ? float16_bits_to_float(bits) : bfloat16_bits_to_float(bits);
+            if (!std::isfinite(v)) continue;
+            const float mid = p == Precision::fp16 ? 0.5f * (v + float16_bits_to_float(static_cast<std::uint16_t>(bits + 1)))
+                                                   : float_of((static_cast<std::uint32_t>(h) << 16) | 0x8000u);
+            for (float e : {v, mid, std::nextafter(mid, 0.0f), std::nextafter(mid, 2.0f * mid)}) x.push_back(e);
+        }
+    }
+    Rng rng(3141);
+    for (int i = 0; i < 200000; ++i) x.push_back(float_of(static_cast<std::uint32_t>(rng.next_u64())));
+    x.push_back(std::numeric_limits<float>::infinity());
+    x.push_back(float_of(0x7f800001u));
+    for (Precision p : {Precision::fp16, Precision::bf16}) {
+        CAPTURE(precision_name(p));
+        std::vector<float> y = x;
+        round_in_place(y.data(), y.size(), p);
+        for (std::size_t i = 0; i < x.size(); ++i) {
+            const float expected = round_to_precision(x[i], p);
+            if (std::isnan(x[i])) {
+                CHECK(std::isnan(y[i]));
+                continue;
+            }
+            CAPTURE(x[i]);
+            REQUIRE(bits_of(y[i]) == bits_of(expected));
+        }
+    }
+}
+
 TEST_CASE("precision names parse and print, and bad names are refused") {
     for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp16}) {
         CHECK(parse_precision(precision_name(p)) == p);
@@ -265,4 +303,180 @@ TEST_CASE("16-bit attention: the online softmax with float32 statistics passes F
         CHECK(passes_flash_rule(e_online, e_plain, scale));
         CHECK_FALSE(passes_flash_rule(e_half, e_plain, scale));
     }
+}
+
+TEST_CASE("the mixed-precision GPT matches PyTorch's model with the same products rounded") {
+    // tools/reference/make_precision_fixtures.py writes the model's mixed precision from its
+    // definition (every Linear layer's input, weight and incoming gradient rounded, q, k and
+    // v rounded, float32 products), with its own rounding (PyTorch's .to(dtype)).
+    //
+    // Tolerances: both sides compute the same float32 values before each rounding, in a
+    // different order, so a value within ~1e-7 of a rounding boundary may land on the
+    // other side there: one element off by one step of the format (2^-8 of it in
+    // bfloat16). The loss, a mean over 32 positions, moves by ~1e-6 from such a flip, and by
+    // ~1e-3 when a rounding is left out (the fp32 loss of these weights differs by that);
+    // 1e-5 tells them apart. Logits: 1e-4 of their largest. Gradients: 1e-3 of each
+    // tensor's largest (one flipped input changes a sum of 32 terms by a step of one term).
+    struct Case {
+        const char* name;
+        Precision precision;
+        float loss_scale;
+    };
+    for (const Case& c : {Case{"gpt_bf16", Precision::bf16, 1.0f}, Case{"gpt_fp16", Precision::fp16, 1.0f},
+                          Case{"gpt_fp16_scaled", Precision::fp16, 1024.0f}}) {
+        CAPTURE(c.name);
+        const std::filesystem::path dir = fixtures / c.name;
+        GPT model = load_checkpoint(dir / "weights");
+        model.set_precision(c.precision);
+        model.train(false);
+        const NpyArray xs = read_npy(dir / "x.npy"), ys = read_npy(dir / "y.npy");
+        const std::vector<int> x(xs.data.begin(), xs.data.end()), y(ys.data.begin(), ys.data.end());
+        const int B = static_cast<int>(xs.shape[0]), T = static_cast<int>(xs.shape[1]);
+        const float loss = model.forward(x, y, B, T);
+        model.zero_grad();
+        model.reset_rounding_counts();
+        model.backward(c.loss_scale);
+        CHECK(std::fabs(loss - read_npy(dir / "loss.npy").data[0]) <= 1e-5);
+        const NpyArray logits = read_npy(dir / "logits.npy");
+        double worst_logit = 0.0, largest_logit = 0.0;
+        for (std::size_t i = 0; i < logits.data.size(); ++i) {
+            worst_logit = std::max(worst_logit, std::fabs(static_cast<double>(model.logits()[i]) - logits.data[i]));
+            largest_logit = std::max(largest_logit, std::fabs(static_cast<double>(logits.data[i])));
+        }
+        CHECK(worst_logit <= 1e-4 * largest_logit);
+        for (const ParameterInfo& p : model.parameter_table()) {
+            CAPTURE(p.name);
+            const NpyArray g = read_npy(dir / "grad" / (p.name + ".npy"));
+            REQUIRE(g.data.size() == p.size);
+            double worst = 0.0, largest = 0.0;
+            for (std::size_t i = 0; i < p.size; ++i) {
+                const double ours = static_cast<double>(model.gradients()[p.offset + i]) / c.loss_scale;
+                worst = std::max(worst, std::fabs(ours - g.data[i]));
+                largest = std::max(largest, std::fabs(static_cast<double>(g.data[i])));
+            }
+            CHECK(worst <= 1e-3 * largest);
+        }
+        // What the backward pass's rounding lost, counted on both sides (a flip moves a
+        // count by one).
+        const NpyArray counts = read_npy(dir / "rounding.npy");
+        const RoundingCounts& r = model.gradient_rounding();
+        CHECK(std::fabs(static_cast<double>(r.values) - counts.data[0]) <= 2.0);
+        CHECK(std::fabs(static_cast<double>(r.flushed) - counts.data[1]) <= 2.0);
+        CHECK(std::fabs(static_cast<double>(r.subnormal) - counts.data[2]) <= 2.0 + 0.01 * counts.data[2]);
+    }
+}
+
+namespace {
+
+// A text of a small alphabet for the trainer's tests: 20 000 characters, deterministic.
+TextDataset small_corpus() {
+    Rng rng(77);
+    std::string text;
+    const std::string letters = "abcdefghij ,.\n";
+    while (text.size() < 20000) text += letters[rng.below(letters.size())];
+    return make_dataset(text);
+}
+
+TrainConfig tiny_run(Precision p) {
+    TrainConfig c = TrainConfig::named("tiny");
+    c.precision = p;
+    c.shorten_to(8);
+    c.eval_interval = 4;
+    c.eval_iters = 1;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("mixed-precision runs resume bit for bit: the precision and the loss scale are in the checkpoint") {
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "attn_precision_resume";
+    for (Precision p : {Precision::bf16, Precision::fp16}) {
+        CAPTURE(precision_name(p));
+        TrainConfig c = tiny_run(p);
+        c.initial_loss_scale = 256.0;
+        Trainer whole(c, small_corpus());
+        std::vector<float> losses;
+        while (!whole.done()) losses.push_back(whole.train_step().loss);
+        Trainer first(c, small_corpus());
+        for (int i = 0; i < 4; ++i) first.train_step();
+        first.save(dir);
+        Trainer resumed = Trainer::load(dir, small_corpus());
+        CHECK(resumed.config().precision == p);
+        CHECK(resumed.model().precision() == p);
+        CHECK(resumed.loss_scaler().scale == first.loss_scaler().scale);
+        for (std::size_t i = 4; i < losses.size(); ++i) {
+            CAPTURE(i);
+            CHECK(resumed.train_step().loss == losses[i]);
+        }
+    }
+    std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("loss scaling: steps whose gradients overflow float16 are skipped and the scale halves until they do not") {
+    TrainConfig c = tiny_run(Precision::fp16);
+    c.initial_loss_scale = 0x1p60;  // every product's gradient input far past 65504
+    Trainer t(c, small_corpus());
+    const std::vector<float> before = t.model().parameters();
+    const StepRecord first = t.train_step();
+    CHECK(first.skipped);
+    CHECK(t.loss_scaler().scale == 0x1p59);
+    CHECK(t.model().parameters() == before);  // no update
+    CHECK(t.optimizer().step_count == 0);
+    long skipped = 1;
+    StepRecord r = first;
+    while (r.skipped && !t.done()) {
+        r = t.train_step();
+        skipped += r.skipped;
+    }
+    // Each skip halves: the steps run out before 2^60 comes down to float16's range.
+    CHECK(t.loss_scaler().skipped_steps == skipped);
+    CHECK(t.loss_scaler().scale == std::ldexp(1.0, 60 - static_cast<int>(skipped)));
+    // Without loss scaling nothing is multiplied, so nothing overflows and no step is skipped.
+    TrainConfig unscaled = c;
+    unscaled.loss_scaling = false;
+    Trainer u(unscaled, small_corpus());
+    CHECK_FALSE(u.train_step().skipped);  // the loss is not scaled: nothing overflows
+}
+
+TEST_CASE("loss scaling keeps the gradient values float16 flushes to zero, and the gradient nearer float32's") {
+    // One batch at initialisation (small gradients: the loss is a mean over B·T positions),
+    // fp16 without and with a scale of 2^16, against the fp32 gradients.
+    const TextDataset data = small_corpus();
+    TrainConfig c = tiny_run(Precision::fp16);
+    c.batch_size = 32;
+    GPT model(c.model_config(static_cast<int>(data.vocab.size())), c.seed);
+    std::vector<int> x, y;
+    Rng rng(5);
+    sample_batch(data.train, 32, static_cast<std::size_t>(c.block_size), rng, x, y);
+    auto gradients = [&](Precision p, float scale, RoundingCounts* counts) {
+        model.set_precision(p);
+        model.forward(x, y, 32, c.block_size);
+        model.zero_grad();
+        model.reset_rounding_counts();
+        model.backward(scale);
+        if (counts) *counts = model.gradient_rounding();
+        std::vector<float> g = model.gradients();
+        for (float& v : g) v /= scale;
+        return g;
+    };
+    RoundingCounts plain, scaled;
+    const std::vector<float> g32 = gradients(Precision::fp32, 1.0f, nullptr);
+    const std::vector<float> g16 = gradients(Precision::fp16, 1.0f, &plain);
+    const std::vector<float> g16s = gradients(Precision::fp16, 65536.0f, &scaled);
+    CAPTURE(plain.flushed);
+    CAPTURE(scaled.flushed);
+    CHECK(plain.flushed > 100 * (scaled.flushed + 1));
+    // The gradient's relative distance from float32's: larger without the scale (the values
+    // that flush are the smallest ones, so the norm moves less than the count).
+    auto distance = [&](const std::vector<float>& g) {
+        double d = 0.0, n = 0.0;
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            d += (static_cast<double>(g[i]) - g32[i]) * (static_cast<double>(g[i]) - g32[i]);
+            n += static_cast<double>(g32[i]) * g32[i];
+        }
+        return std::sqrt(d / n);
+    };
+    CAPTURE(distance(g16));
+    CAPTURE(distance(g16s));
+    CHECK(distance(g16s) < distance(g16));
 }

@@ -90,6 +90,8 @@ void TrainConfig::validate() const {
     check(grad_clip >= 0 && std::isfinite(grad_clip), "grad_clip must not be negative (0: off)");
     check(eval_interval >= 1, "eval_interval must be at least 1");
     check(eval_iters >= 1, "eval_iters must be at least 1");
+    check(initial_loss_scale >= 1.0 && initial_loss_scale <= 0x1p100,
+          "initial_loss_scale must be between 1 and 2^100");
     model_config(1).validate();
 }
 
@@ -139,7 +141,8 @@ json config_to_json(const TrainConfig& c) {
             {"eval_iters", c.eval_iters},
             {"seed", c.seed},
             {"precision", precision_name(c.precision)},
-            {"loss_scaling", c.loss_scaling}};
+            {"loss_scaling", c.loss_scaling},
+            {"initial_loss_scale", c.initial_loss_scale}};
 }
 
 template <class T>
@@ -196,6 +199,7 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
         }
     }
     c.loss_scaling = j.contains("loss_scaling") ? field<bool>(j, "loss_scaling", file) : true;
+    if (j.contains("initial_loss_scale")) c.initial_loss_scale = field<double>(j, "initial_loss_scale", file);
     try {
         c.validate();
     } catch (const std::invalid_argument& e) {
@@ -286,6 +290,7 @@ void Trainer::finish_setup(bool from_weights) {
     optimizer_.beta2 = config_.beta2;
     optimizer_.weight_decay = config_.weight_decay;
     model_.set_precision(config_.precision);
+    scaler_.scale = config_.initial_loss_scale;  // Trainer::load then restores the run's
     model_.train(true);
 }
 
@@ -384,6 +389,7 @@ bool Trainer::cpu_backward(float loss_scale, StepRecord& record) {
     model_.backward(loss_scale);
     record.rounded_gradients = model_.gradient_rounding().values - before.values;
     record.flushed_gradients = model_.gradient_rounding().flushed - before.flushed;
+    record.subnormal_gradients = model_.gradient_rounding().subnormal - before.subnormal;
     record.loss_scale = loss_scale;
     if (loss_scale == 1.0f) return true;
     // Back to the true gradients, in float32 (a power of two: exact). A scale too large

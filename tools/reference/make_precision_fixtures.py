@@ -78,3 +78,124 @@ np.save(out / "bfloat16_bits.npy", bf16)
 (out / "versions.json").write_text(
     json.dumps({"numpy": np.__version__, "torch": torch.__version__, "values": len(x)}, indent=2) + "\n")
 print(f"wrote {len(x)} values to {out}")
+
+
+# ---------------------------------------------------------------------------------------
+# The GPT with its matrix products' inputs rounded (tests/fixtures/precision/gpt_*): the
+# course's mixed precision (GPT::set_precision), written here from its definition. Every
+# Linear layer's input and weight are rounded to the format and multiplied in float32, the
+# bias added in float32; q, k and v (c_attn's output) are rounded; in the backward pass the
+# gradient entering each Linear layer's products is rounded (the bias's gradient is summed
+# from that rounded gradient), and the products run in float32 on the rounded values. The
+# loss may be multiplied by a scale before the backward pass, the gradients divided by it
+# after. Written: weights/, x.npy, y.npy, loss.npy, logits.npy, grad/<key>.npy, and
+# rounding.npy: (values rounded in the backward pass, of which flushed to zero, of which made
+# subnormal), counted as the course counts them (finite non-zero values only).
+import sys
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import reference_gpt  # noqa: E402
+
+MIN_NORMAL = {torch.float16: 2.0 ** -14, torch.bfloat16: 2.0 ** -126}
+
+
+def rounded(x, dtype):
+    return x.to(dtype).float()
+
+
+class Counter:
+    def __init__(self):
+        self.values = self.flushed = self.subnormal = 0
+
+    def add(self, before, after, dtype):
+        counted = torch.isfinite(before) & (before != 0)
+        self.values += int(counted.sum())
+        self.flushed += int((counted & (after == 0)).sum())
+        self.subnormal += int((counted & (after != 0) & (after.abs() < MIN_NORMAL[dtype])).sum())
+
+
+class RoundedLinear(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, dtype, counter):
+        xr, wr = rounded(x, dtype), rounded(weight, dtype)
+        ctx.save_for_backward(xr, wr)
+        ctx.dtype, ctx.counter, ctx.has_bias = dtype, counter, bias is not None
+        out = xr @ wr.t()
+        return out + bias if bias is not None else out
+
+    @staticmethod
+    def backward(ctx, g):
+        xr, wr = ctx.saved_tensors
+        gr = rounded(g, ctx.dtype)
+        ctx.counter.add(g, gr, ctx.dtype)
+        g2 = gr.reshape(-1, gr.shape[-1])
+        dx = gr @ wr
+        dw = g2.t() @ xr.reshape(-1, xr.shape[-1])
+        db = g2.sum(0) if ctx.has_bias else None
+        return dx, dw, db, None, None
+
+
+class RoundedValues(torch.autograd.Function):
+    """q, k and v stored in the format; the gradient passes through unchanged."""
+    @staticmethod
+    def forward(ctx, x, dtype):
+        return rounded(x, dtype)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+def mixed_precision(model, dtype, counter):
+    """Routes every Linear layer of a reference_gpt.GPT through RoundedLinear."""
+    def route(linear, round_output=False):
+        def forward(x):
+            y = RoundedLinear.apply(x, linear.weight, linear.bias, dtype, counter)
+            return RoundedValues.apply(y, dtype) if round_output else y
+        linear.forward = forward
+    for block in model.transformer.h:
+        route(block.attn.c_attn, round_output=True)
+        route(block.attn.c_proj)
+        route(block.mlp.c_fc)
+        route(block.mlp.c_proj)
+    route(model.lm_head)
+
+
+def make_mixed(name, dtype, loss_scale):
+    out = out_root / name
+    shutil.rmtree(out, ignore_errors=True)
+    cfg = dict(vocab_size=65, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=True)
+    torch.manual_seed(1818)
+    model = reference_gpt.GPT(cfg)
+    weights = out / "weights"
+    weights.mkdir(parents=True)
+    (weights / "config.json").write_text(json.dumps(
+        {**cfg, "dropout": 0.0, "vocab": reference_gpt.VOCAB, "step": 0}, indent=2) + "\n")
+    for key, p in model.state_dict().items():
+        reference_gpt.save(weights / f"{key}.npy", p)
+    counter = Counter()
+    mixed_precision(model, dtype, counter)
+    B, T = 2, 16
+    x = torch.randint(0, cfg["vocab_size"], (B, T))
+    y = torch.randint(0, cfg["vocab_size"], (B, T))
+    np.save(out / "x.npy", x.numpy())
+    np.save(out / "y.npy", y.numpy())
+    logits, loss = model(x, y)
+    (loss * loss_scale).backward()
+    reference_gpt.save(out / "logits.npy", logits)
+    reference_gpt.save(out / "loss.npy", loss.reshape(1))
+    for key, p in model.named_parameters():
+        reference_gpt.save(out / "grad" / f"{key}.npy", p.grad / loss_scale)
+    np.save(out / "rounding.npy", np.array([counter.values, counter.flushed, counter.subnormal],
+                                           dtype=np.float32))
+    print(f"{name}: loss {loss.item():.6f}, backward: {counter.values} values rounded, "
+          f"{counter.flushed} flushed, {counter.subnormal} subnormal")
+
+
+import shutil  # noqa: E402
+
+out_root = out
+torch.set_num_threads(1)
+make_mixed("gpt_bf16", torch.bfloat16, 1.0)
+make_mixed("gpt_fp16", torch.float16, 1.0)
+make_mixed("gpt_fp16_scaled", torch.float16, 1024.0)

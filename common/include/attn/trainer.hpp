@@ -67,6 +67,8 @@ struct TrainConfig {
     /// zero when the products round them; ignored for fp32 and bf16 (bfloat16 has float32's
     /// exponent range).
     bool loss_scaling = true;
+    /// The loss scale a run starts from (PyTorch's GradScaler: 2^16); LossScaler adjusts it.
+    double initial_loss_scale = 65536.0;
 
     /// A named recipe: "cpu" (nanoGPT's CPU recipe for tiny shakespeare: 4 layers, 4 heads,
     /// 128 channels, block 64, batch 12, 2000 steps) or "tiny" (2 layers, 32 channels,
@@ -100,7 +102,8 @@ struct StepRecord {
     /// Mixed precision: gradient values rounded where they entered the products in this
     /// step's backward pass, and how many of them were flushed to zero (GPT::gradient_rounding)
     std::uint64_t rounded_gradients = 0;
-    std::uint64_t flushed_gradients = 0;  ///< see rounded_gradients
+    std::uint64_t flushed_gradients = 0;    ///< see rounded_gradients
+    std::uint64_t subnormal_gradients = 0;  ///< of rounded_gradients, made subnormal
 };
 
 /// One evaluation: the mean loss over TrainConfig::eval_iters batches of each split.
