@@ -51,6 +51,11 @@ TEST_CASE("the two causal alignments with 3 queries and 5 keys, drawn by hand") 
     // more queries than keys: bottom-right leaves the first T_q − T_k queries with no key
     CHECK(drawn(causal_mask(4, 2, CausalAlignment::bottom_right)) == "..\n..\nx.\nxx\n");
     CHECK(drawn(causal_mask(4, 2, CausalAlignment::top_left)) == "x.\nxx\nxx\nxx\n");
+    // FlashAttention's own examples (flash_attn_func's docstring, from 2.1): seqlen_q = 2,
+    // seqlen_k = 5 keeps 1 1 1 1 0 / 1 1 1 1 1; seqlen_q = 5, seqlen_k = 2 keeps
+    // 0 0 / 0 0 / 0 0 / 1 0 / 1 1
+    CHECK(drawn(causal_mask(2, 5, CausalAlignment::bottom_right)) == "xxxx.\nxxxxx\n");
+    CHECK(drawn(causal_mask(5, 2, CausalAlignment::bottom_right)) == "..\n..\n..\nx.\nxx\n");
     // T_q = T_k: both are the lower triangle, and no alignment is needed
     CHECK(causal_mask(4, 4, CausalAlignment::top_left) == causal_mask(4));
     CHECK(causal_mask(4, 4, CausalAlignment::bottom_right) == causal_mask(4));

@@ -191,9 +191,17 @@ int main(int argc, char** argv) {
         const int n_test = opts.quick ? 64 : 1000;
         Rng test_rng(4242);
         const Examples test = draw_examples(test_rng, vocab, n_test, true);
+        std::size_t shortest = 1000, longest = 0;
+        for (const std::string& s : test.inputs) {
+            shortest = std::min(shortest, s.size());
+            longest = std::max(longest, s.size());
+        }
         std::printf("vocabulary: %d tokens (%zu characters + <pad> <bos> <eos>); held-out dates: "
-                    "one day in five, never trained on; test set: %d of them\n",
-                    vocab.size(), vocab.chars().size(), n_test);
+                    "one day in five, never trained on; test set: %d of them, %zu to %zu characters long\n",
+                    vocab.size(), vocab.chars().size(), n_test, shortest, longest);
+        print_claim("test_examples", std::to_string(n_test));
+        print_claim("shortest_input", std::to_string(shortest));
+        print_claim("longest_input", std::to_string(longest));
 
         print_heading("Training the encoder-decoder");
         //! [model]
@@ -237,6 +245,10 @@ int main(int argc, char** argv) {
         const double train_seconds = seconds_since(start);
         std::printf("trained in %.1f s; on average %.0f%% of a batch's source positions were padding\n",
                     train_seconds, 100.0 * padded_fraction / steps);
+        print_claim("train_seconds", train_seconds, 0);
+        print_claim("parameters", std::to_string(config.num_parameters()));
+        print_claim("steps", std::to_string(steps));
+        print_claim("batch_size", std::to_string(batch_size));
         print_claim("padding_percent", 100.0 * padded_fraction / steps, 0);
 
         print_heading("Exact-match accuracy on held-out dates");
@@ -264,7 +276,7 @@ int main(int argc, char** argv) {
         for (int f = 0; f < date_format_count; ++f)
             std::printf("  %-30s %4d / %-4d\n", ("\"" + date_text(shown, f) + "\"").c_str(),
                         right_by_format[static_cast<std::size_t>(f)], count_by_format[static_cast<std::size_t>(f)]);
-        std::printf("some mistakes:\n");
+        std::printf("%s\n", right == n_test ? "no mistakes" : "some mistakes:");
         for (int i = 0, shown_mistakes = 0; i < n_test && shown_mistakes < 5; ++i) {
             const std::size_t u = static_cast<std::size_t>(i);
             if (decoded[u] == test.answers[u]) continue;
@@ -331,6 +343,9 @@ int main(int argc, char** argv) {
         }
         std::printf("\nthe sharpest, %s (rows: the output characters, columns: the input):\n%s",
                     titles[sharpest].c_str(), heatmap_text(maps[sharpest], out_chars, in_chars).c_str());
+        print_claim("sharpest_head", titles[sharpest]);
+        print_claim("sharpest_entropy", sharpest_entropy, 2);
+        print_claim("uniform_entropy", std::log(static_cast<double>(S)), 2);
         if (!opts.figures.empty()) {
             heatmap_png(opts.figures / "lesson17_cross_attention.png", maps[sharpest], out_chars, in_chars,
                         "Cross-attention, decoder " + titles[sharpest] + ": output (rows) against input (columns)");
