@@ -56,6 +56,10 @@ TEST_CASE("the two causal alignments with 3 queries and 5 keys, drawn by hand") 
     // 0 0 / 0 0 / 0 0 / 1 0 / 1 1
     CHECK(drawn(causal_mask(2, 5, CausalAlignment::bottom_right)) == "xxxx.\nxxxxx\n");
     CHECK(drawn(causal_mask(5, 2, CausalAlignment::bottom_right)) == "..\n..\n..\nx.\nxx\n");
+    // PyTorch's own examples (torch.nn.attention.bias.CausalVariant's documentation), shape
+    // (3, 4): upper left [[1,0,0,0],[1,1,0,0],[1,1,1,0]], lower right [[1,1,0,0],[1,1,1,0],[1,1,1,1]]
+    CHECK(drawn(causal_mask(3, 4, CausalAlignment::top_left)) == "x...\nxx..\nxxx.\n");
+    CHECK(drawn(causal_mask(3, 4, CausalAlignment::bottom_right)) == "xx..\nxxx.\nxxxx\n");
     // T_q = T_k: both are the lower triangle, and no alignment is needed
     CHECK(causal_mask(4, 4, CausalAlignment::top_left) == causal_mask(4));
     CHECK(causal_mask(4, 4, CausalAlignment::bottom_right) == causal_mask(4));
