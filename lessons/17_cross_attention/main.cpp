@@ -130,11 +130,12 @@ int main(int argc, char** argv) {
         // What a finite "minus infinity" does to the all-padding row: every score is −1e9, the
         // row's maximum is −1e9, and the softmax of a row of equal numbers is uniform.
         //! [minus_1e9]
-        Tensor3 scores = xt::zeros<float>({std::size_t{1}, std::size_t{1}, T});  // one query, 5 padded keys
-        Tensor3 finite = scores, infinite = scores;
+        // one query whose 5 keys are all padding
+        Tensor3 finite = xt::zeros<float>({std::size_t{1}, std::size_t{1}, T});
+        Tensor3 infinite = finite;
         for (std::size_t j = 0; j < T; ++j) {
-            finite(0, 0, j) = -1e9f;            // the key is padding: "minus a lot"
-            infinite(0, 0, j) = minus_infinity;  // the key is padding: minus infinity
+            finite(0, 0, j) = -1e9f;             // "minus a lot"
+            infinite(0, 0, j) = minus_infinity;  // minus infinity
         }
         const Tensor3 w_finite = softmax(finite), w_infinite = softmax(infinite);
         //! [minus_1e9]
@@ -145,8 +146,9 @@ int main(int argc, char** argv) {
 
         print_heading("Causal masks when T_q != T_k");
         //! [alignment]
-        const Mask<2> top_left = causal_mask(3, 5, CausalAlignment::top_left);          // PyTorch's is_causal
-        const Mask<2> bottom_right = causal_mask(3, 5, CausalAlignment::bottom_right);  // FlashAttention >= 2.1
+        // PyTorch's is_causal, and FlashAttention's causal=True (from 2.1)
+        const Mask<2> top_left = causal_mask(3, 5, CausalAlignment::top_left);
+        const Mask<2> bottom_right = causal_mask(3, 5, CausalAlignment::bottom_right);
         //! [alignment]
         std::printf("3 queries, 5 keys, top-left:\n%s", drawn(top_left).c_str());
         std::printf("3 queries, 5 keys, bottom-right:\n%s", drawn(bottom_right).c_str());
@@ -207,15 +209,16 @@ int main(int argc, char** argv) {
         //! [model]
         EncoderDecoderConfig config;
         config.vocab_size = vocab.size();
-        config.max_source = 32;  // the longest input is 28 characters
-        config.max_target = 12;  // <bos> + 10 characters (and the <eos> predicted after them)
+        config.max_source = 32;  // inputs have at most 28 characters
+        config.max_target = 12;  // <bos> + 10 characters, then <eos>
         config.n_encoder_layer = 2;
         config.n_decoder_layer = 2;
         config.n_head = 4;
         config.n_embd = 64;
         EncoderDecoder model(config, 1337);
-        AdamW optimizer;  // β = (0.9, 0.99), weight decay 0.1 on the matrices
-        const int steps = opts.quick ? 3 : 1000, batch_size = 64, warmup = 100;
+        AdamW optimizer;  // β = (0.9, 0.99), decay 0.1
+        const int steps = opts.quick ? 3 : 1000;
+        const int batch_size = 64, warmup = 100;
         //! [model]
         std::printf("%d encoder + %d decoder layers, %d heads, %d channels: %zu parameters; "
                     "batch %d, %d steps, AdamW, lr 1e-3 to 1e-4 (cosine)\n",
@@ -227,8 +230,9 @@ int main(int argc, char** argv) {
         for (int step = 0; step < steps; ++step) {
             //! [step]
             const Examples e = draw_examples(train_rng, vocab, batch_size, false);
-            const Seq2SeqBatch batch = make_batch(e.sources, e.targets);  // padded to the longest
-            const float loss = model.forward(batch);  // mean over the real target positions
+            // padded to the longest; the loss is the mean over the real target positions
+            const Seq2SeqBatch batch = make_batch(e.sources, e.targets);
+            const float loss = model.forward(batch);
             model.zero_grad();
             model.backward();
             clip_grad_norm(model.gradients(), 1.0f);
@@ -293,6 +297,7 @@ int main(int argc, char** argv) {
         std::printf("the cached decoder and the whole-prefix decoder agree on the first %zu: %s\n", n_check,
                     same ? "yes" : "NO");
         print_claim("cached_equals_uncached", same ? "yes" : "NO");
+        print_claim("checked_decodes", std::to_string(n_check));
         // The step's causal mask has one query and t + 1 keys. Top-left alignment shows that
         // query the first key only (<bos>): the decoder no longer sees what it wrote.
         const auto wrong = decode_all(model, vocab, test.sources, max_length, CausalAlignment::top_left);
@@ -308,7 +313,8 @@ int main(int argc, char** argv) {
         const std::string input = "the 23rd of November, 2026";
         const std::vector<std::vector<int>> one = {vocab.encode(input)};
         const std::vector<int> answer = model.greedy_decode(one, max_length)[0];
-        model.forward(make_batch(one, {answer}), false);  // the decoder reads its own answer
+        // the decoder reads its own answer back: its weights are the map
+        model.forward(make_batch(one, {answer}), false);
         //! [cross]
         std::vector<std::string> in_chars, out_chars;
         for (int id : one[0]) in_chars.push_back(vocab.token(id));

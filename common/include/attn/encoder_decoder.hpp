@@ -223,6 +223,7 @@ public:
     int target_length() const { return T_; }    ///< T of the last forward()
 
 private:
+    /// @cond INTERNAL
     // One encoder layer's saved activations, (B, S, …) each; the decoder layer's are (B, T, …)
     // except ckv (B, S, 2C) and catt (B, NH, T, S).
     struct BlockActs {
@@ -236,6 +237,7 @@ private:
         std::vector<float> dlogits, dfinal, ddec, denc, dmemory, dln, dqkv, datty, dfch,
             dfch_gelu, datt, dcq, dckv;
     };
+    /// @endcond
     void allocate(int B, int S, int T);
     void forward_slice(int b0, int nb);
     void backward_slice(int b0, int nb, const EncoderDecoderParams& g);
