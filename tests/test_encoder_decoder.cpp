@@ -93,6 +93,7 @@ TEST_CASE("the encoder-decoder matches PyTorch's nn.Transformer on a padded batc
     for (std::size_t i = 0; i < logits.data.size(); ++i)
         worst = std::max(worst, std::fabs(double(model.logits()[i]) - logits.data[i]));
     CHECK(worst <= 1e-5);
+    double worst_gradient = 0.0;
     for (const ParameterInfo& p : model.parameter_table()) {
         CAPTURE(p.name);
         const NpyArray g = read_npy(fixture / "grad" / (p.name + ".npy"));
@@ -101,7 +102,11 @@ TEST_CASE("the encoder-decoder matches PyTorch's nn.Transformer on a padded batc
         for (std::size_t i = 0; i < p.size; ++i)
             d = std::max(d, std::fabs(double(model.gradients()[p.offset + i]) - g.data[i]));
         CHECK(d <= 1e-5);
+        worst_gradient = std::max(worst_gradient, d);
     }
+    MESSAGE("|loss - torch| = " << std::fabs(loss - read_npy(fixture / "loss.npy").data[0])
+                                << ", max |logits - torch| = " << worst
+                                << ", worst gradient difference " << worst_gradient);
 }
 
 TEST_CASE("every gradient of the encoder-decoder agrees with finite differences, padding on both sides") {
