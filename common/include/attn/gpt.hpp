@@ -329,6 +329,12 @@ struct AdamW {
     /// @param model the model to update (its gradients are read, its parameters changed)
     /// @param lr the learning rate for this step
     void step(GPT& model, float lr);
+    /// The same update for any model whose parameters lie in one flat buffer (the
+    /// encoder–decoder of encoder_decoder.hpp): decay on the tensors `table` marks.
+    /// @param params every parameter, changed @param grads their gradients, same layout
+    /// @param table the tensors in the buffer @param lr the learning rate for this step
+    void step(std::vector<float>& params, const std::vector<float>& grads,
+              const std::vector<ParameterInfo>& table, float lr);
 };
 
 /// Scales the gradients so that their global L2 norm is at most `max_norm`, as
@@ -337,5 +343,10 @@ struct AdamW {
 /// @param max_norm the largest allowed norm
 /// @return the norm before clipping
 float clip_grad_norm(GPT& model, float max_norm);
+
+/// clip_grad_norm() of gradients in a flat buffer.
+/// @param grads the gradients, scaled in place @param max_norm the largest allowed norm
+/// @return the norm before clipping
+float clip_grad_norm(std::vector<float>& grads, float max_norm);
 
 }  // namespace attn
