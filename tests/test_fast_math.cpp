@@ -57,6 +57,15 @@ TEST_CASE("exp_approx is within 2 ulp of exp over the normal range") {
     CHECK(std::isfinite(exp_approx(1000.0f)));      // clamped, not infinity
 }
 
+TEST_CASE("a NaN stays NaN through exp_approx and erf_approx, with no undefined conversion") {
+    // A diverged run feeds NaN logits to the softmax; under UBSan a NaN converted to an
+    // integer inside exp_approx is reported as an overflow, so this also guards that.
+    const float nan = std::nanf("");
+    CHECK(std::isnan(exp_approx(nan)));
+    CHECK(std::isnan(exp_approx(-nan)));
+    CHECK(std::isnan(erf_approx(nan)));
+}
+
 TEST_CASE("GELU's vectorised loop matches the exact formula to float precision") {
     // gelu_forward runs erf_approx in SIMD code; the reference is ½x(1 + erf(x/√2)) in double.
     // The error bound: ½|x| times erf_approx's 2e-7, plus a rounding of the result.

@@ -64,6 +64,7 @@ struct Flags {
     std::string device = "cpu";
     bool tf32 = false;
     std::string attention = "materialised";
+    std::string precision = "fp32";
     bool no_causal_mask = false;
     std::string position;  // empty: the recipe's (learned)
     bool no_attention_scale = false;
@@ -241,15 +242,19 @@ std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model, b
         if (f.tf32) throw std::invalid_argument("--tf32 needs --device cuda or auto");
         return "cpu";
     }
-    if (f.bench > 0 && f.device == "sim") {
-        throw std::invalid_argument("--bench with --device sim: the CUDA simulator checks the GPU "
-                                    "code, it does not time it");
-    }
     auto fall_back = [&f, speaks](const std::string& why) {
         if (f.device != "auto") throw std::runtime_error("--device " + f.device + " with " + why);
         if (speaks) std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
         return std::string("cpu");
     };
+    if (f.precision != "fp32") {
+        return fall_back("--precision " + f.precision + ": mixed-precision training runs on the "
+                         "CPU model only (the GPU model computes in float32)");
+    }
+    if (f.bench > 0 && f.device == "sim") {
+        throw std::invalid_argument("--bench with --device sim: the CUDA simulator checks the GPU "
+                                    "code, it does not time it");
+    }
 #if ATTN_HAVE_CUDA
     if (model) {
         const std::string why = cuda::unsupported_on_gpu(*model, cuda_options(f));
@@ -317,6 +322,7 @@ TrainConfig planned_config(const Flags& f) {
     if (f.no_attention_scale) config.scaled_attention = false;
     if (f.kv_heads != 0) config.n_kv_head = f.kv_heads;
     if (f.window != 0) config.window = f.window;
+    config.precision = parse_precision(f.precision);
     config.validate();
     return config;
 }
@@ -447,7 +453,11 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
               << (c.n_kv_head == 0 || c.n_kv_head == c.n_head ? ""
                  : std::to_string(c.n_kv_head) + (c.n_kv_head == 1 ? " key/value head, " : " key/value heads, "))
               << (c.window == 0 ? "" : "window " + std::to_string(c.window) + ", ")
-              << trainer->model().config().num_parameters() << " parameters; batch " << c.batch_size
+              << trainer->model().config().num_parameters() << " parameters; "
+              << (c.precision == Precision::fp32 ? ""
+                  : std::string("products in ") + precision_name(c.precision) +
+                        (trainer->scales_loss() ? " with loss scaling" : "") + "; ")
+              << "batch " << c.batch_size
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
     StopRequest stop;
@@ -481,6 +491,22 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
         std::printf("training steps alone: %.1f ms/step, %.0f tokens/s (the rest: evaluation and "
                     "checkpoints)\n",
                     1e3 * summary.step_seconds / n, n * c.batch_size * c.block_size / summary.step_seconds);
+    }
+    if (c.precision != Precision::fp32) {
+        std::uint64_t rounded = 0, flushed = 0;
+        for (const StepRecord& r : summary.steps) {
+            rounded += r.rounded_gradients;
+            flushed += r.flushed_gradients;
+        }
+        std::printf("mixed precision (%s): %llu of %llu gradient values entering the products were "
+                    "flushed to zero",
+                    precision_name(c.precision), static_cast<unsigned long long>(flushed),
+                    static_cast<unsigned long long>(rounded));
+        if (trainer->scales_loss()) {
+            std::printf("; loss scale now %g, %ld steps skipped", trainer->loss_scaler().scale,
+                        trainer->loss_scaler().skipped_steps);
+        }
+        std::printf("\n");
     }
     std::cout << "checkpoint " << (out / "checkpoint").string() << ", metrics "
               << (out / "metrics.jsonl").string() << ", loss curve " << (out / "loss.png").string()
@@ -653,6 +679,12 @@ int main(int argc, char** argv) {
                    "materialised (the default; (T, T) weights stored) or fused (lesson 13's "
                    "tiled attention, no (T, T) weights; on the GPU head size 64 or 128)")
         ->check(CLI::IsMember({"materialised", "fused"}));
+    app.add_option("--precision", f.precision,
+                   "fp32 (the default), bf16 or fp16: the matrix products' inputs rounded to that "
+                   "format, their sums, the weights and AdamW in float32 (mixed precision, lesson "
+                   "18; fp16 with dynamic loss scaling); on the CPU only")
+        ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
+        ->excludes(resume);  // a resumed run keeps its checkpoint's precision
     app.add_option("--bench", f.bench, "time N training steps (no evaluation, no files) and exit")
         ->check(whole_number_at_least(1))
         ->excludes(dump_grads);  // each ends the program: one of them would be ignored

@@ -20,11 +20,16 @@
 // for dV and passes dP through the mask before dS = P ∘ (dP − D). D = dO · O still holds,
 // O being the dropped blend. The mask of weight (i, j) is that of the materialised path.
 //
+// 16-bit storage (flash_attention_forward_16bit): the forward kernel loads float16 or
+// bfloat16 tiles, converting each element to float32 as it goes into shared memory, and
+// rounds the output as it stores it; everything between runs in float32, as above.
+//
 // Thread layout, shared by both kernels: thread (tx, ty) owns rows ty + 16r (r < 4) and
 // columns tx + 16c of each tile; the 16 threads of a row group are one half-warp, so row
 // reductions are four __shfl_xor_sync steps. Rows of shared memory are padded by one
 // float so that the column-strided reads hit 32 different banks.
 #include "attn/cuda/attention.hpp"
+#include "half.cuh"
 #include "kernels.cuh"
 
 #include <cmath>
@@ -32,6 +37,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace attn::cuda {
 
@@ -57,24 +63,40 @@ constexpr int backward_smem_floats() {
     // K, V, Q, dO, P, dS, lse, D
 }
 
-// Copies `valid` rows of HS floats (row-major, contiguous) from global memory into a
-// shared (rows, ld) tile and zero-fills the rows after them: a stray NaN in an unused row
-// would otherwise survive a multiplication by zero. src must be 16-byte aligned.
-template <int HS>
-__device__ void load_tile(float* dst, int ld, const float* src, int valid, int rows) {
-    constexpr int vectors_per_row = HS / 4;
+// Copies `valid` rows of HS values (row-major, contiguous) from global memory into a
+// shared (rows, ld) float tile and zero-fills the rows after them: a stray NaN in an unused
+// row would otherwise survive a multiplication by zero. Floats go as float4 (src must be
+// 16-byte aligned); 16-bit values one by one, converted to float32.
+template <int HS, class Elem>
+__device__ void load_tile(float* dst, int ld, const Elem* src, int valid, int rows) {
     const int tid = threadIdx.y * kThreads + threadIdx.x;
-    for (int idx = tid; idx < rows * vectors_per_row; idx += kThreads * kThreads) {
-        const int r = idx / vectors_per_row, c = (idx % vectors_per_row) * 4;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < valid) x = *reinterpret_cast<const float4*>(src + static_cast<long long>(r) * HS + c);
-        float* d = dst + r * ld + c;
-        d[0] = x.x;
-        d[1] = x.y;
-        d[2] = x.z;
-        d[3] = x.w;
+    if constexpr (std::is_same<Elem, float>::value) {
+        constexpr int vectors_per_row = HS / 4;
+        for (int idx = tid; idx < rows * vectors_per_row; idx += kThreads * kThreads) {
+            const int r = idx / vectors_per_row, c = (idx % vectors_per_row) * 4;
+            float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (r < valid) x = *reinterpret_cast<const float4*>(src + static_cast<long long>(r) * HS + c);
+            float* d = dst + r * ld + c;
+            d[0] = x.x;
+            d[1] = x.y;
+            d[2] = x.z;
+            d[3] = x.w;
+        }
+    } else {
+        for (int idx = tid; idx < rows * HS; idx += kThreads * kThreads) {
+            const int r = idx / HS, c = idx % HS;
+            dst[r * ld + c] = r < valid ? detail::to_float(src[static_cast<long long>(r) * HS + c]) : 0.0f;
+        }
     }
 }
+
+// What the forward kernel stores: its head size, and the type of q, k, v and out (float,
+// __half or __nv_bfloat16). One type, so that a launch names one template argument.
+template <int HS, class E>
+struct Storage {
+    static constexpr int hs = HS;
+    using Elem = E;
+};
 
 // Dropout's factor for weight (i, j) of head `head`: 0 if dropped, 1/(1 − p) if kept, 1
 // without dropout. The index is the weight's place in a (B·NH, T, T) matrix, as in the
@@ -98,10 +120,13 @@ __device__ float row_group_sum(float x) {
     return x;
 }
 
-template <int HS>
+template <class S>
 static __global__ void __launch_bounds__(kThreads* kThreads)
-    flash_forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
-                         int T, bool causal, float scale, float drop_p, std::uint64_t seed) {
+    flash_forward_kernel(typename S::Elem* out, float* lse, const typename S::Elem* q,
+                         const typename S::Elem* k, const typename S::Elem* v, int T, bool causal,
+                         float scale, float drop_p, std::uint64_t seed) {
+    constexpr int HS = S::hs;
+    using Elem = typename S::Elem;
     constexpr int D = HS / kThreads;  // output columns per thread
     constexpr int ldq = HS + 1, ldk = HS + 1, ldv = HS + 1, ldp = kBc + 1;
     ATTN_DYNAMIC_SHARED(float, smem);
@@ -220,9 +245,9 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
         const int i = q0 + ty + kThreads * r;
         if (i >= T) continue;
         const float inv = 1.0f / l[r];  // l ≥ 1: the row's largest term is e^0
-        float* out_row = out + base + static_cast<long long>(i) * HS;
+        Elem* out_row = out + base + static_cast<long long>(i) * HS;
 #pragma unroll
-        for (int c = 0; c < D; ++c) out_row[tx + kThreads * c] = acc[r][c] * inv;
+        for (int c = 0; c < D; ++c) out_row[tx + kThreads * c] = detail::from_float<Elem>(acc[r][c] * inv);
         if (tx == 0) lse[head * T + i] = m[r] + logf(l[r]);
     }
 }
@@ -435,19 +460,20 @@ void allow_shared_memory(Kernel kernel, std::size_t bytes) {
                                     static_cast<int>(bytes)));
 }
 
-template <int HS>
-void launch_flash_forward(float* out, float* lse, const float* q, const float* k,
-                          const float* v, const AttentionShape& s, cudaStream_t stream,
-                          const AttentionDropout& drop) {
+template <class S>
+void launch_flash_forward(typename S::Elem* out, float* lse, const typename S::Elem* q,
+                          const typename S::Elem* k, const typename S::Elem* v,
+                          const AttentionShape& s, cudaStream_t stream, const AttentionDropout& drop) {
+    constexpr int HS = S::hs;
     constexpr std::size_t bytes = forward_smem_floats<HS>() * sizeof(float);
-    static const bool ready = (allow_shared_memory(flash_forward_kernel<HS>, bytes), true);
+    static const bool ready = (allow_shared_memory(flash_forward_kernel<S>, bytes), true);
     (void)ready;
     const int T = static_cast<int>(s.T);
     const dim3 grid(static_cast<unsigned>((T + kBr - 1) / kBr), static_cast<unsigned>(s.B * s.NH));
     const dim3 block(kThreads, kThreads);
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-    ATTN_LAUNCH(flash_forward_kernel<HS>, grid, block, bytes, stream)(out, lse, q, k, v, T, s.causal, scale,
-                                                             drop.p, drop.seed);
+    ATTN_LAUNCH(flash_forward_kernel<S>, grid, block, bytes, stream)(out, lse, q, k, v, T, s.causal, scale,
+                                                            drop.p, drop.seed);
     CUDA_CHECK(cudaGetLastError());
 }
 
@@ -487,8 +513,28 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
                              const AttentionDropout& dropout) {
     check_flash_arguments(s, {q, k, v}, dropout);
     const auto st = static_cast<cudaStream_t>(stream);
-    if (s.hs == 64) launch_flash_forward<64>(out, lse, q, k, v, s, st, dropout);
-    else launch_flash_forward<128>(out, lse, q, k, v, s, st, dropout);
+    if (s.hs == 64) launch_flash_forward<Storage<64, float>>(out, lse, q, k, v, s, st, dropout);
+    else launch_flash_forward<Storage<128, float>>(out, lse, q, k, v, s, st, dropout);
+}
+
+bool half_attention_supports(std::size_t hs) { return flash_attention_supports(hs); }
+
+void flash_attention_forward_16bit(HalfBuffer& out, float* lse, const HalfBuffer& q,
+                                   const HalfBuffer& k, const HalfBuffer& v,
+                                   const AttentionShape& s, void* stream) {
+    detail::check_half_attention("flash_attention_forward_16bit", s, out, {&q, &k, &v});
+    const auto st = static_cast<cudaStream_t>(stream);
+    const auto run = [&](auto elem) {
+        using E = decltype(elem);
+        auto* o = reinterpret_cast<E*>(out.data());
+        const auto* qe = reinterpret_cast<const E*>(q.data());
+        const auto* ke = reinterpret_cast<const E*>(k.data());
+        const auto* ve = reinterpret_cast<const E*>(v.data());
+        if (s.hs == 64) launch_flash_forward<Storage<64, E>>(o, lse, qe, ke, ve, s, st, {});
+        else launch_flash_forward<Storage<128, E>>(o, lse, qe, ke, ve, s, st, {});
+    };
+    if (out.format() == Precision::bf16) run(__nv_bfloat16{});
+    else run(__half{});
 }
 
 void flash_attention_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,

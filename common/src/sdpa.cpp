@@ -3,6 +3,8 @@
 #include "attn/attention.hpp"
 #include "attn/linalg.hpp"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <limits>
 #include <string>
@@ -135,5 +137,141 @@ template Tensor<4> scaled_dot_product_attention<4>(const Tensor<4>&, const Tenso
 template Tensor<5> scaled_dot_product_attention<5>(const Tensor<5>&, const Tensor<5>&,
                                                    const Tensor<5>&, const AttentionMask&,
                                                    Tensor<5>*, std::optional<float>);
+
+const char* alignment_name(CausalAlignment alignment) {
+    switch (alignment) {
+        case CausalAlignment::top_left: return "top-left";
+        case CausalAlignment::bottom_right: return "bottom-right";
+        case CausalAlignment::unspecified: break;
+    }
+    return "unspecified";
+}
+
+long causal_last_key(std::size_t i, std::size_t T_q, std::size_t T_k, CausalAlignment alignment) {
+    if (alignment == CausalAlignment::unspecified) {
+        require(T_q == T_k, "causal mask with T_q = " + std::to_string(T_q) + " queries and T_k = " +
+                                std::to_string(T_k) + " keys: say where the diagonal sits, "
+                                "CausalAlignment::top_left (PyTorch's is_causal) or bottom_right "
+                                "(FlashAttention >= 2.1, a chunk after a KV cache)");
+        alignment = CausalAlignment::top_left;  // the two agree when T_q = T_k
+    }
+    const long last = alignment == CausalAlignment::top_left
+                          ? static_cast<long>(i)
+                          : static_cast<long>(i) + static_cast<long>(T_k) - static_cast<long>(T_q);
+    return std::min(last, static_cast<long>(T_k) - 1);
+}
+
+Mask<2> causal_mask(std::size_t T_q, std::size_t T_k, CausalAlignment alignment) {
+    require(T_q > 0 && T_k > 0, "causal_mask: T_q = " + std::to_string(T_q) + " and T_k = " +
+                                    std::to_string(T_k) + " must both be at least 1");
+    Mask<2> mask = xt::zeros<bool>({T_q, T_k});
+    for (std::size_t i = 0; i < T_q; ++i) {
+        const long last = causal_last_key(i, T_q, T_k, alignment);
+        for (long j = 0; j <= last; ++j) mask(i, static_cast<std::size_t>(j)) = true;
+    }
+    return mask;
+}
+
+template <std::size_t N>
+Mask<N> key_padding_mask(const std::vector<std::size_t>& lengths, std::size_t T_k) {
+    static_assert(N >= 3, "a key padding mask has a batch axis and the key axis");
+    require(!lengths.empty(), "key_padding_mask: no sequences (the batch is empty)");
+    std::array<std::size_t, N> shape{};
+    shape.fill(1);
+    shape[0] = lengths.size();
+    shape[N - 1] = T_k;
+    Mask<N> mask(shape);
+    for (std::size_t b = 0; b < lengths.size(); ++b) {
+        require(lengths[b] <= T_k, "key_padding_mask: sequence " + std::to_string(b) + " has " +
+                                       std::to_string(lengths[b]) + " tokens, more than the " +
+                                       "padded length T_k = " + std::to_string(T_k));
+        bool* row = mask.data() + b * T_k;  // the middle axes are all 1
+        for (std::size_t j = 0; j < T_k; ++j) row[j] = j < lengths[b];
+    }
+    return mask;
+}
+
+template Mask<3> key_padding_mask<3>(const std::vector<std::size_t>&, std::size_t);
+template Mask<4> key_padding_mask<4>(const std::vector<std::size_t>&, std::size_t);
+template Mask<5> key_padding_mask<5>(const std::vector<std::size_t>&, std::size_t);
+
+template <std::size_t N>
+AttentionGradients<N> scaled_dot_product_attention_backward(const Tensor<N>& dout, const Tensor<N>& q,
+                                                            const Tensor<N>& k, const Tensor<N>& v,
+                                                            const Tensor<N>& weights,
+                                                            std::optional<float> scale) {
+    const std::vector<std::size_t> qs(q.shape().begin(), q.shape().end()),
+        ks(k.shape().begin(), k.shape().end()), vs(v.shape().begin(), v.shape().end()),
+        ws(weights.shape().begin(), weights.shape().end()),
+        os(dout.shape().begin(), dout.shape().end());
+    const std::size_t Tq = qs[N - 2], dk = qs[N - 1], Tk = ks[N - 2], dv = vs[N - 1];
+    for (std::size_t d = 0; d + 2 < N; ++d) {
+        require(qs[d] == ks[d] && qs[d] == vs[d] && qs[d] == ws[d] && qs[d] == os[d],
+                "scaled_dot_product_attention_backward: the batch axes differ: " +
+                    shapes_of(qs, ks, vs) + ", weights " + format_shape(ws) + ", dout " +
+                    format_shape(os));
+    }
+    require(ks[N - 1] == dk && vs[N - 2] == Tk && ws[N - 2] == Tq && ws[N - 1] == Tk &&
+                os[N - 2] == Tq && os[N - 1] == dv && Tq > 0 && Tk > 0 && dk > 0,
+            "scaled_dot_product_attention_backward: the shapes do not fit together: " +
+                shapes_of(qs, ks, vs) + ", weights " + format_shape(ws) + " (…, T_q, T_k), dout " +
+                format_shape(os) + " (…, T_q, d_v)");
+    const std::size_t B = q.size() / (Tq * dk);  // every leading axis, flattened
+    const float factor = scale.value_or(1.0f / std::sqrt(static_cast<float>(dk)));
+
+    Tensor3 q3({B, Tq, dk}), k3({B, Tk, dk}), v3({B, Tk, dv}), w3({B, Tq, Tk}), do3({B, Tq, dv});
+    std::copy(q.begin(), q.end(), q3.begin());
+    std::copy(k.begin(), k.end(), k3.begin());
+    std::copy(v.begin(), v.end(), v3.begin());
+    std::copy(weights.begin(), weights.end(), w3.begin());
+    std::copy(dout.begin(), dout.end(), do3.begin());
+
+    // forward: out = W · V
+    Tensor3 dw = batched_matmul_transposed(do3, v3);  // dW (B, T_q, T_k) = dO · Vᵀ
+    Tensor3 dv3 = xt::zeros<float>({B, Tk, dv});      // dV (B, T_k, d_v) = Wᵀ · dO
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t i = 0; i < Tq; ++i)
+            for (std::size_t j = 0; j < Tk; ++j) {
+                const float wij = w3(b, i, j);
+                if (wij == 0.0f) continue;  // a hidden key (or an underflowed weight)
+                for (std::size_t c = 0; c < dv; ++c) dv3(b, j, c) += wij * do3(b, i, c);
+            }
+    // forward: W = softmax(S) row by row, S = scale · Q · Kᵀ (masked entries −∞)
+    // dS[i, j] = W[i, j] · (dW[i, j] − Σ_k W[i, k] · dW[i, k]); W = 0 where masked, so dS = 0
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t i = 0; i < Tq; ++i) {
+            double dot = 0.0;
+            for (std::size_t j = 0; j < Tk; ++j) dot += static_cast<double>(w3(b, i, j)) * dw(b, i, j);
+            for (std::size_t j = 0; j < Tk; ++j)
+                dw(b, i, j) = w3(b, i, j) * (dw(b, i, j) - static_cast<float>(dot));
+        }
+    // dQ (B, T_q, d_k) = scale · dS · K;  dK (B, T_k, d_k) = scale · dSᵀ · Q
+    Tensor3 dq3 = batched_matmul(dw, k3);
+    dq3 *= factor;
+    Tensor3 dk3 = xt::zeros<float>({B, Tk, dk});
+    for (std::size_t b = 0; b < B; ++b)
+        for (std::size_t i = 0; i < Tq; ++i)
+            for (std::size_t j = 0; j < Tk; ++j) {
+                const float ds = factor * dw(b, i, j);
+                if (ds == 0.0f) continue;
+                for (std::size_t c = 0; c < dk; ++c) dk3(b, j, c) += ds * q3(b, i, c);
+            }
+
+    AttentionGradients<N> g{Tensor<N>(q.shape()), Tensor<N>(k.shape()), Tensor<N>(v.shape())};
+    std::copy(dq3.begin(), dq3.end(), g.dq.begin());
+    std::copy(dk3.begin(), dk3.end(), g.dk.begin());
+    std::copy(dv3.begin(), dv3.end(), g.dv.begin());
+    return g;
+}
+
+template AttentionGradients<2> scaled_dot_product_attention_backward<2>(
+    const Tensor<2>&, const Tensor<2>&, const Tensor<2>&, const Tensor<2>&, const Tensor<2>&,
+    std::optional<float>);
+template AttentionGradients<3> scaled_dot_product_attention_backward<3>(
+    const Tensor<3>&, const Tensor<3>&, const Tensor<3>&, const Tensor<3>&, const Tensor<3>&,
+    std::optional<float>);
+template AttentionGradients<4> scaled_dot_product_attention_backward<4>(
+    const Tensor<4>&, const Tensor<4>&, const Tensor<4>&, const Tensor<4>&, const Tensor<4>&,
+    std::optional<float>);
 
 }  // namespace attn

@@ -90,6 +90,8 @@ void TrainConfig::validate() const {
     check(grad_clip >= 0 && std::isfinite(grad_clip), "grad_clip must not be negative (0: off)");
     check(eval_interval >= 1, "eval_interval must be at least 1");
     check(eval_iters >= 1, "eval_iters must be at least 1");
+    check(initial_loss_scale >= 1.0 && initial_loss_scale <= 0x1p100,
+          "initial_loss_scale must be between 1 and 2^100");
     model_config(1).validate();
 }
 
@@ -137,7 +139,10 @@ json config_to_json(const TrainConfig& c) {
             {"grad_clip", c.grad_clip},
             {"eval_interval", c.eval_interval},
             {"eval_iters", c.eval_iters},
-            {"seed", c.seed}};
+            {"seed", c.seed},
+            {"precision", precision_name(c.precision)},
+            {"loss_scaling", c.loss_scaling},
+            {"initial_loss_scale", c.initial_loss_scale}};
 }
 
 template <class T>
@@ -186,6 +191,15 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
     c.eval_interval = field<std::int64_t>(j, "eval_interval", file);
     c.eval_iters = field<std::int64_t>(j, "eval_iters", file);
     c.seed = field<std::uint64_t>(j, "seed", file);
+    if (j.contains("precision")) {  // optional: fp32
+        try {
+            c.precision = parse_precision(field<std::string>(j, "precision", file));
+        } catch (const std::invalid_argument& e) {
+            throw CheckpointError(file.string() + ": " + e.what());
+        }
+    }
+    c.loss_scaling = j.contains("loss_scaling") ? field<bool>(j, "loss_scaling", file) : true;
+    if (j.contains("initial_loss_scale")) c.initial_loss_scale = field<double>(j, "initial_loss_scale", file);
     try {
         c.validate();
     } catch (const std::invalid_argument& e) {
@@ -275,6 +289,8 @@ void Trainer::finish_setup(bool from_weights) {
     optimizer_.beta1 = config_.beta1;
     optimizer_.beta2 = config_.beta2;
     optimizer_.weight_decay = config_.weight_decay;
+    model_.set_precision(config_.precision);
+    scaler_.scale = config_.initial_loss_scale;  // Trainer::load then restores the run's
     model_.train(true);
 }
 
@@ -317,7 +333,12 @@ StepRecord Trainer::train_step() {
     }
     const float max_norm = config_.grad_clip > 0 ? config_.grad_clip
                                                  : std::numeric_limits<float>::infinity();
-    r.grad_norm = device_ ? device_->backward_and_clip(max_norm) : cpu_backward_and_clip(max_norm);
+    if (device_) {
+        r.grad_norm = device_->backward_and_clip(max_norm);
+    } else if (!cpu_backward_and_clip(max_norm, r)) {
+        ++step_;  // loss scaling skips the update (the scale is halved); the run goes on
+        return r;
+    }
     if (!std::isfinite(r.grad_norm)) {
         batch_rng_ = rng_before;
         throw TrainingDiverged("the gradient norm became " + describe(r.grad_norm) +
@@ -352,8 +373,8 @@ float Trainer::first_batch_gradients(std::vector<int>& x, std::vector<int>& y,
     }
     model_.train(false);  // no dropout: PyTorch's model.eval() computes the same gradients
     loss = model_.forward(x.data(), y.data(), B, T);
-    model_.zero_grad();
-    model_.backward();
+    StepRecord record;
+    cpu_backward(scales_loss() ? static_cast<float>(scaler_.scale) : 1.0f, record);
     model_.train(true);
     grads = model_.gradients();
     model_.zero_grad();
@@ -382,15 +403,42 @@ float Trainer::cpu_loss(std::uint64_t dropout_seed) {
     return static_cast<float>(group_->sum(static_cast<double>(b1 - b0) / B * local));
 }
 
-float Trainer::cpu_backward_and_clip(float max_norm) {
+bool Trainer::cpu_backward(float loss_scale, StepRecord& record) {
     model_.zero_grad();
     if (group_) {
         const auto [b0, b1] = batch_share(config_.batch_size, group_->rank(), group_->size());
         group_->begin_gradients(model_, static_cast<double>(b1 - b0) / config_.batch_size);
     }
-    model_.backward();
+    const RoundingCounts before = model_.gradient_rounding();
+    model_.backward(loss_scale);
     if (group_) group_->finish_gradients(model_);  // the whole batch's, in every process
-    return clip_grad_norm(model_, max_norm);
+    record.rounded_gradients = model_.gradient_rounding().values - before.values;
+    record.flushed_gradients = model_.gradient_rounding().flushed - before.flushed;
+    record.subnormal_gradients = model_.gradient_rounding().subnormal - before.subnormal;
+    record.loss_scale = loss_scale;
+    if (loss_scale == 1.0f) return true;
+    // Back to the true gradients, in float32 (a power of two: exact). A scale too large
+    // shows as an infinity: a product's input beyond float16's 65504.
+    std::vector<float>& g = model_.gradients();
+    const float unscale = 1.0f / loss_scale;
+    bool finite = true;
+    for (float& x : g) {
+        x *= unscale;
+        finite = finite && std::isfinite(x);
+    }
+    return finite;
+}
+
+bool Trainer::cpu_backward_and_clip(float max_norm, StepRecord& record) {
+    const bool scaling = scales_loss();
+    const bool finite = cpu_backward(scaling ? static_cast<float>(scaler_.scale) : 1.0f, record);
+    if (scaling && !scaler_.update(finite)) {
+        record.skipped = true;
+        record.grad_norm = std::numeric_limits<float>::infinity();
+        return false;
+    }
+    record.grad_norm = clip_grad_norm(model_, max_norm);
+    return true;
 }
 
 void Trainer::cpu_adamw_step(float lr) { optimizer_.step(model_, lr); }
@@ -399,6 +447,11 @@ void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
     if (device && group_) {
         throw std::invalid_argument("data parallelism over processes trains on the CPU: a device "
                                     "cannot be attached to a trainer in a group");
+    }
+    if (device && config_.precision != Precision::fp32) {
+        throw std::invalid_argument(std::string("mixed precision (") +
+                                    precision_name(config_.precision) +
+                                    ") trains on the CPU only: the GPU model computes in float32");
     }
     sync_from_device();
     device_ = std::move(device);
@@ -459,6 +512,8 @@ void Trainer::save(const fs::path& dir) {
                   {"step", step_},
                   {"best_val_loss", std::isfinite(best_val_loss_) ? json(best_val_loss_) : json(nullptr)},
                   {"adamw_step_count", optimizer_.step_count},
+                  {"loss_scaler", {{"scale", scaler_.scale}, {"good_steps", scaler_.good_steps},
+                                   {"skipped_steps", scaler_.skipped_steps}}},
                   {"batch_rng", {{"words", rs.words}, {"has_spare", rs.has_spare},
                                  {"spare_bits", float_bits(rs.spare)}}}};
         std::ofstream out(tmp / "trainer.json");
@@ -563,6 +618,15 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
     t.best_val_loss_ = best.is_null() ? std::numeric_limits<double>::infinity()
                                       : field<double>(j, "best_val_loss", file);
     t.optimizer_.step_count = field<long>(j, "adamw_step_count", file);
+    if (j.contains("loss_scaler")) {  // optional: a new scaler
+        const json& sj = field<json>(j, "loss_scaler", file);
+        t.scaler_.scale = field<double>(sj, "scale", file);
+        t.scaler_.good_steps = field<long>(sj, "good_steps", file);
+        t.scaler_.skipped_steps = field<long>(sj, "skipped_steps", file);
+        if (!(t.scaler_.scale > 0.0) || !std::isfinite(t.scaler_.scale)) {
+            throw CheckpointError(file.string() + ": the loss scale must be positive and finite");
+        }
+    }
     const json& rj = field<json>(j, "batch_rng", file);
     Rng::State rs;
     rs.words = field<std::array<std::uint64_t, 4>>(rj, "words", file);
@@ -764,8 +828,16 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
         summary.step_seconds += dt;
         summary.steps.push_back(r);
         if (metrics.is_open()) {
-            metrics << json{{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                            {"ms", dt * 1e3}}.dump() << "\n";
+            json line{{"step", r.step}, {"loss", r.loss}, {"lr", r.lr}, {"ms", dt * 1e3}};
+            // A skipped step's norm is infinite: JSON has no infinity, so it is left out.
+            if (r.skipped) line["skipped"] = true;
+            else line["grad_norm"] = r.grad_norm;
+            if (c.precision != Precision::fp32) {
+                line["flushed_gradients"] = r.flushed_gradients;
+                line["rounded_gradients"] = r.rounded_gradients;
+            }
+            if (trainer.scales_loss()) line["loss_scale"] = r.loss_scale;
+            metrics << line.dump() << "\n";
         }
         if (progress_out) {
             const bool show = options.progress_is_terminal || (r.step + 1) % options.progress_interval == 0;
@@ -817,8 +889,13 @@ void read_metrics(const fs::path& path, std::vector<StepRecord>& steps,
         try {
             const json j = json::parse(line);
             if (j.contains("loss")) {
-                steps.push_back({j.at("step").get<std::int64_t>(), j.at("loss").get<float>(),
-                                 j.at("lr").get<double>(), j.at("grad_norm").get<float>()});
+                StepRecord r{j.at("step").get<std::int64_t>(), j.at("loss").get<float>(),
+                             j.at("lr").get<double>(), 0.0f};
+                r.skipped = j.value("skipped", false);
+                r.grad_norm = r.skipped ? std::numeric_limits<float>::infinity()
+                                        : j.at("grad_norm").get<float>();
+                r.loss_scale = j.value("loss_scale", 1.0);
+                steps.push_back(r);
             } else if (j.contains("val_loss")) {
                 evals.push_back({j.at("step").get<std::int64_t>(), j.at("train_loss").get<double>(),
                                  j.at("val_loss").get<double>()});

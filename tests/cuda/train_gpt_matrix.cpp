@@ -80,6 +80,18 @@ constexpr double fp32_relative = 1e-4;
 // small differences of large terms).
 constexpr double tf32_relative = 1e-2;
 constexpr double tf32_gradient_relative = 3e-2;
+// 16-bit products (--precision bf16 or fp16, CPU only: compared across the same-function
+// options --threads and --attention fused on the CPU): the two paths' float32 values differ
+// by float32 rounding, as above, and a value that lies within that distance of a 16-bit
+// rounding boundary rounds to the other neighbour on one path: that element moves by one
+// step of the format, 2^-8 of itself in bfloat16 (2^-11 in float16), ~6e4 times a float32
+// rounding. Few elements are that close to a boundary (a relative distance of ~1e-7 out of
+// a step of 4e-3: a few in 1e4), so losses and norms still agree to ~1e-4 and gradients to a
+// few 1e-3 of their tensor's largest value; 1e-3 and 2e-2 leave ten times that. Weights: a
+// flipped rounding can flip the sign of a near-zero gradient as float32 noise can, but in
+// more of them, so only the 2·Σlr bound applies (no 1-in-1000 count).
+constexpr double half16_relative = 1e-3;
+constexpr double half16_gradient_relative = 2e-2;
 // Weights after AdamW: the first update moves each weight by lr·g/(|g| + eps), ±lr whatever
 // the gradient's size, so a gradient as small as the rounding noise can take opposite
 // signs on the two sides and move its weight by 2·lr the other way; later updates likewise
@@ -98,6 +110,7 @@ struct Tolerance {
 };
 constexpr Tolerance fp32{fp32_relative, fp32_relative, true, "fp32"};
 constexpr Tolerance tf32{tf32_relative, tf32_gradient_relative, false, "TF32"};
+constexpr Tolerance half16{half16_relative, half16_gradient_relative, false, "16-bit products"};
 
 // ---------------------------------------------------------------------------------------
 // train_gpt's options, as its --help lists them.
@@ -250,6 +263,7 @@ std::vector<Use> option_table() {
         varied("--prompt", sample, {"to be"}),
         rounds_differently(varied("--tf32", same, {flag})),
         varied("--attention", same, {}, "materialised"),
+        varied("--precision", trains, {}, "fp32"),
         varied("--bench", exits, {"2"}),
         varied("--threads", same, {"2"}, "1"),
         varied("--threads-info", exits, {flag}),
@@ -320,11 +334,12 @@ std::vector<std::string> cpu_refusal(const Config& c) {
 }
 
 // What the GPU model lacks (cuda::unsupported_on_gpu): positions other than learned,
-// grouped keys and values, a window, fused kernels for head sizes other than 64 and 128;
-// and the simulator does not time (--bench).
+// grouped keys and values, a window, fused kernels for head sizes other than 64 and 128,
+// mixed precision (the matrix tries only --precision's values other than fp32); and the
+// simulator does not time (--bench).
 std::vector<std::string> gpu_refusal(const Config& c, int head_size) {
     std::vector<std::string> names;
-    for (const char* lacking : {"--position", "--kv-heads", "--window", "--bench"}) {
+    for (const char* lacking : {"--position", "--kv-heads", "--window", "--bench", "--precision"}) {
         if (has(c, lacking)) names.push_back(lacking);
     }
     if (has(c, "--attention", "fused") && head_size != 64 && head_size != 128) {
@@ -1098,7 +1113,11 @@ int main(int argc, char** argv) {
                     if (!entry.ran[side] || !other.ran[side]) continue;
                     if (side == 0 && device_only(s)) continue;  // the CPU ran without it
                     ++same_checked;
-                    const Tolerance& tol = device_only(s) || has(entry.config, "--tf32") ? tf32 : fp32;
+                    const bool sixteen_bit = has(entry.config, "--precision") &&
+                                             value_of(entry.config, "--precision", "fp32") != "fp32";
+                    const Tolerance& tol = device_only(s) || has(entry.config, "--tf32") ? tf32
+                                           : sixteen_bit                                  ? half16
+                                                                                          : fp32;
                     Problems p = compare_runs(entry.files[side], other.files[side], tol);
                     const RunFiles& f = entry.files[side];
                     const bool computed = f.has_metrics || !f.dump.empty();  // not --bench's timing

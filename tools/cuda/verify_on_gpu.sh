@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Usage: tools/cuda/verify_on_gpu.sh STAGE [RESULTS_DIR]
 #
-# Everything the GPU lessons (12, 13, 14) claim, checked and measured on one GPU machine in
+# Everything the GPU lessons (12, 13, 14, 18) claim, checked and measured on one GPU machine in
 # a few calls. Each stage fits in under ten minutes on a 16-core machine with an H100 or
 # H200; run them in this order on the same machine (the build folder is reused):
 #
 #   build    configure and build everything with nvcc (build-gpu/)
 #   checks   the GPU tests (ctest -L cuda), the library tests, compute-sanitizer on the
-#            attention kernels, and the lessons 12-14 as the learner runs them
+#            attention kernels (the 16-bit and tensor-core ones with its race checker too),
+#            and the lessons 12-14 and 18 as the learner runs them
 #   bench    the kernel workbench, attention (plain, fused, PyTorch's SDPA) for T = 256…4096,
+#            the 16-bit and tensor-core attention against the float32 fused kernel,
 #            one training step (fp32, TF32, TF32 + fused attention) and the race against
 #            PyTorch (bf16 autocast + torch.compile)
 #   recipe   nanoGPT's train_shakespeare_char recipe (needs the corpus at
@@ -58,18 +60,24 @@ case "$stage" in
     step ctest-library ctest --test-dir "$build" -L library -j "$cores" --output-on-failure
     if command -v compute-sanitizer >/dev/null; then
       step sanitizer-attention compute-sanitizer --error-exitcode 1 "$build/tests/cuda_attention_test"
+      step sanitizer-half-attention compute-sanitizer --error-exitcode 1 "$build/tests/cuda_half_attention_test"
+      step racecheck-half-attention compute-sanitizer --tool racecheck --error-exitcode 1 \
+        "$build/tests/cuda_half_attention_test"
     else
       echo "compute-sanitizer not found: skipped" | tee -a "$summary"
     fi
     step lesson_12 "$build/lesson_12"
     step lesson_13 "$build/lesson_13"
     step lesson_14 "$build/lesson_14"
+    step lesson_18 "$build/lesson_18"
     ;;
   bench)
     step kernels "$build/tools/cuda/gpt_kernels_bench" 64 256
     step attention-hs64 "$build/tests/attention_bench"
     step attention-hs128 "$build/tests/attention_bench" --hs 128 --no-validate
     step attention-torch python3 tools/cuda/attention_torch.py
+    step half-attention-hs64 "$build/tests/half_attention_bench"
+    step half-attention-hs128 "$build/tests/half_attention_bench" --hs 128
     step step-fp32 "$build/tools/cuda/gpu_train_bench" --batch 64
     step step-tf32 "$build/tools/cuda/gpu_train_bench" --batch 64 --tf32
     step step-tf32-fused "$build/tools/cuda/gpu_train_bench" --batch 64 --tf32 --attention fused

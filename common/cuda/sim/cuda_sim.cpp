@@ -111,7 +111,9 @@ struct Warp {
     int size = 0, arrived = 0, generation = 0;
     const char* file = nullptr;
     int line = 0;
+    const char* what = "the warp shuffle";  // the call the lanes wait at
     std::uint64_t slots[2][32] = {};
+    void* args[32] = {};  // a collective's arguments, by lane
 };
 
 struct Runner {
@@ -296,7 +298,7 @@ std::string deadlock(const Runner& r) {
     for (std::size_t w = 0; w < r.warps.size(); ++w) {
         const Warp& wp = r.warps[w];
         if (wp.arrived > 0) {
-            return "the warp shuffle at " + where(wp.file, wp.line) + " is reached by " +
+            return std::string(wp.what) + " at " + where(wp.file, wp.line) + " is reached by " +
                    std::to_string(wp.arrived) + " of warp " + std::to_string(w) + "'s " +
                    std::to_string(wp.size) + " lanes; the others returned";
         }
@@ -507,6 +509,7 @@ std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, c
     }
     w.file = file;
     w.line = line;
+    w.what = "the warp shuffle";
     const int g = w.generation & 1;
     w.slots[g][t.lane] = bits;
     t.state = State::at_shuffle;
@@ -518,6 +521,43 @@ std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, c
     }
     yield(r);
     return own ? bits : w.slots[g][source];
+}
+
+void warp_collective(const char* what, void* lane_arg, std::string (*op)(void* const*),
+                     const char* file, int line) {
+    Runner& r = runner();
+    if (r.current < 0) {
+        std::fprintf(stderr, "CUDA simulator: %s at %s called from host code\n", what,
+                     where(file, line).c_str());
+        std::abort();
+    }
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    Warp& w = r.warps[static_cast<std::size_t>(t.warp)];
+    if (w.size != 32) {
+        fail(r, std::string(what) + " at " + where(file, line) + " in a warp of " +
+                    std::to_string(w.size) +
+                    " threads: it needs all 32 lanes (a block size that is a multiple of 32)");
+    }
+    if (w.arrived > 0 && (w.file != file || w.line != line)) {
+        fail(r, "lanes of one warp wait at two different warp-collective calls, " +
+                    std::string(w.what) + " at " + where(w.file, w.line) + " and " + what +
+                    " at " + where(file, line) + " (every lane must reach the same call)");
+    }
+    w.file = file;
+    w.line = line;
+    w.what = what;
+    w.args[t.lane] = lane_arg;
+    t.state = State::at_shuffle;
+    if (++w.arrived == w.size) {
+        // Every lane is parked here, its arguments alive on its stack: do the warp's work.
+        const std::string wrong = op(w.args);
+        if (!wrong.empty()) fail(r, std::string(what) + " at " + where(file, line) + ": " + wrong);
+        const std::size_t first = static_cast<std::size_t>(t.warp) * 32;
+        for (std::size_t i = first; i < first + 32; ++i) r.threads[i].state = State::ready;
+        w.arrived = 0;
+        ++w.generation;
+    }
+    yield(r);
 }
 
 cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {

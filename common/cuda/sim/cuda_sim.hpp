@@ -12,6 +12,9 @@
 //     another barrier) is reported as a launch failure, never a hang.
 //   - A warp shuffle is a barrier of the warp's 32 lanes: each lane leaves its value in a
 //     slot, and once all lanes are there each one reads the slot of its source lane.
+//     __syncwarp and the tensor cores' WMMA calls (cuda_sim_wmma.hpp) are warp-collective
+//     the same way: every lane must reach the same call, and the last one to arrive does
+//     the warp's work (a load, a matrix product) for all of them.
 //   - __shared__ is `static thread_local`: one copy per OS thread, which runs one block at a
 //     time, so all threads of a block (fibers on that OS thread) share it. Dynamic shared
 //     memory (ATTN_DYNAMIC_SHARED) is a per-launch buffer of the requested size.
@@ -74,6 +77,13 @@ std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, c
                       int line);
 int lane_id();
 void* dynamic_shared_memory();
+// A warp-collective operation: every lane of the warp calls it at the same place (file,
+// line) with its own `lane_arg`; when the last lane arrives, `op` runs once with the 32
+// lanes' arguments (indexed by lane) and returns "" or what is wrong (then the launch
+// fails with it); then every lane goes on. A lane that never arrives, or arrives at another
+// collective, fails the launch as a deadlock would hang a GPU. `what` names the call.
+void warp_collective(const char* what, void* lane_arg, std::string (*op)(void* const* lane_args),
+                     const char* file, int line);
 
 template <class T>
 T shfl(unsigned mask, T v, int source, bool own, const char* file, int line) {
@@ -93,6 +103,24 @@ inline int xor_source(int lane, int mask, int width) {
 }  // namespace cuda_sim
 
 #define __syncthreads() ::cuda_sim::syncthreads(__FILE__, __LINE__)
+
+namespace cuda_sim {
+inline std::string no_work(void* const*) { return ""; }
+}  // namespace cuda_sim
+// Waits for the lanes of the warp (the course's kernels pass the whole warp's mask).
+inline void __syncwarp(unsigned mask = 0xffffffffu, const char* file = __builtin_FILE(),
+                       int line = __builtin_LINE()) {
+    if (mask != 0xffffffffu) {
+        ::cuda_sim::warp_collective("__syncwarp with a partial mask", nullptr,
+                                    [](void* const*) -> std::string {
+                                        return "the course's kernels synchronise whole warps "
+                                               "(mask 0xffffffff)";
+                                    },
+                                    file, line);
+        return;
+    }
+    ::cuda_sim::warp_collective("__syncwarp", nullptr, ::cuda_sim::no_work, file, line);
+}
 #define __shfl_xor_sync(...) ::cuda_sim::shfl_xor_(__FILE__, __LINE__, __VA_ARGS__)
 #define __shfl_down_sync(...) ::cuda_sim::shfl_down_(__FILE__, __LINE__, __VA_ARGS__)
 #define __shfl_sync(...) ::cuda_sim::shfl_idx_(__FILE__, __LINE__, __VA_ARGS__)

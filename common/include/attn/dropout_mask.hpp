@@ -11,11 +11,14 @@
 
 #include <cstdint>
 
+/// @cond INTERNAL
+// The functions below are compiled for the GPU too when a .cu file includes them.
 #if defined(__CUDACC__)
 #define ATTN_HOST_DEVICE __host__ __device__
 #else
 #define ATTN_HOST_DEVICE
 #endif
+/// @endcond
 
 namespace attn {
 

@@ -18,7 +18,8 @@ namespace attn {
 
 /// e^x for single-precision x, with at most 2 ulp relative error where the result is a
 /// normal float. Inputs are clamped to [−87.3, 88.3], so the result never overflows to
-/// infinity and, below the clamp, is about 1.2e-38 instead of a denormal or 0.
+/// infinity and, below the clamp, is about 1.2e-38 instead of a denormal or 0. A NaN
+/// input gives NaN.
 /// @param x the exponent
 /// @return e^x
 inline float exp_approx(float x) {
@@ -37,8 +38,11 @@ inline float exp_approx(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     const float er = p * r * r + r + 1.0f;
-    // 2^n built from its bits: the biased exponent n + 127 in bits 23..30.
-    const std::int32_t bits = (static_cast<std::int32_t>(n) + 127) * (1 << 23);
+    // 2^n built from its bits: the biased exponent n + 127 in bits 23..30. A NaN input
+    // makes n NaN, and converting NaN to an integer is undefined behaviour; 0 is used
+    // instead (a select, not a branch), and er, which is NaN too, makes the result NaN.
+    const float n_finite = n == n ? n : 0.0f;
+    const std::int32_t bits = (static_cast<std::int32_t>(n_finite) + 127) * (1 << 23);
     float two_n;
     std::memcpy(&two_n, &bits, sizeof two_n);
     return er * two_n;

@@ -10,6 +10,7 @@
 /// The layers are the functions of gpt_layers.hpp.
 #pragma once
 
+#include "attn/precision.hpp"
 #include "attn/random.hpp"
 
 #include <cstddef>
@@ -218,6 +219,34 @@ public:
     /// d(mean loss)/d(parameter) into grads (call zero_grad() first for a fresh gradient).
     void backward();
 
+    /// The backward pass of `loss_scale` · (mean loss): every gradient comes out multiplied
+    /// by `loss_scale`, which keeps small gradients above float16's underflow where the
+    /// products round their inputs (set_precision); the caller divides it out again.
+    /// @param loss_scale the factor, positive (1: backward())
+    void backward(float loss_scale);
+
+    /// Mixed precision: the inputs of the matrix products of the following passes are
+    /// rounded to `p` and their products summed in float32, as tensor cores do, while the
+    /// parameters, the optimizer and everything between the products stay float32. Rounded:
+    /// the Linear layers' inputs (ln_1, the attention's output, ln_2, GELU's output, ln_f)
+    /// and weights (a rounded copy, made at each forward pass), q, k and v, and in the
+    /// backward pass the gradients that enter the Linear layers' products. The attention
+    /// weights P and the gradients inside attention stay float32. fp32 (a new model's): no
+    /// rounding at all.
+    /// @param p the format of the products' inputs
+    void set_precision(Precision p) { precision_ = p; }
+    /// The format chosen by set_precision().
+    Precision precision() const { return precision_; }
+    /// What rounding lost in the forward passes since reset_rounding_counts(): the
+    /// activations entering products (values flushed to zero, made subnormal, overflowed).
+    const RoundingCounts& forward_rounding() const { return forward_rounding_; }
+    /// What rounding lost in the backward passes since reset_rounding_counts(): the
+    /// gradients entering the Linear layers' products. Gradients flushed to zero here are
+    /// float16's underflow, which loss scaling prevents.
+    const RoundingCounts& gradient_rounding() const { return gradient_rounding_; }
+    /// Sets both counts to zero.
+    void reset_rounding_counts() { forward_rounding_ = gradient_rounding_ = {}; }
+
     /// Switches dropout on (training) or off (evaluation), as `nn.Module.train()`.
     /// @param on true for training mode
     void train(bool on = true) { training_ = on; }
@@ -279,6 +308,8 @@ public:
 
 private:
     void allocate_activations(int B, int T);
+    // Rounds one slice's buffer of a pass to precision_, counting into `counts`.
+    void round_for_product(float* x, std::size_t n, RoundingCounts& counts) const;
     // The passes over the sequences [b0, b0 + B) of the batch, run by one thread each.
     void forward_slice(int b0, int B);
     // layer_done(l), when given, is called by every slice after block l's backward.
@@ -309,6 +340,11 @@ private:
     bool has_targets_ = false;
     bool dropout_applied_ = false;
     AttentionKind attention_ = AttentionKind::materialised;
+    Precision precision_ = Precision::fp32;
+    std::vector<float> product_weights_;  // the parameters rounded to precision_, same layout
+    ParameterTensors product_params_;     // pointers into product_weights_
+    RoundingCounts forward_rounding_, gradient_rounding_;
+    float loss_scale_ = 1.0f;             // of the running backward pass
     bool fused_applied_ = false;  // whether the last forward pass used the fused attention
 };
 
@@ -328,6 +364,12 @@ struct AdamW {
     /// @param model the model to update (its gradients are read, its parameters changed)
     /// @param lr the learning rate for this step
     void step(GPT& model, float lr);
+    /// The same update for any model whose parameters lie in one flat buffer (the
+    /// encoder–decoder of encoder_decoder.hpp): decay on the tensors `table` marks.
+    /// @param params every parameter, changed @param grads their gradients, same layout
+    /// @param table the tensors in the buffer @param lr the learning rate for this step
+    void step(std::vector<float>& params, const std::vector<float>& grads,
+              const std::vector<ParameterInfo>& table, float lr);
 };
 
 /// Scales the gradients so that their global L2 norm is at most `max_norm`, as
@@ -336,5 +378,10 @@ struct AdamW {
 /// @param max_norm the largest allowed norm
 /// @return the norm before clipping
 float clip_grad_norm(GPT& model, float max_norm);
+
+/// clip_grad_norm() of gradients in a flat buffer.
+/// @param grads the gradients, scaled in place @param max_norm the largest allowed norm
+/// @return the norm before clipping
+float clip_grad_norm(std::vector<float>& grads, float max_norm);
 
 }  // namespace attn

@@ -60,6 +60,16 @@ struct TrainConfig {
     std::int64_t eval_interval = 250;  ///< evaluate (and checkpoint) every this many steps
     std::int64_t eval_iters = 20;      ///< batches per split in one evaluation
     std::uint64_t seed = 1337;         ///< seeds the initial weights, batches and dropout
+    // Mixed precision (lesson 18).
+    /// The format of the matrix products' inputs (GPT::set_precision); the weights, AdamW
+    /// and everything else stay float32. bf16 and fp16 train on the CPU only.
+    Precision precision = Precision::fp32;
+    /// With fp16: dynamic loss scaling (LossScaler), without which small gradients flush to
+    /// zero when the products round them; ignored for fp32 and bf16 (bfloat16 has float32's
+    /// exponent range).
+    bool loss_scaling = true;
+    /// The loss scale a run starts from (PyTorch's GradScaler: 2^16); LossScaler adjusts it.
+    double initial_loss_scale = 65536.0;
 
     /// A named recipe: "cpu" (nanoGPT's CPU recipe for tiny shakespeare: 4 layers, 4 heads,
     /// 128 channels, block 64, batch 12, 2000 steps) or "tiny" (2 layers, 32 channels,
@@ -85,7 +95,16 @@ struct StepRecord {
     std::int64_t step = 0;   ///< 0-based
     float loss = 0.0f;       ///< the training batch's mean cross-entropy
     double lr = 0.0;         ///< the learning rate used
-    float grad_norm = 0.0f;  ///< the gradient norm before clipping
+    float grad_norm = 0.0f;  ///< the gradient norm before clipping (not finite when skipped)
+    /// With loss scaling: the step's gradients held an infinity or a NaN, so no update was
+    /// made (and the scale was halved)
+    bool skipped = false;
+    double loss_scale = 1.0;  ///< the factor the loss was multiplied by (1 without scaling)
+    /// Mixed precision: gradient values rounded where they entered the products in this
+    /// step's backward pass, and how many of them were flushed to zero (GPT::gradient_rounding)
+    std::uint64_t rounded_gradients = 0;
+    std::uint64_t flushed_gradients = 0;    ///< see rounded_gradients
+    std::uint64_t subnormal_gradients = 0;  ///< of rounded_gradients, made subnormal
 };
 
 /// One evaluation: the mean loss over TrainConfig::eval_iters batches of each split.
@@ -244,6 +263,11 @@ public:
     }
     const GPT& model() const { return model_; }                 ///< the model, read-only
     const AdamW& optimizer() const { return optimizer_; }       ///< AdamW and its moments
+    /// Whether the steps scale the loss (fp16 with TrainConfig::loss_scaling).
+    bool scales_loss() const {
+        return config_.precision == Precision::fp16 && config_.loss_scaling;
+    }
+    const LossScaler& loss_scaler() const { return scaler_; }  ///< the loss scale's state
 
     /// Runs the steps and evaluations on `device` from now on (nullptr: back to the CPU).
     /// @param device the device; the host model and optimizer are pushed to it
@@ -279,13 +303,19 @@ public:
 private:
     void finish_setup(bool from_weights);
     float cpu_loss(std::uint64_t dropout_seed);  // forward on the host model
-    float cpu_backward_and_clip(float max_norm);
+    // The backward pass (scaled, then unscaled, with loss scaling) and the clipping; false
+    // when loss scaling skips the step (its gradients held an infinity or a NaN).
+    bool cpu_backward_and_clip(float max_norm, StepRecord& record);
+    // The backward pass of the last forward call into the model's gradients, scaled by the
+    // loss scale and divided by it again; whether every gradient is finite.
+    bool cpu_backward(float loss_scale, StepRecord& record);
     void cpu_adamw_step(float lr);
 
     TrainConfig config_;
     TextDataset data_;
     GPT model_;
     AdamW optimizer_;
+    LossScaler scaler_;
     Rng batch_rng_;
     std::int64_t step_ = 0;
     double best_val_loss_;

@@ -340,6 +340,13 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
     // whole pass on its own slice of the batch, with no waiting between layers. A dropout
     // mask is a hash of each element's index in the whole batch: the same in every slicing.
     ++forward_calls_;
+    // Mixed precision: the weights the products read, rounded once per pass (the float32
+    // parameters stay as they are: the optimizer updates those).
+    if (precision_ != Precision::fp32) {
+        product_weights_ = params_memory_;
+        round_in_place(product_weights_.data(), product_weights_.size(), precision_);
+        product_params_ = shifted(params_, params_memory_.data(), product_weights_.data());
+    }
     const int slices = std::min(B, omp_get_max_threads());
 #pragma omp parallel num_threads(slices)
     {
@@ -355,6 +362,10 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
     return static_cast<float>(total / static_cast<double>(BT));
 }
 
+void GPT::round_for_product(float* x, std::size_t n, RoundingCounts& counts) const {
+    if (precision_ != Precision::fp32) counts += round_in_place(x, n, precision_);
+}
+
 void GPT::forward_slice(int b0, int B) {
     // B is this slice's batch size; the stacked per-layer buffers are laid out for the
     // whole batch B_, so a layer's tensor starts at l * BTC and the slice at row b0 * T.
@@ -363,6 +374,9 @@ void GPT::forward_slice(int b0, int B) {
     const int G = config_.kv_heads();
     const size_t QKV = static_cast<size_t>(config_.qkv_channels());  // c_attn's output width
     const ParameterTensors& p = params_;
+    // the weights the matrix products read: float32, or rounded (set_precision)
+    const ParameterTensors& w = precision_ == Precision::fp32 ? params_ : product_params_;
+    RoundingCounts rounded;  // this slice's, added to forward_rounding_ at the end
     Activations& a = acts_;
     const float pdrop = config_.dropout;
     const bool dropout = dropout_applied_;
@@ -380,6 +394,7 @@ void GPT::forward_slice(int b0, int B) {
     const size_t lse_layer = static_cast<size_t>(B_) * NH * T;
     const bool fused = fused_applied_;
     const int N = B * T;  // rows of the slice
+    const size_t NC = static_cast<size_t>(N) * C;
     const int* inputs = inputs_.data() + row0;
     // The mask of a site in this pass, at this slice's first element of a (B, T, C) tensor
     // (the attention weights' sites start at the slice's first (T, T) matrix instead).
@@ -418,9 +433,11 @@ void GPT::forward_slice(int b0, int B) {
         // x = x + drop(c_proj(attention(c_attn(ln_1(x)))))
         layernorm_forward(ln1, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, residual,
                           p.ln1w + lc, p.ln1b ? p.ln1b + lc : nullptr, B, T, C);
-        matmul_forward(qkv, ln1, p.qkvw + l * QKV * C, p.qkvb ? p.qkvb + l * QKV : nullptr, N, C,
+        round_for_product(ln1, NC, rounded);
+        matmul_forward(qkv, ln1, w.qkvw + l * QKV * C, p.qkvb ? p.qkvb + l * QKV : nullptr, N, C,
                        static_cast<int>(QKV));
         if (config_.position == Position::rope) rope_forward(qkv, B, T, C, NH, 0, G);
+        round_for_product(qkv, static_cast<size_t>(N) * QKV, rounded);  // q, k, v
         if (fused) {  // full multi-head attention only: set_attention refuses the others
             attention_fused_forward(atty, att_lse, qkv, B, T, C, NH, config_.causal);
         } else {
@@ -430,7 +447,8 @@ void GPT::forward_slice(int b0, int B) {
                               alibi_slopes_.empty() ? nullptr : alibi_slopes_.data(), G,
                               config_.window);
         }
-        matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
+        round_for_product(atty, NC, rounded);
+        matmul_forward(attproj, atty, w.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
         if (dropout)
             dropout_forward(attproj, a.attproj_mask.data() + at, pdrop,
@@ -440,9 +458,11 @@ void GPT::forward_slice(int b0, int B) {
         // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
         layernorm_forward(ln2, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, residual2,
                           p.ln2w + lc, p.ln2b ? p.ln2b + lc : nullptr, B, T, C);
-        matmul_forward(fch, ln2, p.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C, 4 * C);
+        round_for_product(ln2, NC, rounded);
+        matmul_forward(fch, ln2, w.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C, 4 * C);
         gelu_forward(fch_gelu, fch, N * 4 * C);
-        matmul_forward(fcproj, fch_gelu, p.fcprojw + lc * 4 * C,
+        round_for_product(fch_gelu, 4 * NC, rounded);
+        matmul_forward(fcproj, fch_gelu, w.fcprojw + lc * 4 * C,
                        p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C);
         if (dropout)
             dropout_forward(fcproj, a.fcproj_mask.data() + at, pdrop,
@@ -455,18 +475,29 @@ void GPT::forward_slice(int b0, int B) {
     float* lnf = a.lnf.data() + row0 * C;
     layernorm_forward(lnf, a.lnf_mean.data() + row0, a.lnf_rstd.data() + row0, last, p.lnfw,
                       p.lnfb, B, T, C);
+    round_for_product(lnf, NC, rounded);
     float* logits = a.logits.data() + row0 * V;
-    matmul_forward(logits, lnf, p.wte, nullptr, N, C, V);
+    matmul_forward(logits, lnf, w.wte, nullptr, N, C, V);
     if (has_targets_) {
         crossentropy_forward(a.probs.data() + row0 * V, a.losses.data() + row0, logits,
                              targets_.data() + row0, B, T, V);
+    }
+    if (precision_ != Precision::fp32) {
+#pragma omp critical(attn_forward_rounding)
+        forward_rounding_ += rounded;
     }
 }
 
 void GPT::zero_grad() { zero(grads_memory_); }
 
-void GPT::backward() {
+void GPT::backward() { backward(1.0f); }
+
+void GPT::backward(float loss_scale) {
     require(has_targets_, "GPT::backward: the last forward call had no targets, so no loss");
+    require(loss_scale > 0.0f && std::isfinite(loss_scale),
+            "GPT::backward: the loss scale must be positive and finite, got " +
+                std::to_string(loss_scale));
+    loss_scale_ = loss_scale;
     // As in the forward pass, each thread takes a slice of the batch. The slices share the
     // parameters, whose gradients are sums over the whole batch: the first slice adds into
     // the model's gradients, every other slice into a zeroed buffer of its own, and those
@@ -548,6 +579,9 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     const int N = B * T;
     const size_t NC = static_cast<size_t>(N) * C;
     const ParameterTensors& p = params_;
+    // the weights the forward pass's products read (float32, or rounded: set_precision)
+    const ParameterTensors& w = precision_ == Precision::fp32 ? params_ : product_params_;
+    RoundingCounts rounded;  // this slice's, added to gradient_rounding_ at the end
     const Activations& a = acts_;
     GradientScratch& s = scratch_;
     const bool dropout = dropout_applied_;
@@ -568,9 +602,14 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     clear(dlogits, static_cast<size_t>(N) * V);
     crossentropy_backward(dlogits, a.probs.data() + row0 * V, targets_.data() + row0, B, T, V,
                           static_cast<int>(BT));
+    // loss_scale · loss: every gradient below is loss_scale times larger
+    if (loss_scale_ != 1.0f) {
+        for (size_t i = 0; i < static_cast<size_t>(N) * V; ++i) dlogits[i] *= loss_scale_;
+    }
     // logits = lnf · wteᵀ (the tied LM head: its gradient adds to the embedding's)
     clear(dln, NC);
-    matmul_backward(dln, g.wte, nullptr, dlogits, a.lnf.data() + row0 * C, p.wte, N, C, V);
+    round_for_product(dlogits, static_cast<size_t>(N) * V, rounded);
+    matmul_backward(dln, g.wte, nullptr, dlogits, a.lnf.data() + row0 * C, w.wte, N, C, V);
     // lnf = ln_f(residual3[L-1])
     clear(dresidual, NC);
     const float* last = a.residual3.data() + (L - 1) * BTC + row0 * C;
@@ -603,15 +642,17 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         // fcproj = drop(fch_gelu · c_projᵀ + b)
         if (dropout) dropout_backward(dinner, a.fcproj_mask.data() + at, N * C);
         clear(dfch_gelu, 4 * NC);
+        round_for_product(dinner, NC, rounded);
         matmul_backward(dfch_gelu, g.fcprojw + lc * 4 * C, g.fcprojb ? g.fcprojb + lc : nullptr,
-                        dinner, fch_gelu, p.fcprojw + lc * 4 * C, N, 4 * C, C);
+                        dinner, fch_gelu, w.fcprojw + lc * 4 * C, N, 4 * C, C);
         // fch_gelu = gelu(fch)
         clear(dfch, 4 * NC);
         gelu_backward(dfch, fch, dfch_gelu, N * 4 * C);
         // fch = ln2 · c_fcᵀ + b
         clear(dln, NC);
+        round_for_product(dfch, 4 * NC, rounded);
         matmul_backward(dln, g.fcw + lc * 4 * C, g.fcb ? g.fcb + 4 * lc : nullptr, dfch, ln2,
-                        p.fcw + lc * 4 * C, N, C, 4 * C);
+                        w.fcw + lc * 4 * C, N, C, 4 * C);
         // ln2 = ln_2(residual2)
         layernorm_backward(dresidual, g.ln2w + lc, g.ln2b ? g.ln2b + lc : nullptr, dln, residual2,
                            p.ln2w + lc, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, B,
@@ -622,8 +663,9 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         // attproj = drop(atty · c_projᵀ + b)
         if (dropout) dropout_backward(dinner, a.attproj_mask.data() + at, N * C);
         clear(datty, NC);
+        round_for_product(dinner, NC, rounded);
         matmul_backward(datty, g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr, dinner,
-                        atty, p.attprojw + lc * C, N, C, C);
+                        atty, w.attprojw + lc * C, N, C, C);
         // atty = attention(qkv)
         clear(dqkv, static_cast<size_t>(N) * QKV);
         if (fused) {
@@ -636,8 +678,9 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         if (config_.position == Position::rope) rope_backward(dqkv, B, T, C, NH, 0, G);
         // qkv = ln1 · c_attnᵀ + b
         clear(dln, NC);
+        round_for_product(dqkv, static_cast<size_t>(N) * QKV, rounded);
         matmul_backward(dln, g.qkvw + l * QKV * C, g.qkvb ? g.qkvb + l * QKV : nullptr, dqkv, ln1,
-                        p.qkvw + l * QKV * C, N, C, static_cast<int>(QKV));
+                        w.qkvw + l * QKV * C, N, C, static_cast<int>(QKV));
         // ln1 = ln_1(residual)
         layernorm_backward(dresidual, g.ln1w + lc, g.ln1b ? g.ln1b + lc : nullptr, dln, residual,
                            p.ln1w + lc, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, B,
@@ -649,6 +692,10 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     if (dropout) dropout_backward(dresidual, a.encoded_mask.data() + row0 * C, N * C);
     // The inputs were not kept: the token ids are needed to scatter into wte.
     encoder_backward(g.wte, g.wpe, dresidual, inputs_.data() + row0, B, T, C);
+    if (precision_ != Precision::fp32) {
+#pragma omp critical(attn_gradient_rounding)
+        gradient_rounding_ += rounded;
+    }
 }
 
 }  // namespace attn

@@ -7,10 +7,13 @@
 
 namespace attn {
 
-ATTN_SIMD_CLONES
 void AdamW::step(GPT& model, float lr) {
-    std::vector<float>& params = model.parameters();
-    const std::vector<float>& grads = model.gradients();
+    step(model.parameters(), model.gradients(), model.parameter_table(), lr);
+}
+
+ATTN_SIMD_CLONES
+void AdamW::step(std::vector<float>& params, const std::vector<float>& grads,
+                 const std::vector<ParameterInfo>& table, float lr) {
     if (m.size() != params.size()) {
         m.assign(params.size(), 0.0f);
         v.assign(params.size(), 0.0f);
@@ -23,7 +26,7 @@ void AdamW::step(GPT& model, float lr) {
     const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), step_count);
     const float step_size = static_cast<float>(lr / bias_correction1);
     const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-    for (const ParameterInfo& info : model.parameter_table()) {
+    for (const ParameterInfo& info : table) {
         const float decay = info.decay ? 1.0f - lr * weight_decay : 1.0f;
         for (std::size_t i = info.offset; i < info.offset + info.size; ++i) {
             const float g = grads[i];
@@ -36,8 +39,9 @@ void AdamW::step(GPT& model, float lr) {
     }
 }
 
-float clip_grad_norm(GPT& model, float max_norm) {
-    std::vector<float>& grads = model.gradients();
+float clip_grad_norm(GPT& model, float max_norm) { return clip_grad_norm(model.gradients(), max_norm); }
+
+float clip_grad_norm(std::vector<float>& grads, float max_norm) {
     double sum_sq = 0.0;
     for (float g : grads) sum_sq += static_cast<double>(g) * g;
     const float norm = static_cast<float>(std::sqrt(sum_sq));
