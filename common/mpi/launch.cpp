@@ -77,7 +77,11 @@ struct LineReader {
 std::string mpirun_path() { return ATTN_MPIEXEC; }
 
 std::vector<std::string> local_mpirun_options() {
-    std::vector<std::string> options = {"--oversubscribe", "--bind-to", "none"};
+    // rtc_hwloc_vmhole none: the daemons do not share their hardware map through shared
+    // memory mapped at a guessed address (a crash in hwloc_shmem_topology_write, seen in
+    // daemons on other hosts); with no pinning the map is not needed.
+    std::vector<std::string> options = {"--oversubscribe", "--bind-to", "none",
+                                        "--mca", "rtc_hwloc_vmhole", "none"};
     if (geteuid() == 0) options.push_back("--allow-run-as-root");
     return options;
 }
