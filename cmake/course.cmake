@@ -36,6 +36,18 @@ function(course_lesson name)
       target_compile_definitions(lesson_${nn} PRIVATE ATTN_HAVE_CUDA=1)
     endif()
   endif()
+  # Lessons with a part on several processes (ATTN_HAVE_MPI in their sources) link the MPI
+  # part of the library where an MPI was found (attn_mpi defines ATTN_HAVE_MPI); without one
+  # they build and run their single-process parts.
+  if(TARGET attn_mpi)
+    foreach(_f IN LISTS lesson_sources)
+      file(STRINGS "${_f}" _hits REGEX "ATTN_HAVE_MPI")
+      if(_hits)
+        target_link_libraries(lesson_${nn} PRIVATE attn_mpi)
+        break()
+      endif()
+    endforeach()
+  endif()
   # The test's output and pictures are the docs' (docs/CMakeLists.txt): the docs build
   # reuses them rather than running every lesson a second time.
   set(output "${PROJECT_BINARY_DIR}/docs/output")

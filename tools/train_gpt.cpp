@@ -5,9 +5,11 @@
 //   train_gpt --resume out                     go on from out/checkpoint
 //   train_gpt --init DIR --dump-grads grads    one step's gradients, to compare with PyTorch
 //   train_gpt --recipe shakespeare --device cuda   nanoGPT's GPU recipe
+//   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
+//   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
-// stderr and a non-zero exit status.
+// stderr and a non-zero exit status; with ranks, one line for the whole job.
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/run_control.hpp"
@@ -18,6 +20,11 @@
 #include "attn/cuda/generate.hpp"
 #include "attn/cuda/training_device.hpp"
 #endif
+#if ATTN_HAVE_MPI
+#include "attn/mpi/data_parallel.hpp"
+#include "attn/mpi/launch.hpp"
+#include "attn/mpi/world.hpp"
+#endif
 
 #include <CLI/CLI.hpp>
 
@@ -27,6 +34,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <optional>
 #include <unistd.h>
@@ -65,6 +74,18 @@ struct Flags {
     int threads = 0;  // 0: the library's policy (OMP_NUM_THREADS, else the CPUs)
     bool threads_info = false;
     bool overwrite = false;  // replace a run already in --out
+    int ranks = 0;           // --ranks N: start N processes under mpirun (0: not given)
+    std::string allreduce;   // how the ranks sum their gradients (empty: not given)
+};
+
+// This process's place in a data-parallel job: rank 0 of 1 when it trains alone.
+struct Job {
+#if ATTN_HAVE_MPI
+    mpi::World* world = nullptr;  // set when mpirun started this process
+#endif
+    int rank = 0, size = 1;
+    bool parallel() const { return size > 1 || started_by_mpirun; }
+    bool started_by_mpirun = false;
 };
 
 // The corpus: --data, or the course's own (tiny shakespeare, in data/).
@@ -199,18 +220,31 @@ cuda::CudaOptions cuda_options(const Flags& f) {
 // Decided before any work: an option the chosen path does not implement is refused here,
 // in one line that names it, never trained on another path or silently left out.
 // Returns the device the run uses: cpu, cuda or sim.
-std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model) {
+std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model, bool ranks,
+                        bool speaks) {
     if (model && f.attention == "fused") {  // on either device
         const std::string why = fused_attention_unsupported(*model);
         if (!why.empty()) throw std::invalid_argument(attention_options(f) + ": " + why);
+    }
+    if (ranks && f.device != "cpu") {  // data parallelism is the CPU model's (lesson 19)
+        if (f.device != "auto") {
+            throw std::invalid_argument("--device " + f.device + " with ranks (--ranks or mpirun): "
+                                        "data parallelism over processes trains on the CPU");
+        }
+        if (f.tf32) throw std::invalid_argument("--tf32 needs --device cuda or auto");
+        if (speaks) {
+            std::cerr << "train_gpt: --device auto: data parallelism over processes trains on the "
+                         "CPU; training on the CPU\n";
+        }
+        return "cpu";
     }
     if (f.device == "cpu") {
         if (f.tf32) throw std::invalid_argument("--tf32 needs --device cuda or auto");
         return "cpu";
     }
-    auto fall_back = [&f](const std::string& why) {
+    auto fall_back = [&f, speaks](const std::string& why) {
         if (f.device != "auto") throw std::runtime_error("--device " + f.device + " with " + why);
-        std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
+        if (speaks) std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
         return std::string("cpu");
     };
     if (f.precision != "fp32") {
@@ -270,12 +304,8 @@ std::string sample_text(Trainer& trainer, const Flags& f, const std::string& dev
     return generate_text(trainer.model(), trainer.data().vocab, f.prompt, s);
 }
 
-int run(const Flags& f) {
-    if (f.threads > 0) set_num_threads(f.threads, "--threads");
-    // The thread settings in force, once, before any work.
-    std::cout << describe_threads() << "\n";
-    if (f.threads_info) return 0;
-    check_simulator_choice(f);
+// The settings a run starts from: the recipe with the flags' changes, validated.
+TrainConfig planned_config(const Flags& f) {
     TrainConfig config = TrainConfig::named(f.recipe);
     if (f.max_iters) {
         config.max_iters = *f.max_iters;
@@ -294,21 +324,58 @@ int run(const Flags& f) {
     if (f.window != 0) config.window = f.window;
     config.precision = parse_precision(f.precision);
     config.validate();
-    const std::string device = plan_device(f, planned_model(f, config));
+    return config;
+}
+
+// The refusals of options that need ranks, or that ranks cannot take, before any work.
+void check_rank_options(const Flags& f, const Job& job) {
+    if (!f.allreduce.empty() && !job.parallel() && f.ranks == 0) {
+        throw std::invalid_argument("--allreduce chooses how ranks sum their gradients: it needs "
+                                    "--ranks N or a start by mpirun");
+    }
+    if (job.parallel() && !f.dump_grads.empty()) {
+        throw std::invalid_argument("--dump-grads writes one process's gradients: run it without "
+                                    "mpirun");
+    }
+    if (job.started_by_mpirun && f.ranks > 0 && f.ranks != job.size) {
+        throw std::invalid_argument("--ranks " + std::to_string(f.ranks) + " in a job that mpirun "
+                                    "started with " + std::to_string(job.size) +
+                                    " processes: give one or the other");
+    }
+}
+
+// What a run has once it is set up: the trainer and where its text and files are.
+struct Setup {
+    std::optional<Trainer> trainer;
+    std::string device;  // cpu, cuda or sim
+    fs::path corpus, out;
+    std::string text;
+};
+
+// Everything before the first step: the flags checked, the corpus read, the trainer made (from
+// a checkpoint, weights or the recipe), the device attached, the ranks joined. In a job every
+// rank does it, and an error in any one is the job's (run_on_every_rank).
+void set_up(const Flags& f, const Job& job, Setup& setup) {
+    check_rank_options(f, job);
+    check_simulator_choice(f);
+    const TrainConfig config = planned_config(f);
+    setup.device = plan_device(f, planned_model(f, config), job.parallel(), job.rank == 0);
     refuse_to_replace_a_run(f);
 
-    const fs::path corpus = corpus_of(f);
-    const std::string text = read_corpus(corpus);
-    TextDataset data = make_dataset(text);
+    setup.corpus = corpus_of(f);
+    setup.text = read_corpus(setup.corpus);
+    TextDataset data = make_dataset(setup.text);
 
-    std::optional<Trainer> trainer;
-    fs::path out = f.out;
+    std::optional<Trainer>& trainer = setup.trainer;
+    setup.out = f.out;
     if (!f.resume.empty()) {
         trainer.emplace(Trainer::load(checkpoint_of(f.resume), std::move(data)));
         if (f.max_iters) trainer->set_max_iters(*f.max_iters);
-        if (checkpoint_of(f.resume) != f.resume) out = f.resume;
-        std::cerr << "train_gpt: resuming " << f.resume.string() << " at step " << trainer->step()
-                  << " of " << trainer->config().max_iters << "\n";
+        if (checkpoint_of(f.resume) != f.resume) setup.out = f.resume;
+        if (job.rank == 0) {
+            std::cerr << "train_gpt: resuming " << f.resume.string() << " at step " << trainer->step()
+                      << " of " << trainer->config().max_iters << "\n";
+        }
     } else if (!f.init.empty()) {
         CheckpointInfo info;
         GPT model = with_flags(load_checkpoint(f.init, &info), f);
@@ -322,7 +389,6 @@ int run(const Flags& f) {
     } else {
         trainer.emplace(config, std::move(data));
     }
-    const TrainConfig& c = trainer->config();
     // The materialised attention is the default on both devices, as in the library: at the
     // recipes' sizes the fused one is no faster on the CPU (tools/bench/README.md), and one
     // default keeps train_gpt, lesson 11 and the benchmark harness on the same code path.
@@ -336,8 +402,37 @@ int run(const Flags& f) {
             throw std::invalid_argument(std::string("--prompt: ") + e.what());
         }
     }
-    attach_device(*trainer, f, device);
+    attach_device(*trainer, f, setup.device);
+#if ATTN_HAVE_MPI
+    if (job.world) {
+        const mpi::AllreduceSchedule schedule =
+            mpi::parse_schedule(f.allreduce.empty() ? "overlapped" : f.allreduce);
+        trainer->use_group(std::make_shared<mpi::DataParallel>(schedule));
+        const int B = trainer->config().batch_size;
+        std::string shares;
+        for (int r = 0; r < job.size; ++r) {
+            const auto [b0, b1] = batch_share(B, r, job.size);
+            shares += (r ? "+" : "") + std::to_string(b1 - b0);
+        }
+        std::cout << "data parallel: " << job.size << " ranks, batch " << B << " shared " << shares
+                  << "; gradients summed by MPI allreduce "
+                  << (schedule == mpi::AllreduceSchedule::overlapped
+                          ? "bucket by bucket during the backward pass (" +
+                                std::to_string(trainer->model().gradient_buckets().size()) + " buckets)"
+                          : std::string("after the backward pass"))
+                  << "\n";
+    }
+#endif
+}
 
+// The work itself, once every rank has set up without an error.
+int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
+    Trainer* const trainer = &*setup.trainer;
+    const TrainConfig& c = trainer->config();
+    const std::string& device = setup.device;
+    const fs::path& corpus = setup.corpus;
+    const fs::path& out = setup.out;
+    const std::string& text = setup.text;
     if (!f.dump_grads.empty()) {
         const float loss = dump_gradients(*trainer, f.dump_grads);
         std::cout << "wrote the gradients of one step (loss " << loss << ", batch " << c.batch_size
@@ -378,6 +473,7 @@ int run(const Flags& f) {
                   << (out / "checkpoint").string() << "; go on with --resume " << out.string() << "\n";
         return 0;
     }
+    if (job.rank != 0) return 0;  // rank 0 writes the loss curve and the sample
     std::vector<StepRecord> steps;
     std::vector<EvalRecord> evals;
     read_metrics(out / "metrics.jsonl", steps, evals);
@@ -429,9 +525,97 @@ int run(const Flags& f) {
     return 0;
 }
 
+// Where a run's checkpoint is: the one --resume goes on from, or the one --out will hold.
+fs::path run_checkpoint(const Flags& f) {
+    return !f.resume.empty() ? checkpoint_of(f.resume) : f.out / "checkpoint";
+}
+
+// What a killed job left: its last checkpoint, whole (written atomically) or not yet written.
+std::string checkpoint_left(const Flags& f) {
+    const fs::path dir = run_checkpoint(f);
+    const fs::path run = dir.filename() == "checkpoint" ? dir.parent_path() : dir;
+    std::ifstream in(dir / "trainer.json");
+    try {
+        const nlohmann::json j = nlohmann::json::parse(in);
+        return "the last checkpoint, " + dir.string() + " (step " +
+               std::to_string(j.at("step").get<long long>()) + "), is intact: go on with --resume " +
+               run.string();
+    } catch (const std::exception&) {
+        return "no checkpoint had been written in " + dir.string();
+    }
+}
+
+// --ranks N: this program again, as N ranks under mpirun on this machine. Each rank makes
+// the checks below too; made here first, a mistake costs no start of mpirun. A rank that
+// fails says why in one line; a rank that is killed cannot, so this process does.
+int launch_ranks(const Flags& f, int argc, char** argv) {
+#if ATTN_HAVE_MPI
+    Job job;
+    job.size = f.ranks;
+    check_rank_options(f, job);
+    check_simulator_choice(f);
+    const TrainConfig config = planned_config(f);
+    plan_device(f, planned_model(f, config), true, false);
+    refuse_to_replace_a_run(f);
+    mpi::LaunchOptions options;
+    options.ranks = f.ranks;
+    const mpi::LaunchResult result =
+        mpi::run_ranks(mpi::this_program(), std::vector<std::string>(argv + 1, argv + argc), options);
+    if (result.status == 0) return 0;
+    if (result.signal == 0 && result.failed_rank < 0 && result.status < 128) return result.status;
+    std::cerr << "train_gpt: " << mpi::describe_end(result, f.ranks) << "; " << checkpoint_left(f)
+              << "\n";
+    return exit_error;
+#else
+    (void)argc;
+    (void)argv;
+    throw std::runtime_error("--ranks " + std::to_string(f.ranks) + ": this build has no MPI (install "
+                             "libopenmpi-dev and openmpi-bin, then configure again)");
+#endif
+}
+
+int run(const Flags& f, const Job& job) {
+    if (f.threads > 0) set_num_threads(f.threads, "--threads");
+#if ATTN_HAVE_MPI
+    if (job.world) job.world->share_cpus();  // the ranks on one machine share its CPUs
+#endif
+    // The thread settings in force, once, before any work.
+    std::cout << describe_threads() << "\n";
+    if (f.threads_info) return 0;
+    Setup setup;
+#if ATTN_HAVE_MPI
+    if (job.world) {
+        mpi::run_on_every_rank([&] { set_up(f, job, setup); });
+        return train_or_dump(f, job, setup);
+    }
+#endif
+    set_up(f, job, setup);
+    return train_or_dump(f, job, setup);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+    // Started by mpirun: one rank of a data-parallel job. MPI first, so that one rank, not
+    // all, answers a bad flag.
+    Job job;
+#if ATTN_HAVE_MPI
+    std::optional<mpi::World> world;
+    if (mpi::launched_by_mpirun()) {
+        try {
+            world.emplace(argc, argv);
+        } catch (const std::exception& e) {
+            std::cerr << "train_gpt: error: " << e.what() << "\n";
+            return exit_error;
+        }
+        world->quiet_unless_rank0();
+        job.world = &*world;
+        job.rank = world->rank();
+        job.size = world->size();
+        job.started_by_mpirun = true;
+    }
+#endif
+    std::ostream& errors = job.rank == 0 ? std::cerr : std::cout;  // rank 0 speaks for the job
     Flags f;
     CLI::App app{"Trains the course's GPT on a character corpus, on the CPU or a CUDA GPU (nanoGPT's recipes)."};
     auto* recipe = app.add_option("--recipe", f.recipe,
@@ -509,24 +693,55 @@ int main(int argc, char** argv) {
                    "OMP_NUM_THREADS, else every CPU this process may use)")
         ->check(whole_number_at_least(1));
     app.add_flag("--threads-info", f.threads_info, "print the thread settings in force and exit");
+    app.add_option("--ranks", f.ranks,
+                   "train as N processes (MPI ranks) on this machine, each on its share of every "
+                   "batch, with the same steps as one process (data parallelism, lesson 19; the "
+                   "CPU model); on several machines start train_gpt with mpirun instead")
+        ->check(whole_number_at_least(1));
+    app.add_option("--allreduce", f.allreduce,
+                   "how the ranks sum their gradients: overlapped (the default: bucket by bucket "
+                   "while the backward pass runs) or after (one allreduce after it)")
+        ->check(CLI::IsMember({"overlapped", "after"}));
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        std::cerr << "train_gpt: " << e.what() << " (see --help)\n";
+        errors << "train_gpt: " << e.what() << " (see --help)\n";
         return exit_usage;
     }
+    if (!job.started_by_mpirun && f.ranks > 0) {
+        try {
+            return launch_ranks(f, argc, argv);
+        } catch (const std::exception& e) {
+            std::cerr << "train_gpt: error: " << e.what() << "\n";
+            return exit_error;
+        }
+    }
     try {
-        return run(f);
+        return run(f, job);
     } catch (const TrainingDiverged& e) {
+        // With ranks every rank finds it at the same step: rank 0 says so, all end alike.
         std::cout.flush();
-        std::cerr << "train_gpt: " << e.what() << "; the last checkpoint in "
-                  << (f.resume.empty() ? f.out : f.resume).string() << " is left as it was\n";
+        errors << "train_gpt: " << e.what() << "; the last checkpoint in "
+               << (f.resume.empty() ? f.out : f.resume).string() << " is left as it was\n";
         return exit_diverged;
+#if ATTN_HAVE_MPI
+    } catch (const mpi::JobError& e) {
+        // Setting up failed on some rank; every rank knows the first one's reason.
+        std::cout.flush();
+        errors << "train_gpt: error: " << (e.rank() > 0 ? "rank " + std::to_string(e.rank()) + ": " : "")
+               << e.what() << "\n";
+        return exit_error;
+#endif
     } catch (const std::exception& e) {
         std::cout.flush();
-        std::cerr << "train_gpt: error: " << e.what() << "\n";
+        std::cerr << "train_gpt: error: "
+                  << (job.size > 1 ? "rank " + std::to_string(job.rank) + ": " : "") << e.what() << "\n";
+#if ATTN_HAVE_MPI
+        // The other ranks may be waiting for this one in a collective call: end them all.
+        if (job.size > 1) mpi::abort_job(exit_error);
+#endif
         return exit_error;
     }
 }

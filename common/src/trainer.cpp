@@ -357,6 +357,10 @@ StepRecord Trainer::train_step() {
 
 float Trainer::first_batch_gradients(std::vector<int>& x, std::vector<int>& y,
                                      std::vector<float>& grads) {
+    if (group_) {
+        throw std::invalid_argument("the first batch's gradients are dumped by one process: "
+                                    "run it without a data-parallel group");
+    }
     const int B = config_.batch_size, T = config_.block_size;
     first_batch(x, y);
     const float unclipped = std::numeric_limits<float>::infinity();
@@ -377,16 +381,37 @@ float Trainer::first_batch_gradients(std::vector<int>& x, std::vector<int>& y,
     return loss;
 }
 
+std::pair<int, int> batch_share(int B, int rank, int ranks) {
+    if (ranks < 1 || rank < 0 || rank >= ranks || B < 1) {
+        throw std::invalid_argument("batch_share: rank " + std::to_string(rank) + " of " +
+                                    std::to_string(ranks) + " processes, batch " + std::to_string(B));
+    }
+    const auto at = [&](int r) { return static_cast<int>(static_cast<long long>(B) * r / ranks); };
+    return {at(rank), at(rank + 1)};
+}
+
 float Trainer::cpu_loss(std::uint64_t dropout_seed) {
     model_.seed_dropout(dropout_seed);
     model_.train(true);
-    return model_.forward(x_.data(), y_.data(), config_.batch_size, config_.block_size);
+    const int B = config_.batch_size, T = config_.block_size;
+    if (!group_) return model_.forward(x_.data(), y_.data(), B, T);
+    // This process's sequences of the batch, and the whole batch's mean loss: the processes'
+    // means weighted by their shares.
+    const auto [b0, b1] = batch_share(B, group_->rank(), group_->size());
+    model_.set_batch_offset(b0);
+    const float local = model_.forward(x_.data() + b0 * T, y_.data() + b0 * T, b1 - b0, T);
+    return static_cast<float>(group_->sum(static_cast<double>(b1 - b0) / B * local));
 }
 
 bool Trainer::cpu_backward(float loss_scale, StepRecord& record) {
     model_.zero_grad();
+    if (group_) {
+        const auto [b0, b1] = batch_share(config_.batch_size, group_->rank(), group_->size());
+        group_->begin_gradients(model_, static_cast<double>(b1 - b0) / config_.batch_size);
+    }
     const RoundingCounts before = model_.gradient_rounding();
     model_.backward(loss_scale);
+    if (group_) group_->finish_gradients(model_);  // the whole batch's, in every process
     record.rounded_gradients = model_.gradient_rounding().values - before.values;
     record.flushed_gradients = model_.gradient_rounding().flushed - before.flushed;
     record.subnormal_gradients = model_.gradient_rounding().subnormal - before.subnormal;
@@ -419,6 +444,10 @@ bool Trainer::cpu_backward_and_clip(float max_norm, StepRecord& record) {
 void Trainer::cpu_adamw_step(float lr) { optimizer_.step(model_, lr); }
 
 void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
+    if (device && group_) {
+        throw std::invalid_argument("data parallelism over processes trains on the CPU: a device "
+                                    "cannot be attached to a trainer in a group");
+    }
     if (device && config_.precision != Precision::fp32) {
         throw std::invalid_argument(std::string("mixed precision (") +
                                     precision_name(config_.precision) +
@@ -440,6 +469,10 @@ EvalRecord Trainer::evaluate() {
     e.step = step_;
     model_.train(false);
     std::vector<int> x, y;
+    // In a group each process evaluates its share of every batch (as in train_step).
+    const auto [b0, b1] = group_ ? batch_share(B, group_->rank(), group_->size()) : std::pair{0, B};
+    const double share = static_cast<double>(b1 - b0) / B;
+    if (group_) model_.set_batch_offset(b0);
     for (int split = 0; split < 2; ++split) {
         const std::vector<int>& data = split == 0 ? data_.train : data_.val;
         Rng rng = eval_rng(config_.seed, step_, split);
@@ -447,8 +480,9 @@ EvalRecord Trainer::evaluate() {
         for (std::int64_t i = 0; i < config_.eval_iters; ++i) {
             sample_batch(data, static_cast<std::size_t>(B), static_cast<std::size_t>(T), rng, x, y);
             sum += device_ ? device_->loss(x.data(), y.data(), B, T, false, 0)
-                           : model_.forward(x.data(), y.data(), B, T);
+                           : share * model_.forward(x.data() + b0 * T, y.data() + b0 * T, b1 - b0, T);
         }
+        if (group_) sum = group_->sum(sum);
         (split == 0 ? e.train_loss : e.val_loss) = sum / static_cast<double>(config_.eval_iters);
     }
     model_.train(true);
@@ -458,6 +492,12 @@ EvalRecord Trainer::evaluate() {
 
 void Trainer::save(const fs::path& dir) {
     sync_from_device();
+    // In a group every process holds the same state: rank 0 writes it once, and the others
+    // wait, so that a checkpoint that one process calls written is written for all.
+    if (!writes_files()) {
+        group_->barrier();
+        return;
+    }
     write_directory_atomically(dir, [&](const fs::path& tmp) {
         save_checkpoint(tmp, model_, {data_.vocab.chars(), step_});
         fs::create_directory(tmp / "optimizer");
@@ -480,6 +520,54 @@ void Trainer::save(const fs::path& dir) {
         out << j.dump(2) << "\n";
         if (!out) throw CheckpointError((dir / "trainer.json").string() + ": cannot write");
     });
+    if (group_) group_->barrier();
+}
+
+void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
+    if (group && device_) {
+        throw std::invalid_argument("data parallelism over processes trains on the CPU: this "
+                                    "trainer has a device attached");
+    }
+    if (group && group->size() > config_.batch_size) {
+        throw std::invalid_argument("a batch of " + std::to_string(config_.batch_size) +
+                                    " sequences cannot be shared by " + std::to_string(group->size()) +
+                                    " processes: each needs at least one (fewer processes, or a "
+                                    "larger batch)");
+    }
+    group_ = std::move(group);
+    model_.set_batch_offset(0);
+    if (group_) {
+        group_->check_same(state_fingerprint(),
+                           "the run's settings, weights, optimizer, step and corpus (started "
+                           "from different checkpoints or corpora?)");
+    }
+}
+
+bool Trainer::stop_agreed(bool requested) { return group_ ? group_->any(requested) : requested; }
+
+std::uint64_t Trainer::state_fingerprint() const {
+    std::uint64_t h = 0x243F6A8885A308D3ull;
+    auto add = [&h](const void* data, std::size_t bytes) {
+        const auto* p = static_cast<const unsigned char*>(data);
+        for (std::size_t i = 0; i < bytes; ++i) h = (h ^ p[i]) * 0x100000001B3ull;  // FNV-1a
+    };
+    auto add_floats = [&add](const std::vector<float>& v) { add(v.data(), v.size() * sizeof(float)); };
+    const std::string config = config_to_json(config_).dump();
+    add(config.data(), config.size());
+    add_floats(model_.parameters());
+    add_floats(optimizer_.m);
+    add_floats(optimizer_.v);
+    add(&optimizer_.step_count, sizeof optimizer_.step_count);
+    add(&step_, sizeof step_);
+    const Rng::State rs = batch_rng_.state();
+    add(rs.words.data(), sizeof rs.words);
+    const std::uint32_t spare = rs.has_spare ? float_bits(rs.spare) : 0u;
+    add(&spare, sizeof spare);
+    add(data_.train.data(), data_.train.size() * sizeof(int));
+    add(data_.val.data(), data_.val.size() * sizeof(int));
+    const std::string vocab = data_.vocab.chars();
+    add(vocab.data(), vocab.size());
+    return h;
 }
 
 Trainer Trainer::load(const fs::path& dir, TextDataset data) {
@@ -695,7 +783,11 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
 
     std::ofstream metrics;
     const fs::path checkpoint = options.out_dir / "checkpoint";
-    if (!options.out_dir.empty()) {
+    // In a data-parallel group rank 0 writes, logs and shows the progress (save() knows).
+    const bool writer = trainer.writes_files();
+    std::ostream* const log = writer ? options.log : nullptr;
+    std::ostream* const progress_out = writer ? options.progress : nullptr;
+    if (!options.out_dir.empty() && writer) {
         fs::create_directories(options.out_dir);
         const fs::path file = options.out_dir / "metrics.jsonl";
         rewrite_metrics_before(file, summary.first_step);
@@ -713,12 +805,12 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
                 describe(static_cast<float>(e.val_loss)) + ": training stopped");
         }
         summary.evals.push_back(e);
-        if (options.progress && options.progress_is_terminal) *options.progress << "\r\x1b[K" << std::flush;
-        if (options.log) {
+        if (progress_out && options.progress_is_terminal) *progress_out << "\r\x1b[K" << std::flush;
+        if (log) {
             char buf[128];
             std::snprintf(buf, sizeof buf, "step %5lld: train loss %.4f, val loss %.4f\n",
                           static_cast<long long>(e.step), e.train_loss, e.val_loss);
-            *options.log << buf << std::flush;
+            *log << buf << std::flush;
         }
         if (metrics.is_open()) {
             metrics << json{{"step", e.step}, {"train_loss", e.train_loss}, {"val_loss", e.val_loss}}.dump()
@@ -747,24 +839,25 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
             if (trainer.scales_loss()) line["loss_scale"] = r.loss_scale;
             metrics << line.dump() << "\n";
         }
-        if (options.progress) {
+        if (progress_out) {
             const bool show = options.progress_is_terminal || (r.step + 1) % options.progress_interval == 0;
             const std::string line = progress.format(r.step, r.loss, r.lr);
             if (show && options.progress_is_terminal) {
-                *options.progress << "\r\x1b[K" << line << std::flush;
+                *progress_out << "\r\x1b[K" << line << std::flush;
             } else if (show) {
-                *options.progress << line << "\n" << std::flush;
+                *progress_out << line << "\n" << std::flush;
             }
         }
-        if (options.stop_requested && options.stop_requested() && !trainer.done()) {
-            if (options.progress && options.progress_is_terminal) *options.progress << "\n";
+        const bool stop = trainer.stop_agreed(options.stop_requested && options.stop_requested());
+        if (stop && !trainer.done()) {
+            if (progress_out && options.progress_is_terminal) *progress_out << "\n";
             if (!options.out_dir.empty()) trainer.save(checkpoint);
             summary.stopped = true;
             break;
         }
     }
     if (!summary.stopped) evaluate();
-    if (options.progress && options.progress_is_terminal) *options.progress << "\r\x1b[K" << std::flush;
+    if (progress_out && options.progress_is_terminal) *progress_out << "\r\x1b[K" << std::flush;
     summary.seconds = std::chrono::duration<double>(clock::now() - start).count();
     return summary;
 }

@@ -267,6 +267,13 @@ std::vector<Use> option_table() {
         varied("--bench", exits, {"2"}),
         varied("--threads", same, {"2"}, "1"),
         varied("--threads-info", exits, {flag}),
+        fixed("--ranks", Role::plumbing,
+              "data parallelism over MPI ranks, the CPU model only (with --device sim or cuda it is "
+              "refused in one line); tests/mpi/train_gpt_ranks_test runs every option with --ranks "
+              "against one process"),
+        fixed("--allreduce", Role::plumbing,
+              "how --ranks sums the gradients (refused without ranks); tests/mpi/train_gpt_ranks_test "
+              "compares both schedules with one process"),
     };
 }
 

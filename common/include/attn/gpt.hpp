@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,15 @@ struct ParameterInfo {
     std::size_t offset = 0;          ///< where it starts in the flat buffer (floats)
     std::size_t size = 0;            ///< the product of the shape
     bool decay = false;  ///< whether AdamW decays it (nanoGPT: tensors of 2 or more dims)
+};
+
+/// Parameter tensors whose gradients GPT::backward() completes together: one block's
+/// tensors, or the embeddings with the final LayerNorm.
+struct GradientBucket {
+    std::string name;  ///< "transformer.h.<l>" for a block, "embeddings and ln_f" for the rest
+    /// (offset, size) in the flat buffer of each tensor, in parameter_table() order
+    std::vector<std::pair<std::size_t, std::size_t>> ranges;
+    std::size_t size = 0;  ///< floats in all its ranges
 };
 
 /// Pointers to the parameter tensors inside one flat buffer, grouped by kind as llm.c does:
@@ -249,6 +259,26 @@ public:
     void set_attention(AttentionKind kind);
     /// The attention chosen by set_attention().
     AttentionKind attention() const { return attention_; }
+    /// Where this batch lies in a larger one that several processes share, each running
+    /// the model on its own consecutive sequences (data parallelism, lesson 19): the dropout
+    /// masks of the following passes are then those of the whole batch's sequences
+    /// `first_sequence`, `first_sequence + 1`, …, so that the processes together drop what
+    /// one process with the whole batch would. 0 (the default) for a batch of its own.
+    /// @param first_sequence the index of this batch's first sequence in the whole batch
+    void set_batch_offset(int first_sequence);
+    /// The gradient buckets in the order backward() completes them: block L−1, …, block 0,
+    /// then the embeddings and ln_f (the tied `wte` collects gradient at both ends of the
+    /// pass, so it is complete only at the end). Together they hold every parameter once.
+    const std::vector<GradientBucket>& gradient_buckets() const { return buckets_; }
+    /// Calls `ready(b)` during every following backward(), on the thread that called it, as
+    /// soon as bucket b of gradient_buckets() is complete (its gradients summed over the
+    /// threads' slices and final), so that data parallelism can start summing it over the
+    /// processes while the pass goes on. The gradients are the same, bit for bit, as
+    /// without a hook. An empty function removes the hook.
+    /// @param ready called with each bucket's index, in order 0, 1, …
+    void set_gradient_ready_hook(std::function<void(int bucket)> ready) {
+        gradient_ready_ = std::move(ready);
+    }
     /// Reseeds the dropout masks: the masks of the following forward passes depend only on
     /// `seed` and their order since this call (dropout_site_seed), as on the GPU model.
     /// @param seed the new seed
@@ -282,7 +312,9 @@ private:
     void round_for_product(float* x, std::size_t n, RoundingCounts& counts) const;
     // The passes over the sequences [b0, b0 + B) of the batch, run by one thread each.
     void forward_slice(int b0, int B);
-    void backward_slice(int b0, int B, const ParameterTensors& grads);
+    // layer_done(l), when given, is called by every slice after block l's backward.
+    void backward_slice(int b0, int B, const ParameterTensors& grads,
+                        const std::function<void(int)>* layer_done = nullptr);
 
     GPTConfig config_;
     std::vector<ParameterInfo> table_;
@@ -300,6 +332,9 @@ private:
     std::uint64_t dropout_seed_;        // seed_dropout's seed
     std::uint64_t forward_calls_ = 0;  // forward passes since it was set
     std::vector<float> alibi_slopes_;  // (NH) with Position::alibi, else empty
+    std::vector<GradientBucket> buckets_;          // gradient_buckets()
+    std::function<void(int)> gradient_ready_;      // set_gradient_ready_hook()
+    int batch_offset_ = 0;                         // set_batch_offset()
     int B_ = 0, T_ = 0;
     bool training_ = true;
     bool has_targets_ = false;

@@ -22,6 +22,7 @@
 #include <stdexcept>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attn {
@@ -152,6 +153,47 @@ public:
     virtual void copy_gradients_to(std::vector<float>& out) = 0;
 };
 
+/// The processes that train one model together, each on its own consecutive share of every
+/// batch (data parallelism, lesson 19). Every process holds the whole model and optimizer,
+/// draws the same batches, runs its share forward and backward, and the group sums the
+/// gradients, so that every process takes the same AdamW step. attn/mpi/data_parallel.hpp
+/// implements it with MPI; the Trainer only calls it.
+class DataParallelGroup {
+public:
+    virtual ~DataParallelGroup() = default;
+    /// This process's place in the group, 0 … size() − 1; rank 0 writes the files.
+    virtual int rank() const = 0;
+    /// The number of processes.
+    virtual int size() const = 0;
+    /// Called before a backward pass whose gradients are this process's share of the
+    /// batch: `share` is its positions over the whole batch's, so that the sum over the
+    /// processes of share × gradient is the whole batch's mean gradient. The group may
+    /// install a hook on the model (GPT::set_gradient_ready_hook) to start summing buckets
+    /// while the pass goes on. @param model the model @param share this process's part
+    virtual void begin_gradients(GPT& model, double share) = 0;
+    /// Called after that backward pass: waits for every sum, leaves the whole batch's
+    /// gradients in the model, the same bits in every process, and removes any hook.
+    /// @param model the model
+    virtual void finish_gradients(GPT& model) = 0;
+    /// The sum over the processes of one number from each, the same in every process.
+    /// @param value this process's number @return the sum
+    virtual double sum(double value) = 0;
+    /// Whether `flag` is true in any process: a stop that one process is asked for, every
+    /// process makes at the same step. @param flag this process's @return their "or"
+    virtual bool any(bool flag) = 0;
+    /// Throws std::runtime_error in every process unless every process passed the same
+    /// fingerprint. @param fingerprint a hash of this process's state
+    /// @param what what the fingerprint summarises, for the message
+    virtual void check_same(std::uint64_t fingerprint, const std::string& what) = 0;
+    /// Returns when every process has called it.
+    virtual void barrier() = 0;
+};
+
+/// The sequences [begin, end) of a batch of B that process `rank` of `ranks` runs: B split
+/// into nearly equal consecutive parts. @param B the batch @param rank the process
+/// @param ranks the processes @return {begin, end}
+std::pair<int, int> batch_share(int B, int rank, int ranks);
+
 /// The model, its optimizer, the data and the position in the run.
 class Trainer {
 public:
@@ -173,7 +215,8 @@ public:
     static Trainer load(const std::filesystem::path& dir, TextDataset data);
 
     /// Writes a checkpoint atomically (the old one stays until the new one is complete),
-    /// first bringing the host copy up to date when a device is training.
+    /// first bringing the host copy up to date when a device is training. In a
+    /// data-parallel group rank 0 writes it and every process returns once it is written.
     /// @param dir the checkpoint directory to create or replace
     void save(const std::filesystem::path& dir);
 
@@ -231,6 +274,28 @@ public:
     void use_device(std::unique_ptr<TrainingDevice> device);
     /// The device in use, or nullptr on the CPU.
     const TrainingDevice* device() const { return device_.get(); }
+    /// Trains as one process of a data-parallel group from now on: each step runs this
+    /// process's share of the batch (batch_share()), the group sums the gradients and every
+    /// process takes the same step; evaluations are shared the same way; save() writes on
+    /// rank 0 only. The state of every process must be the same (the same weights, moments,
+    /// step, batches and corpus), which is checked here.
+    /// @param group the group, or nullptr for a process of its own
+    /// @throws std::invalid_argument when a device is attached (data parallelism runs on the
+    /// CPU) or when the batch has fewer sequences than the group has processes;
+    /// std::runtime_error when the processes' states differ
+    void use_group(std::shared_ptr<DataParallelGroup> group);
+    /// The group, or nullptr when this process trains alone.
+    const DataParallelGroup* group() const { return group_.get(); }
+    /// Whether this process writes the run's files: the only process, or rank 0 of a group.
+    bool writes_files() const { return !group_ || group_->rank() == 0; }
+    /// Whether any process of the group asks to stop (this one's `requested` alone without
+    /// a group), so that all stop after the same step. @param requested this process's
+    /// @return whether to stop
+    bool stop_agreed(bool requested);
+    /// A hash of everything that decides how the run goes on: the settings, weights,
+    /// AdamW's moments and step count, the step, the batch sampler's state and the corpus.
+    /// Two processes with the same fingerprint take the same steps.
+    std::uint64_t state_fingerprint() const;
     /// Brings the host model and optimizer up to date with the device (no-op on the CPU).
     /// save() does this itself; call it before reading model() after device steps.
     void sync_from_device();
@@ -257,6 +322,7 @@ private:
     std::vector<int> x_, y_;  // (B·T) the current batch
     std::unique_ptr<TrainingDevice> device_;
     bool host_stale_ = false;  // the device has taken steps the host model has not seen
+    std::shared_ptr<DataParallelGroup> group_;  // use_group()
 };
 
 /// How to sample text from a model.
@@ -335,6 +401,9 @@ struct RunSummary {
 /// Trains until max_iters or a stop request, evaluating at step 0, every eval_interval
 /// steps and at the end, and writing checkpoints and metrics when out_dir is given. A
 /// resumed run appends to metrics.jsonl after dropping lines past its checkpoint's step.
+/// In a data-parallel group (Trainer::use_group) every process calls it with the same
+/// options: rank 0 writes the files, the log and the progress, and a stop asked of any
+/// process stops them all after the same step.
 /// @param trainer the run
 /// @param options where the output goes
 /// @return the steps and evaluations of this call

@@ -195,6 +195,27 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
         for (size_t i = 0; i < p.size; ++i) w[i] = stddev * rng.normal();
     }
     if (config_.position == Position::alibi) alibi_slopes_ = alibi_slopes(config_.n_head);
+
+    // The gradient buckets, in the order backward() completes them: the blocks from the
+    // last to the first, then everything outside the blocks.
+    buckets_.resize(L + 1);
+    for (size_t l = 0; l < L; ++l) buckets_[l].name = "transformer.h." + std::to_string(L - 1 - l);
+    buckets_[L].name = "embeddings and ln_f";
+    for (const ParameterInfo& p : table_) {
+        const std::string prefix = "transformer.h.";
+        size_t bucket = L;
+        if (p.name.compare(0, prefix.size(), prefix) == 0) {
+            bucket = L - 1 - std::stoul(p.name.substr(prefix.size()));
+        }
+        buckets_[bucket].ranges.emplace_back(p.offset, p.size);
+        buckets_[bucket].size += p.size;
+    }
+}
+
+void GPT::set_batch_offset(int first_sequence) {
+    require(first_sequence >= 0, "GPT::set_batch_offset: the first sequence's index must not be "
+                                 "negative, got " + std::to_string(first_sequence));
+    batch_offset_ = first_sequence;
 }
 
 void GPT::allocate_activations(int B, int T) {
@@ -364,6 +385,10 @@ void GPT::forward_slice(int b0, int B) {
     const size_t TT = static_cast<size_t>(T) * T;
     const size_t row0 = static_cast<size_t>(b0) * T;       // the slice's first row
     const size_t att0 = static_cast<size_t>(b0) * NH * TT;  // its first attention matrix
+    // The same in the whole batch that several processes may share (set_batch_offset), for
+    // the dropout masks' element indices.
+    const size_t mask_row0 = static_cast<size_t>(b0 + batch_offset_) * T;
+    const size_t mask_att0 = static_cast<size_t>(b0 + batch_offset_) * NH * TT;
     const size_t att_layer = static_cast<size_t>(B_) * NH * TT;
     const size_t lse0 = static_cast<size_t>(b0) * NH * T;  // its first row of log-sum-exps
     const size_t lse_layer = static_cast<size_t>(B_) * NH * T;
@@ -382,8 +407,8 @@ void GPT::forward_slice(int b0, int B) {
     float* encoded = a.encoded.data() + row0 * C;
     encoder_forward(encoded, inputs, p.wte, p.wpe, B, T, C);
     if (dropout)
-        dropout_forward(encoded, a.encoded_mask.data() + row0 * C, pdrop, site(-1, 0, row0 * C),
-                        N * C);
+        dropout_forward(encoded, a.encoded_mask.data() + row0 * C, pdrop,
+                        site(-1, 0, mask_row0 * C), N * C);
 
     for (int l = 0; l < L; ++l) {
         const size_t lc = static_cast<size_t>(l) * C;
@@ -416,7 +441,7 @@ void GPT::forward_slice(int b0, int B) {
         if (fused) {  // full multi-head attention only: set_attention refuses the others
             attention_fused_forward(atty, att_lse, qkv, B, T, C, NH, config_.causal);
         } else {
-            const DropoutSite weights_site = site(l, 0, att0);
+            const DropoutSite weights_site = site(l, 0, mask_att0);
             attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &weights_site,
                               B, T, C, NH, config_.causal, config_.scaled_attention,
                               alibi_slopes_.empty() ? nullptr : alibi_slopes_.data(), G,
@@ -426,8 +451,8 @@ void GPT::forward_slice(int b0, int B) {
         matmul_forward(attproj, atty, w.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
                        N, C, C);
         if (dropout)
-            dropout_forward(attproj, a.attproj_mask.data() + at, pdrop, site(l, 1, row0 * C),
-                            N * C);
+            dropout_forward(attproj, a.attproj_mask.data() + at, pdrop,
+                            site(l, 1, mask_row0 * C), N * C);
         residual_forward(residual2, residual, attproj, N * C);
 
         // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
@@ -440,8 +465,8 @@ void GPT::forward_slice(int b0, int B) {
         matmul_forward(fcproj, fch_gelu, w.fcprojw + lc * 4 * C,
                        p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C);
         if (dropout)
-            dropout_forward(fcproj, a.fcproj_mask.data() + at, pdrop, site(l, 2, row0 * C),
-                            N * C);
+            dropout_forward(fcproj, a.fcproj_mask.data() + at, pdrop,
+                            site(l, 2, mask_row0 * C), N * C);
         residual_forward(residual3, residual2, fcproj, N * C);
     }
 
@@ -481,19 +506,44 @@ void GPT::backward(float loss_scale) {
     const int B = B_;
     const int slices = std::min(B, omp_get_max_threads());
     if (slice_grads_.size() < static_cast<size_t>(slices - 1)) slice_grads_.resize(slices - 1);
+    const int L = config_.n_layer;
 #pragma omp parallel num_threads(slices)
     {
         const int id = omp_get_thread_num();
         const int team = omp_get_num_threads();
         const int b0 = batch_slice_begin(B);
         const int b1 = batch_slice_end(B);
+        // With a gradient hook: after each block, every slice waits for the others, the
+        // block's gradients are summed over the slices (in slice order, as below, and cleared
+        // in the slices' buffers so that the sum below adds nothing more to them), and the
+        // hook hears that the block's bucket is complete.
+        const std::function<void(int)> layer_done = [&](int l) {
+#pragma omp barrier
+            for (const auto& [offset, size] : buckets_[static_cast<size_t>(L - 1 - l)].ranges) {
+                float* g = grads_memory_.data() + offset;
+                const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(size);
+#pragma omp for schedule(static) nowait
+                for (std::ptrdiff_t i = 0; i < n; ++i) {
+                    for (int s = 0; s < team - 1; ++s) {
+                        g[i] += slice_grads_[s][offset + i];
+                        slice_grads_[s][offset + i] = 0.0f;
+                    }
+                }
+            }
+#pragma omp barrier
+#pragma omp master
+            gradient_ready_(L - 1 - l);
+        };
+        const std::function<void(int)>* hook = gradient_ready_ ? &layer_done : nullptr;
         if (id == 0) {
-            backward_slice(b0, b1 - b0, grads_);
+            backward_slice(b0, b1 - b0, grads_, hook);
         } else {
             std::vector<float>& own = slice_grads_[id - 1];
             resize_zero(own, grads_memory_.size());
             if (b1 > b0) {
-                backward_slice(b0, b1 - b0, shifted(grads_, grads_memory_.data(), own.data()));
+                backward_slice(b0, b1 - b0, shifted(grads_, grads_memory_.data(), own.data()), hook);
+            } else if (hook) {
+                for (int l = L - 1; l >= 0; --l) layer_done(l);  // every barrier, with nothing to add
             }
         }
         // In the same parallel region, after every slice is done: a new region would have
@@ -506,9 +556,11 @@ void GPT::backward(float loss_scale) {
             for (int s = 0; s < team - 1; ++s) g[i] += slice_grads_[s][i];
         }
     }
+    if (gradient_ready_) gradient_ready_(L);  // the embeddings and ln_f
 }
 
-void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
+void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
+                         const std::function<void(int)>* layer_done) {
     // B is this slice's batch size; offsets as in forward_slice. The scratch buffers are
     // (B_, T, ...) for the whole batch: each slice works in its own rows of them.
     const int T = T_;
@@ -633,6 +685,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g) {
         layernorm_backward(dresidual, g.ln1w + lc, g.ln1b ? g.ln1b + lc : nullptr, dln, residual,
                            p.ln1w + lc, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, B,
                            T, C);
+        if (layer_done) (*layer_done)(l);  // block l's gradients are this slice's final share
     }
 
     // encoded = drop(wte[idx] + wpe[pos]) (g.wpe is nullptr without learned positions)

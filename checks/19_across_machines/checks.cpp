@@ -1,0 +1,173 @@
+// Checks for exercise 19: merging two partial attentions by their log-sum-exps.
+#include "exercise.hpp"
+
+#include "attn/check.hpp"
+#include "attn/random.hpp"
+
+#include <doctest/doctest.h>
+#include <xtensor/xbuilder.hpp>
+#include <xtensor/xview.hpp>
+
+#include <cmath>
+#include <limits>
+#include <vector>
+
+using attn::Tensor1;
+using attn::Tensor2;
+using exercise::merge_partial;
+using exercise::PartialAttention;
+
+namespace {
+
+constexpr float inf = std::numeric_limits<float>::infinity();
+
+// The attention of each row over the keys `keys` (indices into the columns of `scores`), in
+// float64 by the definition: lse = ln Σ e^s, out = Σ e^(s − lse) v. It never merges anything,
+// so what merge_partial gives can be held against it.
+PartialAttention attend(const Tensor2& scores, const Tensor2& values, const std::vector<std::size_t>& keys) {
+    const std::size_t rows = scores.shape()[0], hs = values.shape()[1];
+    PartialAttention p{xt::zeros<float>({rows, hs}), xt::zeros<float>({rows})};
+    for (std::size_t i = 0; i < rows; ++i) {
+        double m = -INFINITY;
+        for (std::size_t j : keys) m = std::max(m, static_cast<double>(scores(i, j)));
+        if (m == -INFINITY) {
+            p.lse(i) = -inf;
+            continue;
+        }
+        double sum = 0.0;
+        for (std::size_t j : keys) sum += std::exp(scores(i, j) - m);
+        const double lse = m + std::log(sum);
+        p.lse(i) = static_cast<float>(lse);
+        for (std::size_t d = 0; d < hs; ++d) {
+            double acc = 0.0;
+            for (std::size_t j : keys) acc += std::exp(scores(i, j) - lse) * values(j, d);
+            p.out(i, d) = static_cast<float>(acc);
+        }
+    }
+    return p;
+}
+
+std::vector<std::size_t> range(std::size_t begin, std::size_t end) {
+    std::vector<std::size_t> r;
+    for (std::size_t j = begin; j < end; ++j) r.push_back(j);
+    return r;
+}
+
+}  // namespace
+
+TEST_CASE("two sides worked by hand: lse ln 2 and ln 6 merge to ln 8, weighted 1/4 and 3/4") {
+    // Side a: its keys' e^s sum to 2 and its output is [1, 0]; side b: 6 and [0, 1]. Together
+    // e^s sums to 8: lse = ln 8, and a's keys hold 2/8 of the weight, b's 6/8.
+    const PartialAttention a{Tensor2({{1, 0}}), Tensor1({std::log(2.0f)})};
+    const PartialAttention b{Tensor2({{0, 1}}), Tensor1({std::log(6.0f)})};
+    const PartialAttention m = merge_partial(a, b);
+    INFO("lse: ln(e^ln2 + e^ln6) = ln 8 = 2.0794415 (the sums of e^s add; the log-sum-exps do not)");
+    CHECK(m.lse(0) == doctest::Approx(2.0794415).epsilon(1e-6));
+    INFO("out: 2/8 · [1, 0] + 6/8 · [0, 1] = [0.25, 0.75]");
+    CHECK_CLOSE(m.out, Tensor2({{0.25f, 0.75f}}), 1e-6);
+}
+
+TEST_CASE("two sides with the same log-sum-exp: lse grows by ln 2, and the outputs are averaged") {
+    const PartialAttention a{Tensor2({{2, -4, 1}}), Tensor1({0.7f})};
+    const PartialAttention b{Tensor2({{0, 6, 3}}), Tensor1({0.7f})};
+    const PartialAttention m = merge_partial(a, b);
+    INFO("lse: 0.7 + ln 2 = 1.3931472; out: the mean [1, 1, 2]");
+    CHECK(m.lse(0) == doctest::Approx(1.3931472).epsilon(1e-6));
+    CHECK_CLOSE(m.out, Tensor2({{1, 1, 2}}), 1e-6);
+}
+
+TEST_CASE("keys split in two at random: the merge is the attention over all of them") {
+    attn::Rng rng(19);
+    const std::size_t rows = 5, keys = 30, hs = 4;
+    const Tensor2 scores = rng.normal_tensor<2>({rows, keys}, 0.0f, 3.0f);
+    const Tensor2 values = rng.normal_tensor<2>({keys, hs});
+    const PartialAttention whole = attend(scores, values, range(0, keys));
+    for (int split = 0; split < 5; ++split) {
+        CAPTURE(split);
+        std::vector<std::size_t> in_a, in_b;
+        for (std::size_t j = 0; j < keys; ++j) (rng.below(2) ? in_a : in_b).push_back(j);
+        const PartialAttention m = merge_partial(attend(scores, values, in_a), attend(scores, values, in_b));
+        // Each side is rounded to float32 once, the merge adds a few float operations:
+        // about 1e-7 of values of size ~2.
+        CHECK_CLOSE(m.out, whole.out, 2e-6);
+        CHECK_CLOSE(m.lse, whole.lse, 4e-6);
+    }
+}
+
+TEST_CASE("three blocks merged in either order and either grouping agree") {
+    attn::Rng rng(20);
+    const std::size_t rows = 4, keys = 24, hs = 3;
+    const Tensor2 scores = rng.normal_tensor<2>({rows, keys}, 0.0f, 2.0f);
+    const Tensor2 values = rng.normal_tensor<2>({keys, hs});
+    const PartialAttention a = attend(scores, values, range(0, 8)), b = attend(scores, values, range(8, 16)),
+                           c = attend(scores, values, range(16, 24)), whole = attend(scores, values, range(0, 24));
+    // A ring folds the blocks in as they arrive, in another order on every rank.
+    for (const PartialAttention& m : {merge_partial(merge_partial(a, b), c), merge_partial(a, merge_partial(b, c)),
+                                      merge_partial(merge_partial(c, a), b), merge_partial(b, merge_partial(c, a))}) {
+        CHECK_CLOSE(m.out, whole.out, 2e-6);
+        CHECK_CLOSE(m.lse, whole.lse, 4e-6);
+    }
+}
+
+TEST_CASE("a side whose row saw no key (lse −∞) leaves the other side's row as it is") {
+    // Causal ring attention: a query row's first block may lie wholly in its future.
+    const PartialAttention a{Tensor2({{0, 0}, {3, 4}}), Tensor1({-inf, 1.5f})};
+    const PartialAttention b{Tensor2({{5, 6}, {0, 0}}), Tensor1({0.25f, -inf})};
+    const PartialAttention m = merge_partial(a, b);
+    INFO("row 0 is b's row, row 1 is a's: the empty side adds e^−∞ = 0 of the weight");
+    CHECK_CLOSE(m.out, Tensor2({{5, 6}, {3, 4}}), 1e-6);
+    CHECK_CLOSE(m.lse, Tensor1({0.25f, 1.5f}), 1e-6);
+}
+
+TEST_CASE("a row that saw no key on either side stays empty: out 0 and lse −∞, no NaN") {
+    const PartialAttention a{Tensor2({{0, 0}, {1, 2}}), Tensor1({-inf, 0.5f})};
+    const PartialAttention b{Tensor2({{0, 0}, {3, 4}}), Tensor1({-inf, 0.5f})};
+    const PartialAttention m = merge_partial(a, b);
+    INFO("e^(−∞ − (−∞)) is NaN: a row whose larger lse is −∞ must be skipped");
+    CHECK(m.lse(0) == -inf);
+    CHECK(m.out(0, 0) == 0.0f);
+    CHECK(m.out(0, 1) == 0.0f);
+    CHECK(m.lse(1) == doctest::Approx(0.5 + std::log(2.0)).epsilon(1e-6));
+}
+
+TEST_CASE("log-sum-exps near 1000 merge without overflow") {
+    // e^1000 is infinite in float: ln(e^1000 + e^999) must be taken as 1000 + ln(1 + e^−1).
+    const PartialAttention a{Tensor2({{1}}), Tensor1({1000.0f})};
+    const PartialAttention b{Tensor2({{0}}), Tensor1({999.0f})};
+    const PartialAttention m = merge_partial(a, b);
+    INFO("subtract the larger log-sum-exp before exponentiating: e^(1000 − 1000) and e^(999 − 1000)");
+    CHECK(std::isfinite(m.lse(0)));
+    CHECK(m.lse(0) == doctest::Approx(1000.3132617).epsilon(1e-7));
+    CHECK(m.out(0, 0) == doctest::Approx(0.7310586).epsilon(1e-6));  // 1 / (1 + e^−1)
+}
+
+TEST_CASE("rows of very different log-sum-exps are each merged with their own maximum") {
+    // Row 0 near 0, row 1 near −200, row 2 near 200: one maximum over all rows would turn
+    // row 1's weights into e^−400 = 0 (0/0) and row 0's into 0 as well.
+    const PartialAttention a{Tensor2({{1, 0}, {1, 0}, {1, 0}}), Tensor1({0.0f, -200.0f, 200.0f})};
+    const PartialAttention b{Tensor2({{0, 1}, {0, 1}, {0, 1}}), Tensor1({std::log(3.0f), -200.0f + std::log(3.0f), 200.0f + std::log(3.0f)})};
+    const PartialAttention m = merge_partial(a, b);
+    INFO("each row: weights 1/4 and 3/4, lse its own + ln 4");
+    // ±200 + ln 3 rounded to float is off by up to half an ulp there, 8e-6, and so is the
+    // weight e^(lse − m) relatively; a shared maximum gives 0/0 or 0 instead.
+    CHECK_CLOSE(m.out, Tensor2({{0.25f, 0.75f}, {0.25f, 0.75f}, {0.25f, 0.75f}}), 2e-5);
+    CHECK(m.lse(0) == doctest::Approx(std::log(4.0)).epsilon(1e-6));
+    CHECK(m.lse(1) == doctest::Approx(-200.0 + std::log(4.0)).epsilon(1e-6));
+    CHECK(m.lse(2) == doctest::Approx(200.0 + std::log(4.0)).epsilon(1e-6));
+}
+
+TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
+    const PartialAttention a{Tensor2({{1, 2}, {3, 4}}), Tensor1({0.0f, 1.0f})};
+    SUBCASE("b has other rows") {
+        CHECK_THROWS_AS(merge_partial(a, {Tensor2({{1, 2}}), Tensor1({0.0f})}), std::invalid_argument);
+    }
+    SUBCASE("b's outputs have another width") {
+        CHECK_THROWS_AS(merge_partial(a, {Tensor2({{1, 2, 3}, {4, 5, 6}}), Tensor1({0.0f, 1.0f})}),
+                        std::invalid_argument);
+    }
+    SUBCASE("an lse without one entry per row") {
+        CHECK_THROWS_AS(merge_partial(a, {Tensor2({{1, 2}, {3, 4}}), Tensor1({0.0f})}), std::invalid_argument);
+        CHECK_THROWS_AS(merge_partial({Tensor2({{1, 2}, {3, 4}}), Tensor1({0.0f, 1.0f, 2.0f})}, a),
+                        std::invalid_argument);
+    }
+}

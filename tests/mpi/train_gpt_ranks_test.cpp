@@ -1,0 +1,678 @@
+// train_gpt with ranks (data parallelism over MPI, lesson 19) against train_gpt alone.
+//
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR options
+//       Every option `train_gpt --help` lists, each alone on a tiny run: with --ranks 2 the
+//       run must give one process's losses, gradient norms, evaluations, weights and sample
+//       (to the rounding of the reduction order), or be refused in one line before any work
+//       where the ranks do not implement the option; the base run also on 4 ranks and with
+//       the gradients summed after the backward pass. The options come from --help: one this
+//       test's table does not know (or the reverse) fails it.
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR refusals MPIRUN
+//       Bad uses of ranks get one line on stderr and exit status 1 or 2 (under mpirun, one
+//       line from train_gpt before mpirun's own report).
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill
+//       A rank of a 4-rank run is killed (SIGKILL) after its first checkpoints: every rank
+//       stops, the job ends with one line naming the rank and the checkpoint, the checkpoint
+//       resumes on 2 ranks, and the resumed run's losses are those of a run that never
+//       stopped (on one process).
+//   train_gpt_ranks_test compare RUN REFERENCE_RUN
+//       The same comparison of two run folders (for the test across network namespaces).
+#include "attn/checkpoint.hpp"
+#include "attn/npy.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+using namespace attn;
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+// Reduction-order rounding (as tests/mpi/data_parallel_test.cpp argues): losses, norms and
+// evaluations to 1e-5 relative, weights to 1e-5 of the largest weight; a wrong share of the
+// batch or a missing gradient is off by 1e-2 and more.
+constexpr double tolerance = 1e-5;
+
+// With 16-bit products (--precision bf16 or fp16) a product's input that lies within
+// float32's reduction-order rounding of a 16-bit rounding boundary rounds to the other
+// neighbour in one of the runs, and that element moves by a whole 16-bit step (2^-8 of it in
+// bfloat16). The option matrix (tests/cuda/train_gpt_matrix.cpp) allows the same: losses and
+// evaluations to 1e-3 relative, gradient norms to 2e-2; weights here to 1e-3 of the largest.
+// A wrong share of the batch or a missing gradient still misses them by far (1e-2 and more
+// in the loss).
+struct Bounds {
+    double values, norm, weights;
+    const char* name;
+};
+constexpr Bounds float32_bounds{tolerance, tolerance, tolerance, "float32 rounding"};
+constexpr Bounds half16_bounds{1e-3, 2e-2, 1e-3, "16-bit products"};
+
+int failures = 0;
+void fail(const std::string& where, const std::string& what) {
+    std::cout << "FAIL: " << where << ": " << what << "\n";
+    ++failures;
+}
+
+std::string read_text(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::ostringstream s;
+    s << in.rdbuf();
+    return s.str();
+}
+
+struct Outcome {
+    int status = -1;  // exit status; 128 + the signal that ended it
+    std::string out, err;
+    double seconds = 0.0;
+};
+
+// Starts `program args` with its output in dir/stdout and dir/stderr; returns its pid.
+pid_t start(const std::string& program, std::vector<std::string> args, const fs::path& dir) {
+    fs::create_directories(dir);
+    const std::string out = (dir / "stdout").string(), err = (dir / "stderr").string();
+    std::vector<char*> argv;
+    std::string argv0 = program;
+    argv.push_back(argv0.data());
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        const int o = open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        const int e = open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        dup2(o, STDOUT_FILENO);
+        dup2(e, STDERR_FILENO);
+        execv(argv[0], argv.data());
+        _exit(127);
+    }
+    return pid;
+}
+
+// Waits for a started program; a job that has not ended after `hang_guard` seconds is a
+// hang (a rank waiting for ever) and is killed: status 128 + 9.
+Outcome finish(pid_t pid, const fs::path& dir, double hang_guard = 300.0) {
+    const auto begin = std::chrono::steady_clock::now();
+    Outcome o;
+    int status = 0;
+    while (true) {
+        const pid_t done = waitpid(pid, &status, WNOHANG);
+        if (done == pid) break;
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count() > hang_guard) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+    o.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    o.out = read_text(dir / "stdout");
+    o.err = read_text(dir / "stderr");
+    return o;
+}
+
+Outcome run(const std::string& program, const std::vector<std::string>& args, const fs::path& dir) {
+    return finish(start(program, args, dir), dir);
+}
+
+// The lines of stderr that are not progress lines ("step   100/3000 | loss ...").
+std::vector<std::string> message_lines(const std::string& err) {
+    std::vector<std::string> lines;
+    std::istringstream in(err);
+    for (std::string line; std::getline(in, line);) {
+        const bool progress = line.rfind("step ", 0) == 0 && line.find('/') != std::string::npos &&
+                              line.find(" | loss ") != std::string::npos;
+        if (!progress) lines.push_back(line);
+    }
+    return lines;
+}
+
+// A refusal: exit status 1 or 2 and one line on stderr.
+std::string refusal_problem(const Outcome& o) {
+    const std::vector<std::string> lines = message_lines(o.err);
+    if ((o.status == 1 || o.status == 2) && lines.size() == 1) return "";
+    return "expected a refusal in one line, got exit status " + std::to_string(o.status) + " and " +
+           std::to_string(lines.size()) + " lines on stderr: " + o.err.substr(0, 600);
+}
+
+// A run's numbers: metrics.jsonl's steps and evaluations, the final weights, the sample.
+struct Results {
+    std::map<long long, std::vector<double>> steps;  // step → loss, grad norm
+    std::map<long long, std::vector<double>> evals;  // step → train loss, val loss
+    std::vector<float> weights;
+    std::string sample;
+};
+
+Results results_of(const fs::path& out) {
+    Results r;
+    std::ifstream in(out / "metrics.jsonl");
+    for (std::string line; std::getline(in, line);) {
+        const json j = json::parse(line);
+        const long long step = j.at("step").get<long long>();
+        // A step that loss scaling skipped has no norm (it was infinite): -1 stands for it.
+        if (j.contains("loss")) r.steps[step] = {j.at("loss").get<double>(), j.value("grad_norm", -1.0)};
+        else r.evals[step] = {j.at("train_loss").get<double>(), j.at("val_loss").get<double>()};
+    }
+    if (fs::exists(out / "checkpoint" / "config.json")) {
+        for (const auto& entry : fs::directory_iterator(out / "checkpoint")) {
+            if (entry.path().extension() != ".npy") continue;
+            const NpyArray a = read_npy(entry.path());
+            r.weights.insert(r.weights.end(), a.data.begin(), a.data.end());
+        }
+    }
+    r.sample = read_text(out / "sample.txt");
+    return r;
+}
+
+double relative(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+
+// The problems in `got` against `expected`, over the steps both have (from `from` on).
+std::vector<std::string> compare(const Results& got, const Results& expected, long long from = 0,
+                                 const Bounds& bounds = float32_bounds) {
+    std::vector<std::string> problems;
+    auto numbers = [&](const char* what, const std::map<long long, std::vector<double>>& a,
+                       const std::map<long long, std::vector<double>>& b) {
+        std::size_t compared = 0;
+        for (const auto& [step, values] : b) {
+            if (step < from) continue;
+            const auto it = a.find(step);
+            if (it == a.end()) {
+                problems.push_back(std::string(what) + " of step " + std::to_string(step) + " missing");
+                continue;
+            }
+            ++compared;
+            for (std::size_t i = 0; i < values.size(); ++i) {
+                // A step's values are its loss and then its gradient norm.
+                const double bound = i == 1 ? bounds.norm : bounds.values;
+                if (!(relative(it->second[i], values[i]) <= bound)) {
+                    char buf[200];
+                    std::snprintf(buf, sizeof buf, "%s of step %lld: %.9g, one process %.9g (%s: %.0e)",
+                                  what, step, it->second[i], values[i], bounds.name, bound);
+                    problems.push_back(buf);
+                }
+            }
+        }
+        if (compared == 0) problems.push_back(std::string("no ") + what + " to compare");
+    };
+    numbers("the step's loss and gradient norm", got.steps, expected.steps);
+    numbers("the evaluation", got.evals, expected.evals);
+    if (got.weights.size() != expected.weights.size()) {
+        problems.push_back("the checkpoint holds " + std::to_string(got.weights.size()) + " weights, one process's " +
+                           std::to_string(expected.weights.size()));
+    } else {
+        double gap = 0.0, scale = 0.0;
+        for (std::size_t i = 0; i < got.weights.size(); ++i) {
+            gap = std::max(gap, std::fabs(static_cast<double>(got.weights[i]) - expected.weights[i]));
+            scale = std::max(scale, std::fabs(static_cast<double>(expected.weights[i])));
+        }
+        if (gap > bounds.weights * std::max(scale, 1.0)) {
+            problems.push_back("the weights differ by up to " + std::to_string(gap) + " (" + bounds.name + ")");
+        }
+    }
+    if (got.sample != expected.sample) {
+        problems.push_back("the sample differs: '" + got.sample.substr(0, 60) + "' against one process's '" +
+                           expected.sample.substr(0, 60) + "'");
+    }
+    return problems;
+}
+
+// Words of a small alphabet, deterministic: vocabulary 31, 20 000 characters.
+void write_corpus(const fs::path& path) {
+    std::string text = "to be, or not to be.\n";
+    std::uint64_t x = 2024;
+    auto next = [&x](std::uint64_t n) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        return (x >> 33) % n;
+    };
+    const std::string letters = "abcdefghijklmnopqrstuvwxyz", separators = ",.;\n";
+    while (text.size() < 20000) {
+        const std::uint64_t n = 1 + next(7);
+        for (std::uint64_t i = 0; i < n; ++i) text += letters[next(letters.size())];
+        text += next(5) == 0 ? separators[next(separators.size())] : ' ';
+    }
+    std::ofstream(path) << text;
+}
+
+// ---------------------------------------------------------------------------------------
+// Every option with --ranks 2 against one process.
+
+enum class Role {
+    help,      // --help: read by this test
+    axis,      // --ranks, --allreduce: the comparison itself
+    plumbing,  // where the run's files come from and go
+    varied,    // tried alone on the base run, with and without ranks
+};
+
+struct Use {
+    std::string name;
+    Role role;
+    std::vector<std::string> values;  // "" for a flag
+    std::string note = "";            // why an option or value is not tried
+};
+
+const std::string resume_value = "@resume", init_value = "@init", dump_value = "@dump";
+
+std::vector<Use> option_table() {
+    const std::string flag;
+    return {
+        {"--help", Role::help, {}, "its text is what this test reads"},
+        {"--data", Role::plumbing, {}, "every run reads the test's corpus"},
+        {"--out", Role::plumbing, {}, "every run writes its own folder"},
+        {"--overwrite", Role::plumbing, {}, "every run writes its own, new folder"},
+        {"--ranks", Role::axis, {}, "1 (no ranks) against 2; the base run also on 4"},
+        {"--allreduce", Role::axis, {}, "overlapped (the default) on every run; after on the base run"},
+        {"--recipe", Role::varied, {"cpu"}, "shakespeare not tried: its 10.7M parameters take seconds a step"},
+        {"--resume", Role::varied, {resume_value}, ""},
+        {"--init", Role::varied, {init_value}, ""},
+        {"--max-iters", Role::varied, {"5"}, ""},
+        {"--eval-interval", Role::varied, {"1"}, ""},
+        {"--eval-iters", Role::varied, {"3"}, ""},
+        {"--learning-rate", Role::varied, {"0.01"}, ""},
+        {"--dropout", Role::varied, {"0.2"}, ""},
+        {"--seed", Role::varied, {"7"}, ""},
+        {"--no-causal-mask", Role::varied, {flag}, ""},
+        {"--position", Role::varied, {"rope", "alibi"}, ""},
+        {"--no-attention-scale", Role::varied, {flag}, ""},
+        {"--kv-heads", Role::varied, {"1"}, ""},
+        {"--window", Role::varied, {"8"}, ""},
+        {"--dump-grads", Role::varied, {dump_value}, ""},
+        {"--sample", Role::varied, {"40"}, ""},
+        {"--temperature", Role::varied, {"0.5"}, ""},
+        {"--top-k", Role::varied, {"3"}, ""},
+        {"--prompt", Role::varied, {"to be"}, ""},
+        {"--device", Role::varied, {"auto", "cuda", "sim"}, ""},
+        {"--tf32", Role::varied, {flag}, ""},
+        {"--attention", Role::varied, {"fused"}, ""},
+        {"--bench", Role::varied, {"2"}, ""},
+        {"--threads", Role::varied, {"2"}, ""},
+        {"--threads-info", Role::varied, {flag}, ""},
+        {"--precision", Role::varied, {"bf16", "fp16"}, ""},
+    };
+}
+
+// The options --help lists: "  --name ..." (or "  -h,--help") at the start of a line.
+std::set<std::string> listed_options(const std::string& help) {
+    std::set<std::string> names;
+    std::istringstream in(help);
+    for (std::string line; std::getline(in, line);) {
+        const std::size_t start = line.find_first_not_of(' ');
+        if (start == 0 || start == std::string::npos) continue;  // not an option's line
+        std::size_t at = line.compare(start, 3, "-h,") == 0 ? start + 3 : start;
+        if (line.compare(at, 2, "--") != 0) continue;
+        const std::size_t end = line.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789-", at + 2);
+        names.insert(line.substr(at, end == std::string::npos ? std::string::npos : end - at));
+    }
+    return names;
+}
+
+int test_options(const std::string& program, const fs::path& root) {
+    const Outcome help = run(program, {"--help"}, root / "help");
+    const std::set<std::string> listed = listed_options(help.out);
+    const std::vector<Use> table = option_table();
+    std::set<std::string> known;
+    for (const Use& u : table) known.insert(u.name);
+    for (const std::string& name : listed) {
+        if (!known.count(name)) fail("train_gpt --help", "lists " + name + ", which this test's table does not know");
+    }
+    for (const std::string& name : known) {
+        if (!listed.count(name)) fail("the table", name + " is not in train_gpt --help");
+    }
+    if (failures) return 1;
+    for (const Use& u : table) {
+        if (u.role != Role::varied) std::cout << "not varied: " << u.name << ": " << u.note << "\n";
+        else if (!u.note.empty()) std::cout << "not tried: " << u.name << ": " << u.note << "\n";
+    }
+
+    const fs::path corpus = root / "corpus.txt";
+    write_corpus(corpus);
+    // The base run: the tiny recipe (batch 8, shared 4 + 4 by 2 ranks), 4 steps, evaluated at
+    // 0, 2 and 4, a sample of 16 characters, one thread per process.
+    const std::vector<std::string> base = {"--recipe", "tiny", "--max-iters", "4", "--eval-interval", "2",
+                                           "--eval-iters", "2", "--sample", "16", "--threads", "1",
+                                           "--data", corpus.string()};
+    // What --resume and --init start from.
+    const fs::path resume_source = root / "resume_source";
+    {
+        std::vector<std::string> args = base;
+        args[3] = "2";
+        args.insert(args.end(), {"--out", resume_source.string()});
+        const Outcome o = run(program, args, root / "resume_source_log");
+        if (o.status != 0) {
+            fail("the run to resume", o.err);
+            return 1;
+        }
+    }
+    const fs::path init = resume_source / "checkpoint";
+
+    struct Entry {
+        std::string label;
+        std::vector<std::string> args;  // without --out and --ranks
+        fs::path dump;                  // --dump-grads' folder, if any
+    };
+    std::vector<Entry> entries = {{"the base run", base, {}}};
+    for (const Use& u : table) {
+        if (u.role != Role::varied) continue;
+        for (const std::string& value : u.values) {
+            Entry e{u.name + (value.empty() ? "" : " " + value), {}, {}};
+            // --resume keeps its checkpoint's settings: it takes none of the base's recipe.
+            if (value == resume_value) {
+                e.args = {"--max-iters", "4", "--sample", "16", "--threads", "1", "--data", corpus.string()};
+            } else {
+                e.args = base;
+            }
+            e.args.push_back(u.name);
+            if (value == resume_value) {
+                e.args.push_back("@copy");  // each run resumes its own copy
+            } else if (value == init_value) {
+                e.args.push_back(init.string());
+            } else if (value == dump_value) {
+                e.args.push_back("@dump");
+            } else if (!value.empty()) {
+                e.args.push_back(value);
+            }
+            entries.push_back(e);
+        }
+    }
+
+    int compared = 0, refused = 0;
+    for (std::size_t i = 0; i < entries.size(); ++i) {
+        const Entry& e = entries[i];
+        std::vector<Outcome> outcomes;
+        std::vector<fs::path> outs;
+        // One process, then 2 ranks (and for the base run 4 ranks, and the other schedule).
+        std::vector<std::vector<std::string>> extra = {{}, {"--ranks", "2"}};
+        if (i == 0) {
+            extra.push_back({"--ranks", "4"});
+            extra.push_back({"--ranks", "2", "--allreduce", "after"});
+            extra.push_back({"--ranks", "4", "--allreduce", "after"});
+        }
+        for (std::size_t k = 0; k < extra.size(); ++k) {
+            const fs::path dir = root / ("entry" + std::to_string(i)) / ("run" + std::to_string(k));
+            fs::create_directories(dir);
+            std::vector<std::string> args;
+            for (const std::string& a : e.args) {
+                if (a == "@copy") {
+                    fs::copy(resume_source, dir / "out", fs::copy_options::recursive);
+                    args.push_back((dir / "out").string());
+                } else if (a == "@dump") {
+                    args.push_back((dir / "dump").string());
+                } else {
+                    args.push_back(a);
+                }
+            }
+            if (std::find(args.begin(), args.end(), "--resume") == args.end()) {
+                args.insert(args.end(), {"--out", (dir / "out").string()});
+            }
+            args.insert(args.end(), extra[k].begin(), extra[k].end());
+            outcomes.push_back(run(program, args, dir / "log"));
+            outs.push_back(dir / "out");
+        }
+        const Outcome& alone = outcomes[0];
+        for (std::size_t k = 1; k < outcomes.size(); ++k) {
+            std::string where = e.label + " with";
+            for (const std::string& a : extra[k]) where += " " + a;
+            const Outcome& ranked = outcomes[k];
+            if (alone.status != 0) {
+                // Refused alone (--tf32 on the CPU, --device cuda without a GPU): refused with
+                // ranks too, in one line.
+                const std::string problem = refusal_problem(ranked);
+                if (!refusal_problem(alone).empty()) fail(e.label + " alone", refusal_problem(alone));
+                if (!problem.empty()) fail(where, problem);
+                ++refused;
+                continue;
+            }
+            if (ranked.status != 0) {
+                // The ranks do not implement it: a refusal in one line, before any work.
+                const std::string problem = refusal_problem(ranked);
+                if (!problem.empty()) fail(where, problem);
+                else if (fs::exists(outs[k] / "metrics.jsonl")) fail(where, "refused after training began");
+                else std::cout << "refused: " << where << ": " << message_lines(ranked.err)[0] << "\n";
+                ++refused;
+                continue;
+            }
+            if (!fs::exists(outs[0] / "metrics.jsonl")) {
+                // An option that ends the program before training (--bench, --threads-info).
+                if (fs::exists(outs[k] / "metrics.jsonl")) fail(where, "trained where one process did not");
+                continue;
+            }
+            const bool half16 = std::find(e.args.begin(), e.args.end(), "--precision") != e.args.end() &&
+                                std::find(e.args.begin(), e.args.end(), "fp32") == e.args.end();
+            for (const std::string& problem : compare(results_of(outs[k]), results_of(outs[0]), 0,
+                                                      half16 ? half16_bounds : float32_bounds)) {
+                fail(where, problem);
+            }
+            ++compared;
+        }
+    }
+    std::cout << "options: " << entries.size() << " runs of one process, each with ranks: " << compared
+              << " compared, " << refused << " refused in one line\n";
+    return failures ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// Bad uses of ranks: one line each.
+
+int test_refusals(const std::string& program, const fs::path& root, const std::string& mpirun) {
+    const fs::path corpus = root / "corpus.txt";
+    write_corpus(corpus);
+    const std::vector<std::string> base = {"--recipe", "tiny", "--max-iters", "2", "--threads", "1",
+                                           "--sample", "0", "--data", corpus.string()};
+    struct Case {
+        std::string what;
+        std::vector<std::string> args;
+    };
+    const std::vector<Case> cases = {
+        {"--ranks 0", {"--ranks", "0"}},
+        {"more ranks than sequences in a batch", {"--ranks", "9"}},
+        {"--allreduce without ranks", {"--allreduce", "after"}},
+        {"--allreduce with a schedule that does not exist", {"--ranks", "2", "--allreduce", "sometimes"}},
+        {"a corpus that does not exist, with ranks", {"--ranks", "2", "--data", (root / "missing.txt").string()}},
+        {"a checkpoint that does not exist, with ranks", {"--ranks", "2", "--resume", (root / "nothing").string()}},
+        {"--device sim with ranks", {"--ranks", "2", "--device", "sim"}},
+        {"--dump-grads with ranks", {"--ranks", "2", "--dump-grads", (root / "dump").string()}},
+        {"a run folder that holds a run, with ranks", {"--ranks", "2", "--out", "@existing"}},
+    };
+    // A run to refuse to replace.
+    const fs::path existing = root / "existing";
+    {
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--out", existing.string()});
+        if (run(program, args, root / "existing_log").status != 0) fail("the existing run", "did not train");
+    }
+    int n = 0;
+    for (const Case& c : cases) {
+        // The base's options, except those the case gives itself or that exclude its own.
+        const auto has = [&c](const char* option) {
+            return std::find(c.args.begin(), c.args.end(), option) != c.args.end();
+        };
+        std::vector<std::string> args;
+        for (std::size_t i = 0; i < base.size(); i += 2) {
+            if ((base[i] == "--data" && has("--data")) || (base[i] == "--recipe" && has("--resume"))) continue;
+            args.insert(args.end(), {base[i], base[i + 1]});
+        }
+        for (const std::string& a : c.args) args.push_back(a == "@existing" ? existing.string() : a);
+        if (std::find(c.args.begin(), c.args.end(), "--out") == c.args.end()) {
+            args.insert(args.end(), {"--out", (root / ("out" + std::to_string(n))).string()});
+        }
+        const Outcome o = run(program, args, root / ("case" + std::to_string(n++)));
+        const std::string problem = refusal_problem(o);
+        if (!problem.empty()) fail(c.what, problem);
+        else std::cout << "ok: " << c.what << ": " << message_lines(o.err)[0] << "\n";
+    }
+    // Started by mpirun with another number of processes than --ranks says.
+    std::vector<std::string> args = {"-np", "2", "--oversubscribe", "--allow-run-as-root", program};
+    args.insert(args.end(), base.begin(), base.end());
+    args.insert(args.end(), {"--ranks", "3", "--out", (root / "mismatch").string()});
+    const Outcome o = run(mpirun, args, root / "mismatch_log");
+    // mpirun adds its own report of the exit status; the job's own line is the first.
+    const std::vector<std::string> lines = message_lines(o.err);
+    if (o.status == 0 || lines.empty() || lines[0].find("--ranks 3") == std::string::npos ||
+        std::count_if(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("train_gpt:", 0) == 0; }) != 1) {
+        fail("mpirun -np 2 train_gpt --ranks 3", "expected one line from train_gpt, got: " + o.err.substr(0, 600));
+    } else {
+        std::cout << "ok: mpirun -np 2 train_gpt --ranks 3: " << lines[0] << "\n";
+    }
+    return failures ? 1 : 0;
+}
+
+// ---------------------------------------------------------------------------------------
+// A rank killed mid-run.
+
+// The processes whose parent is `parent`.
+std::vector<pid_t> children_of(pid_t parent) {
+    std::vector<pid_t> children;
+    DIR* proc = opendir("/proc");
+    if (!proc) return children;
+    while (dirent* entry = readdir(proc)) {
+        const std::string name = entry->d_name;
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream stat("/proc/" + name + "/stat");
+        std::string line;
+        std::getline(stat, line);
+        const std::size_t close = line.rfind(')');
+        if (close == std::string::npos) continue;
+        std::istringstream rest(line.substr(close + 2));
+        char state = 0;
+        long long ppid = 0;
+        rest >> state >> ppid;
+        if (ppid == parent) children.push_back(static_cast<pid_t>(std::stoll(name)));
+    }
+    closedir(proc);
+    std::sort(children.begin(), children.end());
+    return children;
+}
+
+long long checkpoint_step(const fs::path& run) {
+    std::ifstream in(run / "checkpoint" / "trainer.json");
+    try {
+        return json::parse(in).at("step").get<long long>();
+    } catch (const std::exception&) {
+        return -1;
+    }
+}
+
+int test_kill(const std::string& program, const fs::path& root) {
+    const fs::path corpus = root / "corpus.txt";
+    write_corpus(corpus);
+    // nanoGPT's CPU recipe for 80 steps (seconds a run), a checkpoint every 10 steps.
+    const std::vector<std::string> base = {"--recipe", "cpu", "--max-iters", "80", "--eval-interval", "10",
+                                           "--eval-iters", "2", "--sample", "0", "--data", corpus.string()};
+    std::vector<std::string> args = base;
+    args.insert(args.end(), {"--out", (root / "uninterrupted").string(), "--threads", "2"});
+    const Outcome whole = run(program, args, root / "uninterrupted_log");
+    if (whole.status != 0) {
+        fail("the uninterrupted run", whole.err);
+        return 1;
+    }
+
+    const fs::path killed = root / "killed";
+    args = base;
+    args.insert(args.end(), {"--out", killed.string(), "--ranks", "4"});
+    const pid_t launcher = start(program, args, root / "killed_log");
+    // Once the checkpoint of step 20 is written, kill rank 2 (the launcher's child is mpirun,
+    // whose children are the ranks, in the order it started them).
+    std::vector<pid_t> ranks;
+    for (int waited = 0; waited < 6000 && checkpoint_step(killed) < 20; ++waited) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const std::vector<pid_t> mpirun = children_of(launcher);
+    if (!mpirun.empty()) ranks = children_of(mpirun[0]);
+    if (checkpoint_step(killed) < 20 || ranks.size() != 4) {
+        kill(launcher, SIGKILL);
+        finish(launcher, root / "killed_log");
+        fail("the run to kill", "no checkpoint at step 20, or not 4 ranks (" + std::to_string(ranks.size()) + ")");
+        return 1;
+    }
+    const pid_t victim = ranks[2];
+    kill(victim, SIGKILL);
+    const Outcome o = finish(launcher, root / "killed_log", 120.0);
+    const long long step = checkpoint_step(killed);
+    std::cout << "killed rank process " << victim << "; the job ended " << o.seconds
+              << " s later with exit status " << o.status << "; checkpoint at step " << step << "\n";
+    // Every rank has ended: mpirun stopped the three others.
+    for (pid_t p : ranks) {
+        if (kill(p, 0) == 0 && fs::exists("/proc/" + std::to_string(p))) {
+            std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+            std::string line;
+            std::getline(stat, line);
+            if (line.find(") Z") == std::string::npos) fail("the killed job", "rank process " + std::to_string(p) + " still runs");
+        }
+    }
+    const std::vector<std::string> lines = message_lines(o.err);
+    if (o.status == 0 || lines.size() != 1) {
+        fail("the killed job", "expected a non-zero exit and one line, got " + std::to_string(o.status) +
+                                   " and: " + o.err.substr(0, 800));
+    } else {
+        std::cout << "its one line: " << lines[0] << "\n";
+        const std::string expected = "rank 2 of 4 was killed (signal 9, SIGKILL)";
+        if (lines[0].find(expected) == std::string::npos) fail("the killed job's line", "does not say '" + expected + "'");
+        if (lines[0].find("(step " + std::to_string(step) + "), is intact") == std::string::npos) {
+            fail("the killed job's line", "does not name the checkpoint's step " + std::to_string(step));
+        }
+    }
+    if (step < 20 || step % 10 != 0) fail("the checkpoint", "at step " + std::to_string(step));
+
+    // The checkpoint resumes on another number of ranks, and the run goes on as if it had
+    // never stopped.
+    args = {"--resume", killed.string(), "--ranks", "2", "--sample", "0", "--data", corpus.string()};
+    const Outcome resumed = run(program, args, root / "resumed_log");
+    if (resumed.status != 0) {
+        fail("resuming on 2 ranks", resumed.err);
+        return 1;
+    }
+    const Results a = results_of(killed), b = results_of(root / "uninterrupted");
+    for (const std::string& problem : compare(a, b, step)) fail("resumed on 2 ranks against one process", problem);
+    if (!failures) {
+        std::cout << "resumed at step " << step << " on 2 ranks: " << a.steps.size()
+                  << " steps' losses, the evaluations and the final weights are one uninterrupted process's\n";
+    }
+    return failures ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc == 4 && std::string(argv[1]) == "compare") {
+        // Two run folders: the second is the reference (tests/mpi/multihost_netns.sh).
+        for (const std::string& problem : compare(results_of(argv[2]), results_of(argv[3]))) {
+            fail(argv[2], problem);
+        }
+        std::cout << (failures ? "FAILED" : "the same run") << ": " << argv[2] << " against " << argv[3] << "\n";
+        return failures ? 1 : 0;
+    }
+    if (argc != 4 && argc != 5) {
+        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill [MPIRUN]\n"
+                     "       train_gpt_ranks_test compare RUN REFERENCE_RUN\n";
+        return 2;
+    }
+    const std::string program = fs::absolute(argv[1]).string(), part = argv[3];
+    const fs::path root = fs::absolute(argv[2]) / part;
+    fs::remove_all(root);
+    fs::create_directories(root);
+    int status = 2;
+    if (part == "options") status = test_options(program, root);
+    else if (part == "refusals") status = test_refusals(program, root, argc == 5 ? argv[4] : "mpirun");
+    else if (part == "kill") status = test_kill(program, root);
+    else std::cerr << "unknown part '" << part << "'\n";
+    std::cout << (status == 0 ? "passed" : "FAILED") << " (" << failures << " failures)\n";
+    return status;
+}
