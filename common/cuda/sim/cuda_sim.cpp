@@ -248,8 +248,12 @@ void yield(Runner& r) {
 }
 
 // A rule is broken: the block stops here (its fibers are abandoned, never resumed).
-[[noreturn]] void fail(Runner& r, const std::string& what) {
-    if (r.failure.empty()) r.failure = what;
+// The thread's stack is abandoned, never unwound: a string alive on it would leak (and
+// LeakSanitizer says so). So the message arrives by value and is moved out of this frame,
+// and callers build it in a statement of its own (its temporaries gone) and move it in.
+[[noreturn]] void fail(Runner& r, std::string what) {
+    if (r.failure.empty()) r.failure = std::move(what);
+    std::string().swap(what);  // empty either way
     r.threads[static_cast<std::size_t>(r.current)].state = State::done;
     r.dirty_stacks = true;
     yield(r);
@@ -475,9 +479,10 @@ void syncthreads(const char* file, int line) {
     if (r.current < 0) return;  // host code: nothing to wait for
     Thread& t = r.threads[static_cast<std::size_t>(r.current)];
     if (r.arrived > 0 && (r.sync_file != file || r.sync_line != line)) {
-        fail(r, "threads of one block wait at two different barriers, __syncthreads at " +
-                    where(r.sync_file, r.sync_line) + " and at " + where(file, line) +
-                    " (a barrier inside a branch that not all threads take)");
+        std::string m = "threads of one block wait at two different barriers, __syncthreads at " +
+                        where(r.sync_file, r.sync_line) + " and at " + where(file, line) +
+                        " (a barrier inside a branch that not all threads take)";
+        fail(r, std::move(m));
     }
     r.sync_file = file;
     r.sync_line = line;
@@ -498,14 +503,16 @@ std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, c
     if (mask != 0xffffffffu || w.size != 32) {
         char m[16];
         std::snprintf(m, sizeof m, "0x%08x", mask);
-        fail(r, "the warp shuffle at " + where(file, line) + " has mask " + m + " in a warp of " +
-                    std::to_string(w.size) +
-                    " threads: the course's kernels shuffle whole warps (a block size that is "
-                    "a multiple of 32, mask 0xffffffff)");
+        std::string message = "the warp shuffle at " + where(file, line) + " has mask " + m +
+                              " in a warp of " + std::to_string(w.size) +
+                              " threads: the course's kernels shuffle whole warps (a block size "
+                              "that is a multiple of 32, mask 0xffffffff)";
+        fail(r, std::move(message));
     }
     if (w.arrived > 0 && (w.file != file || w.line != line)) {
-        fail(r, "lanes of one warp wait at two different shuffles, at " + where(w.file, w.line) +
-                    " and at " + where(file, line));
+        std::string m = "lanes of one warp wait at two different shuffles, at " +
+                        where(w.file, w.line) + " and at " + where(file, line);
+        fail(r, std::move(m));
     }
     w.file = file;
     w.line = line;
@@ -534,14 +541,16 @@ void warp_collective(const char* what, void* lane_arg, std::string (*op)(void* c
     Thread& t = r.threads[static_cast<std::size_t>(r.current)];
     Warp& w = r.warps[static_cast<std::size_t>(t.warp)];
     if (w.size != 32) {
-        fail(r, std::string(what) + " at " + where(file, line) + " in a warp of " +
-                    std::to_string(w.size) +
-                    " threads: it needs all 32 lanes (a block size that is a multiple of 32)");
+        std::string m = std::string(what) + " at " + where(file, line) + " in a warp of " +
+                        std::to_string(w.size) +
+                        " threads: it needs all 32 lanes (a block size that is a multiple of 32)";
+        fail(r, std::move(m));
     }
     if (w.arrived > 0 && (w.file != file || w.line != line)) {
-        fail(r, "lanes of one warp wait at two different warp-collective calls, " +
-                    std::string(w.what) + " at " + where(w.file, w.line) + " and " + what +
-                    " at " + where(file, line) + " (every lane must reach the same call)");
+        std::string m = "lanes of one warp wait at two different warp-collective calls, " +
+                        std::string(w.what) + " at " + where(w.file, w.line) + " and " + what +
+                        " at " + where(file, line) + " (every lane must reach the same call)";
+        fail(r, std::move(m));
     }
     w.file = file;
     w.line = line;
@@ -550,8 +559,12 @@ void warp_collective(const char* what, void* lane_arg, std::string (*op)(void* c
     t.state = State::at_shuffle;
     if (++w.arrived == w.size) {
         // Every lane is parked here, its arguments alive on its stack: do the warp's work.
-        const std::string wrong = op(w.args);
-        if (!wrong.empty()) fail(r, std::string(what) + " at " + where(file, line) + ": " + wrong);
+        std::string wrong = op(w.args);
+        if (!wrong.empty()) {
+            std::string m = std::string(what) + " at " + where(file, line) + ": " + wrong;
+            std::string().swap(wrong);
+            fail(r, std::move(m));
+        }
         const std::size_t first = static_cast<std::size_t>(t.warp) * 32;
         for (std::size_t i = first; i < first + 32; ++i) r.threads[i].state = State::ready;
         w.arrived = 0;
