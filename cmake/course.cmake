@@ -56,6 +56,14 @@ function(course_lesson name)
                    -DOUTPUT=${output}/lesson${nn}.txt -DFIGURES=${output}
                    -P "${src}/cmake/capture_output.cmake")
   set_tests_properties("lesson ${nn} runs" PROPERTIES LABELS "lesson${nn};lessons")
+  # A lesson that prints measured times (a "// Timed:" line in its source) runs alone, so
+  # that its numbers, which its page quotes, are not taken on a machine shared with a test.
+  foreach(_f IN LISTS lesson_sources)
+    file(STRINGS "${_f}" _hits REGEX "^// Timed: ")
+    if(_hits)
+      set_tests_properties("lesson ${nn} runs" PROPERTIES RUN_SERIAL TRUE)
+    endif()
+  endforeach()
 
   # The lesson once more at its smallest (--quick), and a lesson that reads text on a short
   # text of its own rather than tiny shakespeare (cmake/test_corpora.cmake). Under the

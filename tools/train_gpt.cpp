@@ -525,6 +525,9 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
     return 0;
 }
 
+#if ATTN_HAVE_MPI
+// Only a job of ranks can end with a rank killed and the checkpoint in question (below).
+
 // Where a run's checkpoint is: the one --resume goes on from, or the one --out will hold.
 fs::path run_checkpoint(const Flags& f) {
     return !f.resume.empty() ? checkpoint_of(f.resume) : f.out / "checkpoint";
@@ -544,6 +547,7 @@ std::string checkpoint_left(const Flags& f) {
         return "no checkpoint had been written in " + dir.string();
     }
 }
+#endif
 
 // --ranks N: this program again, as N ranks under mpirun on this machine. Each rank makes
 // the checks below too; made here first, a mistake costs no start of mpirun. A rank that

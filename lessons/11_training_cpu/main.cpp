@@ -3,6 +3,7 @@
 // It trains nanoGPT's CPU recipe on tiny shakespeare (`--data FILE`: on another text). The
 // environment variable ATTN_LESSON11_MAX_ITERS shortens the run (the test suite sets it;
 // the docs show the full run), and `--quick` runs every step of the lesson at its smallest.
+// Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/entropy.hpp"

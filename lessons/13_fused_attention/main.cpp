@@ -1,4 +1,5 @@
 // Lesson 13: fused attention. The page that narrates this program is lesson.md beside it.
+// Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/flash.hpp"
 #include "attn/heatmap.hpp"
 #include "attn/lesson.hpp"

@@ -4,6 +4,7 @@
 // It trains a tiny model for 400 steps (to have text worth reading), checks that the
 // cached and the uncached sampling loops write the same text, then times both on a
 // random-initialised model with a block of 1024 tokens. Timings are printed, never checked.
+// Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/data.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/lesson.hpp"

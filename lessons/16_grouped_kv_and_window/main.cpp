@@ -10,6 +10,7 @@
 // (4 layers, 128 channels, 2000 steps) instead of the short default, `--quick` a few steps
 // and short generations; `--data FILE` trains on another text. Timings are printed, never
 // checked.
+// Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/data.hpp"
 #include "attn/gpt.hpp"
 #include "attn/gpt_layers.hpp"

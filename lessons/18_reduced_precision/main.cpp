@@ -9,6 +9,7 @@
 // scaling, beside float32), and the tensor-core kernels (in the CUDA simulator without a
 // GPU). `--full` trains nanoGPT's CPU recipe for its 2000 steps instead of the short
 // default; `--quick` a few steps; `--data FILE` trains on another text.
+// Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/data.hpp"
 #include "attn/flash.hpp"
 #include "attn/lesson.hpp"

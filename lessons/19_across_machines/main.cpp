@@ -7,6 +7,7 @@
 // which part it runs, and rank 0 prints that part's numbers as `key value…` lines, which this
 // process reads and explains. Built without MPI, it runs the parts of one process and says
 // what it left out.
+// Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/flash.hpp"
