@@ -65,7 +65,8 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
     return worst;
 }
 
-double median(std::vector<double> x) {
+#ifdef ATTN_HAVE_MPI
+double median(std::vector<double> x) {  // of the ranks' timings
     std::sort(x.begin(), x.end());
     const std::size_t n = x.size();
     return n == 0 ? 0.0 : n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
@@ -76,6 +77,7 @@ std::string mib(double bytes) {
     std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1 << 20));
     return buf;
 }
+#endif
 
 // The settings every part shares: small with --quick (for the tests), the lesson's otherwise.
 struct Sizes {
@@ -110,12 +112,14 @@ Sizes sizes(bool quick) {
 
 // The recipe data parallelism trains: nanoGPT's CPU recipe (batch 12: shared 12, 6 + 6 or
 // 3 + 3 + 3 + 3), or with --quick the tiny one with a batch of 8.
+#ifdef ATTN_HAVE_MPI
 TrainConfig dp_recipe(const Sizes& s) {
     TrainConfig c = TrainConfig::named(s.recipe);
     if (s.quick) c.batch_size = 8;
     c.eval_iters = 2;
     return c;
 }
+#endif
 
 // ---------------------------------------------------------------------------------------
 // Part 1, one process: the merge
