@@ -1,9 +1,10 @@
 # Runs a lesson program and writes what it printed to OUTPUT; fails the build if the
-# lesson fails, so the docs never show output of a broken program. The test "lesson NN runs"
-# writes the same OUTPUT; with REUSE set (the docs build), an OUTPUT newer than PROGRAM is
-# that run's and is kept, so that each lesson runs once per build.
+# lesson fails, so the docs never show output of a broken program. The test "lesson NN runs",
+# the docs build and `./workbook run` write the same OUTPUT, and only when the lesson exited
+# 0; with REUSE set, an OUTPUT newer than PROGRAM is a successful run of this same program
+# and is kept, so that each lesson runs once per build.
 if(REUSE AND EXISTS "${OUTPUT}" AND NOT "${PROGRAM}" IS_NEWER_THAN "${OUTPUT}")
-  message(STATUS "${OUTPUT}: kept, newer than ${PROGRAM}")
+  message(STATUS "${OUTPUT}: kept: this program ran to the end after it was last built")
   return()
 endif()
 file(REMOVE "${OUTPUT}")
