@@ -11,6 +11,7 @@
 #include "attn/cuda/device.hpp"
 #include "attn/cuda/half_attention.hpp"
 #include "attn/mixed_attention.hpp"
+#include "device_main.hpp"
 
 #if ATTN_CUDA_SIMULATED
 #include "attention_wmma.cuh"
@@ -82,13 +83,7 @@ bool plain_is_sound(const Problem& p) {
 }  // namespace
 
 int main() {
-    std::string why;
-    if (!cuda::device_available(&why)) {
-        std::printf("skipped: no usable CUDA device (%s)\n", why.c_str());
-        return 0;
-    }
-    try {
-        std::printf("CUDA device 0: %s\n", cuda::device_summary().c_str());
+    return run_on_device([] {
 #if ATTN_CUDA_SIMULATED
         // The simulator runs each WMMA call as a warp-wide exchange: short sequences.
         const AttentionShape cases[] = {
@@ -183,8 +178,5 @@ int main() {
         }
         std::printf("all %d kernel runs pass FlashAttention's rule for half precision\n", checked);
         return 0;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
-        return 1;
-    }
+    });
 }
