@@ -126,15 +126,11 @@ int main(int argc, char** argv) {
         std::printf("%6s %4s %4s  %-6s %10s %10s %12s %10s %11s\n", "T", "B", "NH", "method",
                     "fwd ms", "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "peak MiB");
         for (const std::size_t T : o.Ts) {
-            const AttentionShape s{std::max<std::size_t>(1, 16384 / T), 2048 / o.hs, T, o.hs, true};
+            const AttentionShape s = bench::shape(T, o.hs);
             const std::size_t n = s.qkv_size();
             Rng rng(T);
-            auto fill = [&] {
-                std::vector<float> x(n);
-                for (auto& e : x) e = rng.normal();
-                return x;
-            };
-            const auto q = fill(), k = fill(), v = fill(), dout = fill();
+            const auto q = bench::normals(rng, n), k = bench::normals(rng, n),
+                       v = bench::normals(rng, n), dout = bench::normals(rng, n);
             Reference ref;
             if (o.validate) ref = reference_first_head(q, k, v, dout, s);
 

@@ -1,8 +1,13 @@
 // What the two attention workbenches (attention_bench.cpp, half_attention_bench.cpp) share:
-// their command line, CUDA error checks and the timing loop.
+// their command line, shapes and inputs, CUDA error checks and the timing loop.
 #pragma once
 
+#include "attn/flash.hpp"
+#include "attn/random.hpp"
+
 #include <cuda_runtime.h>
+
+#include <algorithm>
 
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +52,19 @@ inline Options parse(int argc, char** argv, const char* program, bool can_skip_v
     if (o.Ts.empty()) o.Ts = {256, 512, 1024, 2048, 4096};
     if (o.repeats < 1) throw std::invalid_argument("--repeats must be at least 1");
     return o;
+}
+
+// The shape at sequence length T, as FlashAttention-2's benchmark: B·T = 16384 tokens,
+// NH = 2048 / hs heads, causal.
+inline AttentionShape shape(std::size_t T, std::size_t hs) {
+    return AttentionShape{std::max<std::size_t>(1, 16384 / T), 2048 / hs, T, hs, true};
+}
+
+// n draws of `rng`'s standard normal.
+inline std::vector<float> normals(Rng& rng, std::size_t n) {
+    std::vector<float> x(n);
+    for (auto& e : x) e = rng.normal();
+    return x;
 }
 
 // Milliseconds per call of `run`, from CUDA events around `repeats` calls after warm-up.

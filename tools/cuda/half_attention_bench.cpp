@@ -95,15 +95,10 @@ int main(int argc, char** argv) {
         std::printf("%6s %4s %4s  %-18s %9s %9s %-4s %9s %9s %9s\n", "T", "B", "NH", "kernel", "error",
                     "bar", "rule", "fwd ms", "TFLOP/s", "vs fp32");
         for (const std::size_t T : o.Ts) {
-            const AttentionShape s{std::max<std::size_t>(1, 16384 / T), 2048 / o.hs, T, o.hs, true};
+            const AttentionShape s = bench::shape(T, o.hs);
             const std::size_t n = s.qkv_size();
             Rng rng(T);
-            auto fill = [&] {
-                std::vector<float> x(n);
-                for (auto& e : x) e = rng.normal();
-                return x;
-            };
-            const auto q = fill(), k = fill(), v = fill();
+            const auto q = bench::normals(rng, n), k = bench::normals(rng, n), v = bench::normals(rng, n);
             double fp32_ms = 0.0;
             {  // float32, lesson 13's fused kernel
                 DeviceBuffer d_q(q), d_k(k), d_v(v), d_out(n), lse(s.rows());
