@@ -6,13 +6,16 @@
 //   forward and backward pass on its batch is checked against all of them;
 // - check_gradient_numerically: every parameter's gradient against central differences of
 //   the loss;
-// and sharp_model, a model whose greedy choices are clear (test_kv_cache.cpp, test_gqa.cpp).
+// and sharp_model, a model whose greedy choices are clear (test_kv_cache.cpp, test_gqa.cpp);
+// and check_resume, a short run resumed from its checkpoint (test_positions.cpp, test_gqa.cpp).
 #pragma once
 
+#include "attn/data.hpp"
 #include "attn/gpt.hpp"
 #include "attn/gradcheck.hpp"
 #include "attn/npy.hpp"
 #include "attn/random.hpp"
+#include "attn/trainer.hpp"
 
 #include <doctest/doctest.h>
 
@@ -131,6 +134,51 @@ inline GradCheck check_gradient_numerically(const GPTConfig& config, const std::
                                           analytic.size(), 1e-3f, objective);
     CHECK(r.max_abs_error <= 5e-4);
     return r;
+}
+
+// A model's sizes, the other settings GPTConfig's defaults.
+inline GPTConfig gpt_config(int vocab_size, int block_size, int n_layer, int n_head, int n_embd) {
+    GPTConfig c;
+    c.vocab_size = vocab_size;
+    c.block_size = block_size;
+    c.n_layer = n_layer;
+    c.n_head = n_head;
+    c.n_embd = n_embd;
+    return c;
+}
+
+// A text of two sentences repeated, 600 lines: enough for the "tiny" recipe's batches.
+inline TextDataset repeated_sentences() {
+    std::string corpus;
+    for (int i = 0; i < 600; ++i) corpus += i % 3 ? "the cat sat. " : "a dog ran\n";
+    return make_dataset(corpus);
+}
+
+// The "tiny" recipe (2 heads, block 32) cut to 20 steps, 2 of warm-up.
+inline TrainConfig short_tiny_recipe() {
+    TrainConfig c = TrainConfig::named("tiny");
+    c.max_iters = c.lr_decay_iters = 20;
+    c.warmup_iters = 2;
+    return c;
+}
+
+// Runs `c` to its end, and again for 10 steps, saved to `dir` and resumed from there: the
+// resumed run's losses must be the whole run's bit for bit, and its model must generate
+// past its block. Returns the resumed trainer, at its end, for checks of what it kept.
+inline Trainer check_resume(const TrainConfig& c, const TextDataset& data, const fs::path& dir) {
+    Trainer whole(c, data);
+    std::vector<float> expected;
+    while (!whole.done()) expected.push_back(whole.train_step().loss);
+    Trainer first(c, data);
+    for (int i = 0; i < 10; ++i) first.train_step();
+    fs::remove_all(dir);
+    first.save(dir);
+    Trainer second = Trainer::load(dir, data);
+    for (std::size_t i = 10; i < expected.size(); ++i) CHECK(second.train_step().loss == expected[i]);
+    SampleOptions options;
+    options.max_new_tokens = 80;  // past the block of 32: the context is cropped
+    CHECK(generate_text(second.model(), data.vocab, "the", options).size() == 83);
+    return second;
 }
 
 }  // namespace attn::gpt_checks

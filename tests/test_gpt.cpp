@@ -71,12 +71,7 @@ TEST_CASE("ten AdamW steps with clipping follow PyTorch's losses") {
 
 TEST_CASE("the whole model's gradient agrees with finite differences, with dropout held fixed") {
     // A tiny model with large weights, so every nonlinearity is exercised.
-    GPTConfig config;
-    config.vocab_size = 11;
-    config.block_size = 8;
-    config.n_layer = 2;
-    config.n_head = 2;
-    config.n_embd = 8;
+    GPTConfig config = gpt_config(11, 8, 2, 2, 8);
     const int B = 2, T = 6;
     const std::vector<int> x = {1, 4, 2, 9, 0, 3, 10, 10, 5, 6, 7, 8};
     const std::vector<int> y = {4, 2, 9, 0, 3, 1, 10, 5, 6, 7, 8, 2};
@@ -95,12 +90,7 @@ TEST_CASE("the whole model's gradient agrees with finite differences, with dropo
 }
 
 TEST_CASE("initialisation follows nanoGPT and the loss at initialisation is about ln V") {
-    GPTConfig config;
-    config.vocab_size = 65;
-    config.block_size = 64;
-    config.n_layer = 4;
-    config.n_head = 4;
-    config.n_embd = 128;
+    GPTConfig config = gpt_config(65, 64, 4, 4, 128);
     GPT model(config, 1);
     CHECK(model.parameters().size() == config.num_parameters());
     // nanoGPT's count for this config: 65·128 + 64·128 + 4·(12·128² + 13·128) + 2·128.
@@ -142,12 +132,7 @@ TEST_CASE("initialisation follows nanoGPT and the loss at initialisation is abou
 }
 
 TEST_CASE("evaluation mode switches dropout off and training mode switches it on") {
-    GPTConfig config;
-    config.vocab_size = 11;
-    config.block_size = 8;
-    config.n_layer = 1;
-    config.n_head = 2;
-    config.n_embd = 8;
+    GPTConfig config = gpt_config(11, 8, 1, 2, 8);
     config.dropout = 0.5f;
     GPT with_dropout(config, 5);
     config.dropout = 0.0f;
@@ -161,12 +146,7 @@ TEST_CASE("evaluation mode switches dropout off and training mode switches it on
 }
 
 TEST_CASE("clip_grad_norm scales the gradient to the given norm and leaves small ones alone") {
-    GPTConfig config;
-    config.vocab_size = 3;
-    config.block_size = 2;
-    config.n_layer = 1;
-    config.n_head = 1;
-    config.n_embd = 2;
+    GPTConfig config = gpt_config(3, 2, 1, 1, 2);
     GPT model(config);
     std::vector<float>& g = model.gradients();
     std::fill(g.begin(), g.end(), 0.0f);
@@ -183,12 +163,7 @@ TEST_CASE("clip_grad_norm scales the gradient to the given norm and leaves small
 TEST_CASE("one AdamW step moves each weight by lr against its gradient's sign, plus decay") {
     // At step 1, m̂ = g and v̂ = g², so the update is lr·g/(|g| + eps) = lr·sign(g) for |g| ≫ eps;
     // decay multiplies the decayed tensors by (1 − lr·wd) first.
-    GPTConfig config;
-    config.vocab_size = 3;
-    config.block_size = 2;
-    config.n_layer = 1;
-    config.n_head = 1;
-    config.n_embd = 2;
+    GPTConfig config = gpt_config(3, 2, 1, 1, 2);
     GPT model(config);
     const std::vector<float> before = model.parameters();
     std::vector<float>& g = model.gradients();
@@ -207,12 +182,7 @@ TEST_CASE("one AdamW step moves each weight by lr against its gradient's sign, p
 }
 
 TEST_CASE("the forward pass rejects token ids outside the vocabulary and T beyond block_size") {
-    GPTConfig config;
-    config.vocab_size = 5;
-    config.block_size = 4;
-    config.n_layer = 1;
-    config.n_head = 1;
-    config.n_embd = 4;
+    GPTConfig config = gpt_config(5, 4, 1, 1, 4);
     GPT model(config);
     CHECK_THROWS_WITH_AS(model.forward({1, 5}, {}, 1, 2),
                          "GPT::forward: token id 5 at position 1 is outside [0, 5)",
@@ -229,12 +199,7 @@ TEST_CASE("the forward pass rejects token ids outside the vocabulary and T beyon
 TEST_CASE("the fused CPU attention gives the GPT the materialised attention's loss and gradients") {
     // hs = 64 and T = 200: several query and key tiles of the fused attention, the last ones
     // partial; B = 3 sequences split between the threads.
-    GPTConfig config;
-    config.vocab_size = 65;
-    config.block_size = 200;
-    config.n_layer = 2;
-    config.n_head = 2;
-    config.n_embd = 128;
+    GPTConfig config = gpt_config(65, 200, 2, 2, 128);
     for (bool causal : {true, false}) {
         CAPTURE(causal);
         config.causal = causal;
@@ -272,12 +237,7 @@ TEST_CASE("the fused CPU attention gives the GPT the materialised attention's lo
 }
 
 TEST_CASE("a fused-attention model trains with dropout on the materialised attention") {
-    GPTConfig config;
-    config.vocab_size = 65;
-    config.block_size = 16;
-    config.n_layer = 1;
-    config.n_head = 2;
-    config.n_embd = 16;
+    GPTConfig config = gpt_config(65, 16, 1, 2, 16);
     config.dropout = 0.1f;
     GPT materialised(config, 5), fused(config, 5);
     fused.set_attention(AttentionKind::fused);
@@ -295,12 +255,7 @@ TEST_CASE("without the attention scale the model equals a scaled one whose W_q i
     // with weights W has the loss of a scaled model with W_q multiplied by √hs, and by the
     // chain rule its W_q gradient is √hs times that model's; every other gradient is the same.
     // hs = 16 makes √hs = 4 a power of two, so the rescaled weights are exact in float.
-    GPTConfig config;
-    config.vocab_size = 11;
-    config.block_size = 8;
-    config.n_layer = 2;
-    config.n_head = 2;
-    config.n_embd = 32;  // hs = 16
+    GPTConfig config = gpt_config(11, 8, 2, 2, 32);  // hs = 16
     config.bias = false;
     const int C = config.n_embd, B = 3, T = 8;
     const float root_hs = 4.0f;

@@ -237,37 +237,24 @@ TEST_CASE("bad key/value head counts and windows are refused with one line") {
 
 TEST_CASE("grouped and windowed runs resume bit for bit, keep their attention, and generate "
           "text") {
-    std::string corpus;
-    for (int i = 0; i < 600; ++i) corpus += i % 3 ? "the cat sat. " : "a dog ran\n";
-    const TextDataset data = make_dataset(corpus);
+    const TextDataset data = repeated_sentences();
     const fs::path dir = fs::temp_directory_path() / "attn_test_gqa_resume";
     struct Case { int G, W; Position position; };
     for (const Case& k : {Case{1, 0, Position::learned}, Case{1, 8, Position::learned},
                           Case{1, 8, Position::rope}}) {
         CAPTURE(k.G);
         CAPTURE(k.W);
-        TrainConfig c = TrainConfig::named("tiny");  // 2 heads
-        c.max_iters = c.lr_decay_iters = 20;
-        c.warmup_iters = 2;
+        TrainConfig c = short_tiny_recipe();  // 2 heads
         c.n_kv_head = k.G;
         c.window = k.W;
         c.position = k.position;
-        Trainer whole(c, data);
-        std::vector<float> expected;
-        while (!whole.done()) expected.push_back(whole.train_step().loss);
-        Trainer first(c, data);
-        for (int i = 0; i < 10; ++i) first.train_step();
-        fs::remove_all(dir);
-        first.save(dir);
-        Trainer second = Trainer::load(dir, data);
+        Trainer second = check_resume(c, data, dir);
         CHECK(second.model().config().kv_heads() == k.G);
         CHECK(second.model().config().window == k.W);
         CHECK(second.config().n_kv_head == k.G);
         CHECK(second.config().window == k.W);
-        for (std::size_t i = 10; i < expected.size(); ++i) CHECK(second.train_step().loss == expected[i]);
         SampleOptions options;
         options.max_new_tokens = 80;  // past the block of 32: the context is cropped
-        CHECK(generate_text(second.model(), data.vocab, "the", options).size() == 83);
         if (k.position == Position::learned)
             CHECK(generate_cached(second.model(), data.vocab, "the", options) ==
                   generate_text(second.model(), data.vocab, "the", options));

@@ -281,31 +281,16 @@ TEST_CASE("the KV cache refuses RoPE and ALiBi models with one line") {
 }
 
 TEST_CASE("RoPE and ALiBi runs resume bit for bit, keep their scheme, and generate text") {
-    std::string corpus;
-    for (int i = 0; i < 600; ++i) corpus += i % 3 ? "the cat sat. " : "a dog ran\n";
-    const TextDataset data = make_dataset(corpus);
+    const TextDataset data = repeated_sentences();
     const fs::path dir = fs::temp_directory_path() / "attn_test_positions_resume";
     for (Position position : {Position::rope, Position::alibi}) {
         const std::string scheme = position_name(position);
         CAPTURE(scheme);
-        TrainConfig c = TrainConfig::named("tiny");
-        c.max_iters = c.lr_decay_iters = 20;
-        c.warmup_iters = 2;
+        TrainConfig c = short_tiny_recipe();
         c.position = position;
-        Trainer whole(c, data);
-        std::vector<float> expected;
-        while (!whole.done()) expected.push_back(whole.train_step().loss);
-        Trainer first(c, data);
-        for (int i = 0; i < 10; ++i) first.train_step();
-        fs::remove_all(dir);
-        first.save(dir);
-        Trainer second = Trainer::load(dir, data);
+        const Trainer second = check_resume(c, data, dir);
         CHECK(second.model().config().position == position);
         CHECK(second.config().position == position);
-        for (std::size_t i = 10; i < expected.size(); ++i) CHECK(second.train_step().loss == expected[i]);
-        SampleOptions options;
-        options.max_new_tokens = 80;  // past the block of 32: the context is cropped
-        CHECK(generate_text(second.model(), data.vocab, "the", options).size() == 83);
     }
     fs::remove_all(dir);
 }

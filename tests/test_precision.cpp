@@ -3,6 +3,7 @@
 // nearest-value search in double for bfloat16; ranges, spacing, rounding counts, loss
 // scaling; and the 16-bit attention of mixed_attention.hpp against float64 with
 // FlashAttention's rule.
+#include "attn/bits.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/gpt.hpp"
@@ -27,17 +28,6 @@ using namespace attn;
 namespace {
 
 const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "precision";
-
-std::uint32_t bits_of(float x) {
-    std::uint32_t b;
-    std::memcpy(&b, &x, sizeof b);
-    return b;
-}
-float float_of(std::uint32_t b) {
-    float x;
-    std::memcpy(&x, &b, sizeof x);
-    return x;
-}
 
 bool is_nan16(std::uint16_t h, int mantissa_bits) {
     const std::uint16_t exponent = static_cast<std::uint16_t>(((1u << (15 - mantissa_bits)) - 1u) << mantissa_bits);
@@ -274,26 +264,18 @@ TEST_CASE("16-bit attention: the online softmax with float32 statistics passes F
     const AttentionShape s{1, 2, 1024, 64, true};
     for (Precision format : {Precision::fp16, Precision::bf16}) {
         CAPTURE(precision_name(format));
-        Rng rng(format == Precision::fp16 ? 16 : 17);
         const std::size_t n = s.qkv_size();
-        std::vector<float> q(n), k(n), v(n);
-        for (auto* x : {&q, &k, &v}) {
-            for (float& e : *x) e = rng.normal();
-            round_in_place(x->data(), n, format);
-        }
-        std::vector<double> ref(n);
-        attention_reference_forward(ref.data(), nullptr, to_double(q.data(), n).data(),
-                                    to_double(k.data(), n).data(), to_double(v.data(), n).data(), s);
+        const RoundedAttentionInputs in = rounded_attention_inputs(s, format, format == Precision::fp16 ? 16 : 17);
+        const float *q = in.q.data(), *k = in.k.data(), *v = in.v.data();
+        const double* ref = in.out.data();
         std::vector<float> plain(n), online(n), half_stats(n);
-        attention_plain_rounded_forward(plain.data(), q.data(), k.data(), v.data(), s, format);
-        attention_flash_rounded_forward(online.data(), nullptr, q.data(), k.data(), v.data(), s, format,
-                                        Precision::fp32);
-        attention_flash_rounded_forward(half_stats.data(), nullptr, q.data(), k.data(), v.data(), s,
-                                        format, format);
-        const double e_plain = max_abs_error(plain.data(), ref.data(), n);
-        const double e_online = max_abs_error(online.data(), ref.data(), n);
-        const double e_half = max_abs_error(half_stats.data(), ref.data(), n);
-        const double scale = max_abs(ref.data(), n);
+        attention_plain_rounded_forward(plain.data(), q, k, v, s, format);
+        attention_flash_rounded_forward(online.data(), nullptr, q, k, v, s, format, Precision::fp32);
+        attention_flash_rounded_forward(half_stats.data(), nullptr, q, k, v, s, format, format);
+        const double e_plain = max_abs_error(plain.data(), ref, n);
+        const double e_online = max_abs_error(online.data(), ref, n);
+        const double e_half = max_abs_error(half_stats.data(), ref, n);
+        const double scale = max_abs(ref, n);
         CAPTURE(e_plain);
         CAPTURE(e_online);
         CAPTURE(e_half);

@@ -56,6 +56,49 @@ double fd_error(Tensor2& x, const Tensor2& analytic, const std::function<double(
     return attn::finite_difference(x.data(), analytic.data(), x.size(), h, loss).max_abs_error;
 }
 
+// The exercise's attention gradients against finite differences of the library's forward
+// pass, for q and k (T, hs) of spread `size`, and random v and dout.
+void check_attention_gradients(attn::Rng& rng, std::size_t T, std::size_t hs, float size) {
+    Tensor2 q = rng.normal_tensor<2>({T, hs}, 0.0f, size), k = rng.normal_tensor<2>({T, hs}, 0.0f, size),
+            v = rng.normal_tensor<2>({T, hs});
+    const Tensor2 dout = rng.normal_tensor<2>({T, hs});
+    const auto g = exercise::attention_backward(dout, q, k, v, head_forward(q, k, v).w);
+    auto loss = [&] { return weighted(head_forward(q, k, v).out, dout); };
+    const double eq = fd_error(q, g.dq, loss), ek = fd_error(k, g.dk, loss),
+                 ev = fd_error(v, g.dv, loss);
+    MESSAGE("max |analytic - numeric|: dq " << eq << ", dk " << ek << ", dv " << ev);
+    CHECK(eq <= fd_tol);
+    CHECK(ek <= fd_tol);
+    CHECK(ev <= fd_tol);
+}
+
+// The exercise's LayerNorm gradients against finite differences of the library's forward
+// pass, for x (N, C) drawn around `centre` with spread `spread`, and random weight, bias
+// and dout.
+void check_layernorm_gradients(attn::Rng& rng, std::size_t N, std::size_t C, float centre,
+                               float spread) {
+    Tensor2 x = rng.normal_tensor<2>({N, C}, centre, spread);
+    Tensor1 weight = rng.normal_tensor<1>({C}), bias = rng.normal_tensor<1>({C});
+    const Tensor2 dout = rng.normal_tensor<2>({N, C});
+    const auto g = exercise::layernorm_backward(dout, x, weight);
+    Tensor2 y({N, C});
+    std::vector<float> mean(N), rstd(N);
+    auto loss = [&] {
+        attn::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(),
+                                bias.data(), 1, static_cast<int>(N), static_cast<int>(C));
+        return weighted(y, dout);
+    };
+    const double ex = fd_error(x, g.dx, loss);
+    const double ew =
+        attn::finite_difference(weight.data(), g.dweight.data(), C, h, loss).max_abs_error;
+    const double eb =
+        attn::finite_difference(bias.data(), g.dbias.data(), C, h, loss).max_abs_error;
+    MESSAGE("max |analytic - numeric|: dx " << ex << ", dweight " << ew << ", dbias " << eb);
+    CHECK(ex <= fd_tol);
+    CHECK(ew <= fd_tol);
+    CHECK(eb <= fd_tol);
+}
+
 }  // namespace
 
 TEST_CASE("a single token attends to itself: all of dout goes to its value") {
@@ -86,17 +129,7 @@ TEST_CASE("a two-token example matches gradients worked by hand") {
 
 TEST_CASE("dq, dk and dv agree with finite differences of the forward pass") {
     attn::Rng rng(10);
-    Tensor2 q = rng.normal_tensor<2>({6, 4}), k = rng.normal_tensor<2>({6, 4}),
-            v = rng.normal_tensor<2>({6, 4});
-    const Tensor2 dout = rng.normal_tensor<2>({6, 4});
-    const auto g = exercise::attention_backward(dout, q, k, v, head_forward(q, k, v).w);
-    auto loss = [&] { return weighted(head_forward(q, k, v).out, dout); };
-    const double eq = fd_error(q, g.dq, loss), ek = fd_error(k, g.dk, loss),
-                 ev = fd_error(v, g.dv, loss);
-    MESSAGE("max |analytic - numeric|: dq " << eq << ", dk " << ek << ", dv " << ev);
-    CHECK(eq <= fd_tol);
-    CHECK(ek <= fd_tol);
-    CHECK(ev <= fd_tol);
+    check_attention_gradients(rng, 6, 4, 1.0f);
 }
 
 TEST_CASE("heads wider than the sequence, longer sequences, and sharper weights") {
@@ -111,18 +144,7 @@ TEST_CASE("heads wider than the sequence, longer sequences, and sharper weights"
         CAPTURE(c.T);
         CAPTURE(c.hs);
         CAPTURE(c.size);
-        Tensor2 q = rng.normal_tensor<2>({c.T, c.hs}, 0.0f, c.size),
-                k = rng.normal_tensor<2>({c.T, c.hs}, 0.0f, c.size),
-                v = rng.normal_tensor<2>({c.T, c.hs});
-        const Tensor2 dout = rng.normal_tensor<2>({c.T, c.hs});
-        const auto g = exercise::attention_backward(dout, q, k, v, head_forward(q, k, v).w);
-        auto loss = [&] { return weighted(head_forward(q, k, v).out, dout); };
-        const double eq = fd_error(q, g.dq, loss), ek = fd_error(k, g.dk, loss),
-                     ev = fd_error(v, g.dv, loss);
-        MESSAGE("max |analytic - numeric|: dq " << eq << ", dk " << ek << ", dv " << ev);
-        CHECK(eq <= fd_tol);
-        CHECK(ek <= fd_tol);
-        CHECK(ev <= fd_tol);
+        check_attention_gradients(rng, c.T, c.hs, c.size);
     }
 }
 
@@ -141,27 +163,7 @@ TEST_CASE("the mask: the first query's gradient reaches the first key and value 
 
 TEST_CASE("LayerNorm's gradients agree with finite differences of the forward pass") {
     attn::Rng rng(12);
-    const int N = 4, C = 6;
-    Tensor2 x = rng.normal_tensor<2>({4, 6}, 0.5f, 2.0f);
-    Tensor1 weight = rng.normal_tensor<1>({6}), bias = rng.normal_tensor<1>({6});
-    const Tensor2 dout = rng.normal_tensor<2>({4, 6});
-    const auto g = exercise::layernorm_backward(dout, x, weight);
-    Tensor2 y({4, 6});
-    std::vector<float> mean(N), rstd(N);
-    auto loss = [&] {
-        attn::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(),
-                                bias.data(), 1, N, C);
-        return weighted(y, dout);
-    };
-    const double ex = fd_error(x, g.dx, loss);
-    const double ew =
-        attn::finite_difference(weight.data(), g.dweight.data(), C, h, loss).max_abs_error;
-    const double eb =
-        attn::finite_difference(bias.data(), g.dbias.data(), C, h, loss).max_abs_error;
-    MESSAGE("max |analytic - numeric|: dx " << ex << ", dweight " << ew << ", dbias " << eb);
-    CHECK(ex <= fd_tol);
-    CHECK(ew <= fd_tol);
-    CHECK(eb <= fd_tol);
+    check_layernorm_gradients(rng, 4, 6, 0.5f, 2.0f);
 }
 
 TEST_CASE("LayerNorm's gradients for one row of two channels, and rows far from zero") {
@@ -176,27 +178,7 @@ TEST_CASE("LayerNorm's gradients for one row of two channels, and rows far from 
         CAPTURE(c.N);
         CAPTURE(c.C);
         CAPTURE(c.mean);
-        const std::size_t N = static_cast<std::size_t>(c.N), C = static_cast<std::size_t>(c.C);
-        Tensor2 x = rng.normal_tensor<2>({N, C}, c.mean, 1.0f);
-        Tensor1 weight = rng.normal_tensor<1>({C}), bias = rng.normal_tensor<1>({C});
-        const Tensor2 dout = rng.normal_tensor<2>({N, C});
-        const auto g = exercise::layernorm_backward(dout, x, weight);
-        Tensor2 y({N, C});
-        std::vector<float> mean(N), rstd(N);
-        auto loss = [&] {
-            attn::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), weight.data(),
-                                    bias.data(), 1, c.N, c.C);
-            return weighted(y, dout);
-        };
-        const double ex = fd_error(x, g.dx, loss);
-        const double ew =
-            attn::finite_difference(weight.data(), g.dweight.data(), C, h, loss).max_abs_error;
-        const double eb =
-            attn::finite_difference(bias.data(), g.dbias.data(), C, h, loss).max_abs_error;
-        MESSAGE("max |analytic - numeric|: dx " << ex << ", dweight " << ew << ", dbias " << eb);
-        CHECK(ex <= fd_tol);
-        CHECK(ew <= fd_tol);
-        CHECK(eb <= fd_tol);
+        check_layernorm_gradients(rng, static_cast<std::size_t>(c.N), static_cast<std::size_t>(c.C), c.mean, 1.0f);
     }
 }
 

@@ -26,6 +26,14 @@ UlyssesAttention::UlyssesAttention(const AttentionShape& shape) : shape_(shape) 
     local_floats_ = shape.B * shape.NH * chunk_ * shape.hs;
 }
 
+void UlyssesAttention::exchange(std::size_t per_rank) {
+    const double start = wall_seconds();
+    MPI_Alltoall(send_.data(), static_cast<int>(per_rank), MPI_FLOAT, receive_.data(),
+                 static_cast<int>(per_rank), MPI_FLOAT, MPI_COMM_WORLD);
+    stats_.exchange_seconds += wall_seconds() - start;
+    stats_.bytes_sent += static_cast<std::size_t>(size_ - 1) * per_rank * sizeof(float);
+}
+
 void UlyssesAttention::to_heads(float* const* heads, const float* const* sequence, int count,
                                 std::size_t width) {
     const std::size_t B = shape_.B, NH = shape_.NH, T = shape_.T, c = chunk_, g = group_;
@@ -43,11 +51,7 @@ void UlyssesAttention::to_heads(float* const* heads, const float* const* sequenc
             }
         }
     }
-    const double start = wall_seconds();
-    MPI_Alltoall(send_.data(), static_cast<int>(per_rank), MPI_FLOAT, receive_.data(),
-                 static_cast<int>(per_rank), MPI_FLOAT, MPI_COMM_WORLD);
-    stats_.exchange_seconds += wall_seconds() - start;
-    stats_.bytes_sent += static_cast<std::size_t>(size_ - 1) * per_rank * sizeof(float);
+    exchange(per_rank);
     // From rank p: its positions [p·c, (p + 1)·c) of this rank's heads.
     for (int p = 0; p < size_; ++p) {
         const float* from = receive_.data() + static_cast<std::size_t>(p) * per_rank;
@@ -80,11 +84,7 @@ void UlyssesAttention::to_sequence(float* const* sequence, const float* const* h
             }
         }
     }
-    const double start = wall_seconds();
-    MPI_Alltoall(send_.data(), static_cast<int>(per_rank), MPI_FLOAT, receive_.data(),
-                 static_cast<int>(per_rank), MPI_FLOAT, MPI_COMM_WORLD);
-    stats_.exchange_seconds += wall_seconds() - start;
-    stats_.bytes_sent += static_cast<std::size_t>(size_ - 1) * per_rank * sizeof(float);
+    exchange(per_rank);
     // From rank p: heads [p·g, (p + 1)·g) of this rank's positions.
     for (int p = 0; p < size_; ++p) {
         const float* from = receive_.data() + static_cast<std::size_t>(p) * per_rank;

@@ -2,6 +2,7 @@
 // and the online softmax with float32 statistics (see mixed_attention.hpp).
 #include "attn/mixed_attention.hpp"
 
+#include "attn/random.hpp"
 #include "attn/tensor.hpp"
 
 #include <algorithm>
@@ -98,6 +99,24 @@ void attention_flash_rounded_forward(float* out, float* lse, const float* q, con
             if (lse) lse[bh * s.T + i] = m + std::log(l);
         }
     }
+}
+
+RoundedAttentionInputs rounded_attention_inputs(const AttentionShape& shape, Precision format,
+                                                std::uint64_t seed) {
+    Rng rng(seed);
+    const std::size_t n = shape.qkv_size();
+    RoundedAttentionInputs in;
+    for (std::vector<float>* x : {&in.q, &in.k, &in.v}) {
+        x->resize(n);
+        for (float& e : *x) e = rng.normal();
+        round_in_place(x->data(), n, format);
+    }
+    in.out.resize(n);
+    in.lse.resize(shape.rows());
+    attention_reference_forward(in.out.data(), in.lse.data(), to_double(in.q.data(), n).data(),
+                                to_double(in.k.data(), n).data(), to_double(in.v.data(), n).data(),
+                                shape);
+    return in;
 }
 
 }  // namespace attn

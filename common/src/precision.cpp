@@ -1,6 +1,8 @@
 // The 16-bit formats: conversions by bit rounding, ranges, spacing, loss scaling.
 #include "attn/precision.hpp"
 
+#include "attn/bits.hpp"
+
 #include "simd_clones.hpp"
 
 #include <algorithm>
@@ -10,22 +12,6 @@
 #include <stdexcept>
 
 namespace attn {
-
-namespace {
-
-std::uint32_t bits_of(float x) {
-    std::uint32_t b;
-    std::memcpy(&b, &x, sizeof b);
-    return b;
-}
-
-float float_of(std::uint32_t b) {
-    float x;
-    std::memcpy(&x, &b, sizeof x);
-    return x;
-}
-
-}  // namespace
 
 const char* precision_name(Precision p) {
     switch (p) {

@@ -1,6 +1,7 @@
 // The training loop around the GPT: recipes, steps, evaluation, checkpoints, sampling.
 #include "attn/trainer.hpp"
 
+#include "attn/bits.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/npy.hpp"
 #include "attn/plot.hpp"
@@ -206,17 +207,6 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
         throw CheckpointError(file.string() + ": " + e.what());
     }
     return c;
-}
-
-std::uint32_t float_bits(float f) {
-    std::uint32_t u;
-    std::memcpy(&u, &f, sizeof u);
-    return u;
-}
-float bits_float(std::uint32_t u) {
-    float f;
-    std::memcpy(&f, &u, sizeof f);
-    return f;
 }
 
 std::string describe(float x) {
@@ -515,7 +505,7 @@ void Trainer::save(const fs::path& dir) {
                   {"loss_scaler", {{"scale", scaler_.scale}, {"good_steps", scaler_.good_steps},
                                    {"skipped_steps", scaler_.skipped_steps}}},
                   {"batch_rng", {{"words", rs.words}, {"has_spare", rs.has_spare},
-                                 {"spare_bits", float_bits(rs.spare)}}}};
+                                 {"spare_bits", bits_of(rs.spare)}}}};
         std::ofstream out(tmp / "trainer.json");
         out << j.dump(2) << "\n";
         if (!out) throw CheckpointError((dir / "trainer.json").string() + ": cannot write");
@@ -561,7 +551,7 @@ std::uint64_t Trainer::state_fingerprint() const {
     add(&step_, sizeof step_);
     const Rng::State rs = batch_rng_.state();
     add(rs.words.data(), sizeof rs.words);
-    const std::uint32_t spare = rs.has_spare ? float_bits(rs.spare) : 0u;
+    const std::uint32_t spare = rs.has_spare ? bits_of(rs.spare) : 0u;
     add(&spare, sizeof spare);
     add(data_.train.data(), data_.train.size() * sizeof(int));
     add(data_.val.data(), data_.val.size() * sizeof(int));
@@ -631,7 +621,7 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
     Rng::State rs;
     rs.words = field<std::array<std::uint64_t, 4>>(rj, "words", file);
     rs.has_spare = field<bool>(rj, "has_spare", file);
-    rs.spare = bits_float(field<std::uint32_t>(rj, "spare_bits", file));
+    rs.spare = float_of(field<std::uint32_t>(rj, "spare_bits", file));
     try {
         t.batch_rng_ = Rng::from_state(rs);
     } catch (const std::invalid_argument& e) {

@@ -357,16 +357,10 @@ void online_softmax_in_16_bits(const LessonOptions& options) {
     std::printf("%-6s %14s %24s %26s\n", "format", "plain 16-bit", "online, fp32 statistics",
                 "online, 16-bit statistics");
     for (Precision format : {Precision::fp16, Precision::bf16}) {
-        Rng rng(format == Precision::fp16 ? 1816 : 1817);
         const std::size_t n = shape.qkv_size();
-        std::vector<float> q(n), k(n), v(n);
-        for (auto* x : {&q, &k, &v}) {
-            for (float& e : *x) e = rng.normal();
-            round_in_place(x->data(), n, format);
-        }
-        std::vector<double> ref(n);
-        attention_reference_forward(ref.data(), nullptr, to_double(q.data(), n).data(),
-                                    to_double(k.data(), n).data(), to_double(v.data(), n).data(), shape);
+        // q, k, v rounded to the format, and the float64 attention of those values
+        const auto [q, k, v, ref, ref_lse] =
+            rounded_attention_inputs(shape, format, format == Precision::fp16 ? 1816 : 1817);
         //! [online16]
         std::vector<float> plain(n), online(n), stats16(n);
         attention_plain_rounded_forward(plain.data(), q.data(), k.data(), v.data(), shape, format);
@@ -616,16 +610,9 @@ void tensor_cores() {
     std::printf("B=%zu NH=%zu T=%zu hs=%zu causal; errors against float64 of the 16-bit inputs\n", shape.B,
                 shape.NH, shape.T, shape.hs);
     for (Precision format : {Precision::fp16, Precision::bf16}) {
-        Rng rng(7);
         const std::size_t n = shape.qkv_size();
-        std::vector<float> q(n), k(n), v(n);
-        for (auto* x : {&q, &k, &v}) {
-            for (float& e : *x) e = rng.normal();
-            round_in_place(x->data(), n, format);
-        }
-        std::vector<double> ref(n);
-        attention_reference_forward(ref.data(), nullptr, to_double(q.data(), n).data(),
-                                    to_double(k.data(), n).data(), to_double(v.data(), n).data(), shape);
+        // q, k, v rounded to the format, and the float64 attention of those values
+        const auto [q, k, v, ref, ref_lse] = rounded_attention_inputs(shape, format, 7);
         std::vector<float> plain(n);
         attention_plain_rounded_forward(plain.data(), q.data(), k.data(), v.data(), shape, format);
         const double e_plain = max_abs_error(plain.data(), ref.data(), n);

@@ -8,6 +8,7 @@
 #include "attn/cuda/device.hpp"
 #include "attn/flash.hpp"
 #include "attn/random.hpp"
+#include "device_main.hpp"
 
 #include <algorithm>
 #include <cstdio>
@@ -115,13 +116,7 @@ bool check_case(const AttentionShape& s, std::uint64_t seed) {
 }  // namespace
 
 int main() {
-    std::string why;
-    if (!cuda::device_available(&why)) {
-        std::printf("skipped: no usable CUDA device (%s)\n", why.c_str());
-        return 0;
-    }
-    try {
-        std::printf("CUDA device 0: %s\n", cuda::device_summary().c_str());
+    return run_on_device([] {
         // T below, at, and not a multiple of the 64-row tile; both head sizes; causal and not.
         const AttentionShape cases[] = {
             {2, 3, 1, 64, true},    {2, 3, 63, 64, true},   {2, 3, 64, 64, false},
@@ -136,8 +131,5 @@ int main() {
         }
         std::printf("all %zu cases pass FlashAttention's rule\n", std::size(cases));
         return 0;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
-        return 1;
-    }
+    });
 }

@@ -282,15 +282,21 @@ cuda::CudaOptions fused_options() {
     o.attention = cuda::AttentionKind::fused;
     return o;
 }
-}  // namespace
 
-TEST_CASE("with the fused attention, the GPU model's logits, loss and gradients match the CPU's") {
-    GPT cpu(fused_config(0.0f), 7);
-    cuda::CudaGPT gpu(cpu, fused_options());
-    const std::size_t n = static_cast<std::size_t>(fused_B) * fused_T;
-    const std::vector<int> x = random_tokens(n, 21, 65), y = random_tokens(n, 22, 65);
-    const float cpu_loss = cpu.forward(x.data(), y.data(), fused_B, fused_T);
-    const float gpu_loss = gpu.forward(x.data(), y.data(), fused_B, fused_T);
+// The logits, loss and every gradient of `cpu` and of its copy on the GPU, in `mode`
+// (training: with dropout, both seeded alike), on one batch of random tokens drawn from
+// `seed` (the next tokens from seed + 1).
+void check_same_pass(GPT& cpu, const cuda::CudaOptions& options, int batch, int time,
+                     bool training, std::uint64_t seed = 51) {
+    cuda::CudaGPT gpu(cpu, options);
+    const std::size_t n = static_cast<std::size_t>(batch) * time;
+    const std::vector<int> x = random_tokens(n, seed, 65), y = random_tokens(n, seed + 1, 65);
+    cpu.train(training);
+    gpu.train(training);
+    cpu.seed_dropout(77);
+    gpu.seed_dropout(77);
+    const float cpu_loss = cpu.forward(x.data(), y.data(), batch, time);
+    const float gpu_loss = gpu.forward(x.data(), y.data(), batch, time);
     CHECK(std::fabs(gpu_loss - cpu_loss) <= fp32_tolerance.relative * cpu_loss);
     std::vector<float> logits, grads;
     gpu.copy_logits_to(logits);
@@ -300,12 +306,18 @@ TEST_CASE("with the fused attention, the GPU model's logits, loss and gradients 
     gpu.zero_grad();
     gpu.backward();
     gpu.copy_gradients_to(grads);
-    // The fused backward sums in another order than the CPU: fp32 rounding, inside the
-    // same tolerance as the materialised path.
     for (const ParameterInfo& info : cpu.parameter_table()) {
         check_close(info.name.c_str(), grads.data() + info.offset,
                     cpu.gradients().data() + info.offset, info.size, fp32_tolerance);
     }
+}
+}  // namespace
+
+TEST_CASE("with the fused attention, the GPU model's logits, loss and gradients match the CPU's") {
+    // The fused backward sums in another order than the CPU: fp32 rounding, inside the
+    // same tolerance as the materialised path.
+    GPT cpu(fused_config(0.0f), 7);
+    check_same_pass(cpu, fused_options(), fused_B, fused_T, false, 21);
 }
 
 TEST_CASE("with dropout, the fused and materialised attention draw the same masks") {
@@ -353,36 +365,6 @@ TEST_CASE("with dropout, the fused and materialised attention draw the same mask
     MESSAGE("gradient change with another dropout seed: " << change / scale << " of the largest");
     CHECK(change > 100.0f * fp32_tolerance.relative * scale);
 }
-
-namespace {
-// The logits, loss and every gradient of `cpu` and of its copy on the GPU, in `mode`
-// (training: with dropout, both seeded alike), on one batch.
-void check_same_pass(GPT& cpu, const cuda::CudaOptions& options, int batch, int time,
-                     bool training) {
-    cuda::CudaGPT gpu(cpu, options);
-    const std::size_t n = static_cast<std::size_t>(batch) * time;
-    const std::vector<int> x = random_tokens(n, 51, 65), y = random_tokens(n, 52, 65);
-    cpu.train(training);
-    gpu.train(training);
-    cpu.seed_dropout(77);
-    gpu.seed_dropout(77);
-    const float cpu_loss = cpu.forward(x.data(), y.data(), batch, time);
-    const float gpu_loss = gpu.forward(x.data(), y.data(), batch, time);
-    CHECK(std::fabs(gpu_loss - cpu_loss) <= fp32_tolerance.relative * cpu_loss);
-    std::vector<float> logits, grads;
-    gpu.copy_logits_to(logits);
-    check_close("logits", logits.data(), cpu.logits().data(), logits.size(), fp32_tolerance);
-    cpu.zero_grad();
-    cpu.backward();
-    gpu.zero_grad();
-    gpu.backward();
-    gpu.copy_gradients_to(grads);
-    for (const ParameterInfo& info : cpu.parameter_table()) {
-        check_close(info.name.c_str(), grads.data() + info.offset,
-                    cpu.gradients().data() + info.offset, info.size, fp32_tolerance);
-    }
-}
-}  // namespace
 
 TEST_CASE("without the causal mask or the attention scale, the GPU model is the CPU model") {
     // Either change moves the loss by ~1e-3 and the attention gradients by far more than

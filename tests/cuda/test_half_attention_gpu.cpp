@@ -11,7 +11,7 @@
 #include "attn/cuda/device.hpp"
 #include "attn/cuda/half_attention.hpp"
 #include "attn/mixed_attention.hpp"
-#include "attn/random.hpp"
+#include "device_main.hpp"
 
 #if ATTN_CUDA_SIMULATED
 #include "attention_wmma.cuh"
@@ -39,27 +39,17 @@ using Kernel = std::function<void(HalfBuffer&, float*, const HalfBuffer&, const 
 struct Problem {
     AttentionShape shape;
     Precision format;
-    std::vector<float> q, k, v;  // values of the format
-    std::vector<double> out_ref, lse_ref;
+    RoundedAttentionInputs in;  // q, k, v (values of the format), the float64 out and lse
     std::vector<float> out_plain;
     double plain_error = 0.0, scale = 0.0;
 
-    Problem(const AttentionShape& s, Precision f, std::uint64_t seed) : shape(s), format(f) {
-        Rng rng(seed);
+    Problem(const AttentionShape& s, Precision f, std::uint64_t seed)
+        : shape(s), format(f), in(rounded_attention_inputs(s, f, seed)) {
         const std::size_t n = s.qkv_size();
-        for (auto* x : {&q, &k, &v}) {
-            x->resize(n);
-            for (float& e : *x) e = rng.normal();
-            round_in_place(x->data(), n, f);
-        }
-        out_ref.resize(n);
-        lse_ref.resize(s.rows());
-        attention_reference_forward(out_ref.data(), lse_ref.data(), to_double(q.data(), n).data(),
-                                    to_double(k.data(), n).data(), to_double(v.data(), n).data(), s);
         out_plain.resize(n);
-        attention_plain_rounded_forward(out_plain.data(), q.data(), k.data(), v.data(), s, f);
-        plain_error = max_abs_error(out_plain.data(), out_ref.data(), n);
-        scale = max_abs(out_ref.data(), n);
+        attention_plain_rounded_forward(out_plain.data(), in.q.data(), in.k.data(), in.v.data(), s, f);
+        plain_error = max_abs_error(out_plain.data(), in.out.data(), n);
+        scale = max_abs(in.out.data(), n);
     }
 };
 
@@ -70,7 +60,7 @@ struct Result {
 
 Result run(const Problem& p, const Kernel& kernel) {
     const std::size_t n = p.shape.qkv_size();
-    HalfBuffer q(p.q, p.format), k(p.k, p.format), v(p.v, p.format);
+    HalfBuffer q(p.in.q, p.format), k(p.in.k, p.format), v(p.in.v, p.format);
     // Poisoned outputs: a value the kernel forgets to write shows up.
     HalfBuffer out(std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()), p.format);
     DeviceBuffer lse(std::vector<float>(p.shape.rows(), 1e30f));
@@ -78,8 +68,8 @@ Result run(const Problem& p, const Kernel& kernel) {
     cuda::synchronize();
     const std::vector<float> o = out.download(), l = lse.download();
     Result r;
-    r.error = max_abs_error(o.data(), p.out_ref.data(), n);
-    r.lse_error = max_abs_error(l.data(), p.lse_ref.data(), p.shape.rows());
+    r.error = max_abs_error(o.data(), p.in.out.data(), n);
+    r.lse_error = max_abs_error(l.data(), p.in.lse.data(), p.shape.rows());
     r.rule = passes_flash_rule(r.error, p.plain_error, p.scale);
     return r;
 }
@@ -93,13 +83,7 @@ bool plain_is_sound(const Problem& p) {
 }  // namespace
 
 int main() {
-    std::string why;
-    if (!cuda::device_available(&why)) {
-        std::printf("skipped: no usable CUDA device (%s)\n", why.c_str());
-        return 0;
-    }
-    try {
-        std::printf("CUDA device 0: %s\n", cuda::device_summary().c_str());
+    return run_on_device([] {
 #if ATTN_CUDA_SIMULATED
         // The simulator runs each WMMA call as a warp-wide exchange: short sequences.
         const AttentionShape cases[] = {
@@ -194,8 +178,5 @@ int main() {
         }
         std::printf("all %d kernel runs pass FlashAttention's rule for half precision\n", checked);
         return 0;
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "error: %s\n", e.what());
-        return 1;
-    }
+    });
 }

@@ -2,38 +2,14 @@
 // limits a GPU enforces, a barrier not all threads reach, the race check, and cuBLAS's
 // column-major semantics against products computed by hand.
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
-#include "cuda_sim.hpp"
+#include "sim_buffer.hpp"
 
 #include <doctest/doctest.h>
 
 #include <string>
 #include <vector>
 
-#define ATTN_LAUNCH(kernel, grid, block, shared_bytes, stream)                                 \
-    ::cuda_sim::make_launcher(                                                               \
-        #kernel, &kernel, [](auto... attn_args_) { kernel(attn_args_...); }, grid, block,  \
-        shared_bytes, stream)
-#define ATTN_DYNAMIC_SHARED(type, name) \
-    type* name = static_cast<type*>(::cuda_sim::dynamic_shared_memory())
-
 namespace {
-
-// A device buffer of n ints or floats for one test.
-template <class T>
-struct Buffer {
-    T* p = nullptr;
-    std::size_t n;
-    explicit Buffer(std::size_t n_) : n(n_) { REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess); }
-    Buffer(const std::vector<T>& host) : Buffer(host.size()) {
-        REQUIRE(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-    }
-    ~Buffer() { cudaFree(p); }
-    std::vector<T> get() const {
-        std::vector<T> h(n);
-        REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-        return h;
-    }
-};
 
 __global__ void write_indices(int* out) {
     const unsigned block = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);

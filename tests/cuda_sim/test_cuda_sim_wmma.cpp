@@ -5,7 +5,7 @@
 // each broken once: a lane that skips a call, lanes passing different pointers, a
 // misaligned pointer, a leading dimension that is not a multiple of 16 bytes, a warp of
 // fewer than 32 threads.
-#include "cuda_sim.hpp"
+#include "sim_buffer.hpp"
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
 #include "mma.h"
@@ -21,30 +21,9 @@
 #include <string>
 #include <vector>
 
-#define ATTN_LAUNCH(kernel, grid, block, shared_bytes, stream)                                 \
-    ::cuda_sim::make_launcher(                                                               \
-        #kernel, &kernel, [](auto... attn_args_) { kernel(attn_args_...); }, grid, block,  \
-        shared_bytes, stream)
-
 using namespace nvcuda;
 
 namespace {
-
-template <class T>
-struct Buffer {
-    T* p = nullptr;
-    std::size_t n;
-    explicit Buffer(std::size_t n_) : n(n_) { REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess); }
-    explicit Buffer(const std::vector<T>& host) : Buffer(host.size()) {
-        REQUIRE(cudaMemcpy(p, host.data(), n * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
-    }
-    ~Buffer() { cudaFree(p); }
-    std::vector<T> get() const {
-        std::vector<T> h(n);
-        REQUIRE(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
-        return h;
-    }
-};
 
 // D (16×16, ld 16) = A·B + C with A, B 16-bit in the given layouts, C and D in memory layout
 // `acc` (0: row-major, 1: column-major); one warp.

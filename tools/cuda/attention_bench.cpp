@@ -25,6 +25,7 @@
 #include "attn/cuda/device.hpp"
 #include "attn/flash.hpp"
 #include "attn/random.hpp"
+#include "bench.hpp"
 
 #include <cuda_runtime.h>
 
@@ -38,64 +39,16 @@
 #include <vector>
 
 using namespace attn;
+using attn::bench::check;
+using attn::bench::Options;
 using attn::cuda::DeviceBuffer;
 
 namespace {
-
-void check(cudaError_t err, const char* what) {
-    if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-struct Options {
-    std::vector<std::size_t> Ts;
-    std::size_t hs = 64;
-    int repeats = 20;
-    int warmup = 3;
-    bool validate = true;
-};
-
-Options parse(int argc, char** argv) {
-    Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--hs" && i + 1 < argc) o.hs = std::strtoul(argv[++i], nullptr, 10);
-        else if (a == "--repeats" && i + 1 < argc) o.repeats = std::atoi(argv[++i]);
-        else if (a == "--no-validate") o.validate = false;
-        else if (a == "--help" || a == "-h") {
-            std::printf("usage: attention_bench [T ...] [--hs 64|128] [--repeats N] [--no-validate]\n");
-            std::exit(0);
-        } else {
-            const unsigned long t = std::strtoul(a.c_str(), nullptr, 10);
-            if (t == 0) throw std::invalid_argument("unknown argument " + a);
-            o.Ts.push_back(t);
-        }
-    }
-    if (o.Ts.empty()) o.Ts = {256, 512, 1024, 2048, 4096};
-    if (o.repeats < 1) throw std::invalid_argument("--repeats must be at least 1");
-    return o;
-}
 
 std::size_t used_device_bytes() {
     std::size_t free_bytes = 0, total = 0;
     check(cudaMemGetInfo(&free_bytes, &total), "cudaMemGetInfo");
     return total - free_bytes;
-}
-
-// Milliseconds per call of `run`, from CUDA events around `repeats` calls after warm-up.
-double time_ms(const std::function<void()>& run, const Options& o) {
-    for (int i = 0; i < o.warmup; ++i) run();
-    cudaEvent_t start, stop;
-    check(cudaEventCreate(&start), "cudaEventCreate");
-    check(cudaEventCreate(&stop), "cudaEventCreate");
-    check(cudaEventRecord(start), "cudaEventRecord");
-    for (int i = 0; i < o.repeats; ++i) run();
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    check(cudaEventDestroy(start), "cudaEventDestroy");
-    check(cudaEventDestroy(stop), "cudaEventDestroy");
-    return static_cast<double>(ms) / o.repeats;
 }
 
 // The first head (b = 0, h = 0) of a (B, NH, T, hs) buffer.
@@ -156,7 +109,7 @@ void print_row(std::size_t T, const AttentionShape& s, const char* name, double 
 
 int main(int argc, char** argv) {
     try {
-        const Options o = parse(argc, argv);
+        const Options o = bench::parse(argc, argv, "attention_bench", /*can_skip_validation=*/true);
         std::string why;
         if (!cuda::device_available(&why)) {
             std::fprintf(stderr, "attention_bench needs a CUDA device: %s\n", why.c_str());
@@ -173,15 +126,11 @@ int main(int argc, char** argv) {
         std::printf("%6s %4s %4s  %-6s %10s %10s %12s %10s %11s\n", "T", "B", "NH", "method",
                     "fwd ms", "TFLOP/s", "fwd+bwd ms", "TFLOP/s", "peak MiB");
         for (const std::size_t T : o.Ts) {
-            const AttentionShape s{std::max<std::size_t>(1, 16384 / T), 2048 / o.hs, T, o.hs, true};
+            const AttentionShape s = bench::shape(T, o.hs);
             const std::size_t n = s.qkv_size();
             Rng rng(T);
-            auto fill = [&] {
-                std::vector<float> x(n);
-                for (auto& e : x) e = rng.normal();
-                return x;
-            };
-            const auto q = fill(), k = fill(), v = fill(), dout = fill();
+            const auto q = bench::normals(rng, n), k = bench::normals(rng, n),
+                       v = bench::normals(rng, n), dout = bench::normals(rng, n);
             Reference ref;
             if (o.validate) ref = reference_first_head(q, k, v, dout, s);
 
@@ -203,7 +152,7 @@ int main(int argc, char** argv) {
                 fwdbwd();
                 cuda::synchronize();
                 if (o.validate) all_ok &= validate("plain", d_out, d_dq, d_dk, d_dv, ref, s);
-                const double f = time_ms(fwd, o), fb = time_ms(fwdbwd, o);
+                const double f = bench::time_kernel(fwd, o), fb = bench::time_kernel(fwdbwd, o);
                 print_row(T, s, "plain", f, fb, used_device_bytes() - baseline);
             }
             cublas_kept += used_device_bytes() - before_plain;  // att, datt are freed by now
@@ -222,7 +171,7 @@ int main(int argc, char** argv) {
                 fwdbwd();
                 cuda::synchronize();
                 if (o.validate) all_ok &= validate("fused", d_out, d_dq, d_dk, d_dv, ref, s);
-                const double f = time_ms(fwd, o), fb = time_ms(fwdbwd, o);
+                const double f = bench::time_kernel(fwd, o), fb = bench::time_kernel(fwdbwd, o);
                 // cuBLAS keeps its workspace after the plain runs: leave it out of the fused figure.
                 print_row(T, s, "fused", f, fb, used_device_bytes() - baseline - cublas_kept);
             }

@@ -17,6 +17,7 @@
 #include "attn/cuda/half_attention.hpp"
 #include "attn/mixed_attention.hpp"
 #include "attn/random.hpp"
+#include "bench.hpp"
 
 #include <cuda_runtime.h>
 
@@ -29,57 +30,16 @@
 #include <vector>
 
 using namespace attn;
+using attn::bench::Options;
 using attn::cuda::DeviceBuffer;
 using attn::cuda::HalfBuffer;
 
 namespace {
 
-void check(cudaError_t err, const char* what) {
-    if (err != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(err));
-}
-
-struct Options {
-    std::vector<std::size_t> Ts;
-    std::size_t hs = 64;
-    int repeats = 20;
-    int warmup = 3;
-};
-
 Options parse(int argc, char** argv) {
-    Options o;
-    for (int i = 1; i < argc; ++i) {
-        const std::string a = argv[i];
-        if (a == "--hs" && i + 1 < argc) o.hs = std::strtoul(argv[++i], nullptr, 10);
-        else if (a == "--repeats" && i + 1 < argc) o.repeats = std::atoi(argv[++i]);
-        else if (a == "--help" || a == "-h") {
-            std::printf("usage: half_attention_bench [T ...] [--hs 64|128] [--repeats N]\n");
-            std::exit(0);
-        } else {
-            const unsigned long t = std::strtoul(a.c_str(), nullptr, 10);
-            if (t == 0) throw std::invalid_argument("unknown argument " + a);
-            o.Ts.push_back(t);
-        }
-    }
-    if (o.Ts.empty()) o.Ts = {256, 512, 1024, 2048, 4096};
-    if (o.repeats < 1) throw std::invalid_argument("--repeats must be at least 1");
+    const Options o = bench::parse(argc, argv, "half_attention_bench", /*can_skip_validation=*/false);
     if (!cuda::half_attention_supports(o.hs)) throw std::invalid_argument("--hs must be 64 or 128");
     return o;
-}
-
-double time_ms(const std::function<void()>& run, const Options& o) {
-    for (int i = 0; i < o.warmup; ++i) run();
-    cudaEvent_t start, stop;
-    check(cudaEventCreate(&start), "cudaEventCreate");
-    check(cudaEventCreate(&stop), "cudaEventCreate");
-    check(cudaEventRecord(start), "cudaEventRecord");
-    for (int i = 0; i < o.repeats; ++i) run();
-    check(cudaEventRecord(stop), "cudaEventRecord");
-    check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0.0f;
-    check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    check(cudaEventDestroy(start), "cudaEventDestroy");
-    check(cudaEventDestroy(stop), "cudaEventDestroy");
-    return static_cast<double>(ms) / o.repeats;
 }
 
 // The first head's float64 output and the error of the plain version at `format` (fp32: the
@@ -135,15 +95,10 @@ int main(int argc, char** argv) {
         std::printf("%6s %4s %4s  %-18s %9s %9s %-4s %9s %9s %9s\n", "T", "B", "NH", "kernel", "error",
                     "bar", "rule", "fwd ms", "TFLOP/s", "vs fp32");
         for (const std::size_t T : o.Ts) {
-            const AttentionShape s{std::max<std::size_t>(1, 16384 / T), 2048 / o.hs, T, o.hs, true};
+            const AttentionShape s = bench::shape(T, o.hs);
             const std::size_t n = s.qkv_size();
             Rng rng(T);
-            auto fill = [&] {
-                std::vector<float> x(n);
-                for (auto& e : x) e = rng.normal();
-                return x;
-            };
-            const auto q = fill(), k = fill(), v = fill();
+            const auto q = bench::normals(rng, n), k = bench::normals(rng, n), v = bench::normals(rng, n);
             double fp32_ms = 0.0;
             {  // float32, lesson 13's fused kernel
                 DeviceBuffer d_q(q), d_k(k), d_v(v), d_out(n), lse(s.rows());
@@ -154,7 +109,7 @@ int main(int argc, char** argv) {
                 cuda::synchronize();
                 const FirstHead h = first_head(q, k, v, s, Precision::fp32);
                 const std::vector<float> out = d_out.download();
-                fp32_ms = time_ms(fwd, o);
+                fp32_ms = bench::time_kernel(fwd, o);
                 all_ok &= report(T, s, "fp32 fused", std::vector<float>(out.begin(), out.begin() + static_cast<long>(T * s.hs)),
                                  h, fp32_ms, fp32_ms);
             }
@@ -176,7 +131,7 @@ int main(int argc, char** argv) {
                     fwd();
                     cuda::synchronize();
                     const std::vector<float> out = d_out.download();
-                    const double ms = time_ms(fwd, o);
+                    const double ms = bench::time_kernel(fwd, o);
                     all_ok &= report(T, s, name.c_str(),
                                      std::vector<float>(out.begin(), out.begin() + static_cast<long>(T * s.hs)), h, ms,
                                      fp32_ms);

@@ -15,6 +15,9 @@
 #include "attn/flash.hpp"
 #include "attn/precision.hpp"
 
+#include <cstdint>
+#include <vector>
+
 namespace attn {
 
 /// Plain attention on 16-bit tensors, as PyTorch computes it on float16 or bfloat16
@@ -49,5 +52,22 @@ void attention_flash_rounded_forward(float* out, float* lse, const float* q, con
                                      const float* v, const AttentionShape& shape,
                                      Precision format, Precision statistics,
                                      const FlashBlocks& blocks = {});
+
+/// Random inputs of a 16-bit attention and its exact answer: what the 16-bit versions'
+/// errors are measured against.
+struct RoundedAttentionInputs {
+    std::vector<float> q, k, v;  ///< (B, NH, T, hs), values of the format
+    std::vector<double> out;     ///< (B, NH, T, hs) float64 attention of q, k, v
+    std::vector<double> lse;     ///< (B, NH, T) its log-sum-exp
+};
+
+/// q, k, v of `shape` drawn from N(0, 1) by an Rng seeded with `seed` (all of q, then k,
+/// then v) and rounded to `format` (round_in_place), and attention_reference_forward() of
+/// the rounded values.
+/// @param shape  the sizes
+/// @param format bf16 or fp16 (fp32 leaves the draws as they are)
+/// @param seed   the random source's seed
+RoundedAttentionInputs rounded_attention_inputs(const AttentionShape& shape, Precision format,
+                                                std::uint64_t seed);
 
 }  // namespace attn

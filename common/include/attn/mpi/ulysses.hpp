@@ -57,6 +57,9 @@ private:
     // The inverse: (B, NH/N, T, width) to (B, NH, T/N, width).
     void to_sequence(float* const* sequence, const float* const* heads, int count,
                      std::size_t width);
+    // The all-to-all both use: per_rank floats of send_ to each rank, into receive_; timed
+    // and counted in stats_.
+    void exchange(std::size_t per_rank);
 
     AttentionShape shape_;
     int rank_ = 0, size_ = 1;
