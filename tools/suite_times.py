@@ -45,11 +45,15 @@ def part_of_target(target):
     return "other: " + target
 
 
-def part_of_output(path):
+def part_of_output(path, build=""):
     """The part of the course a .ninja_log output belongs to."""
+    if build and path.startswith(build.rstrip("/") + "/"):
+        path = path[len(build.rstrip("/")) + 1:]
     m = re.search(r"CMakeFiles/([^/]+)\.dir/", path)
     if m:
         return part_of_target(m.group(1))
+    if re.match(r"^(tests/)?[a-z_0-9]+_tests-[0-9a-f]+\.cmake$", path) or re.match(r"^check_\d\d_tests-", path):
+        return "doctest's listing of each check program's cases"
     if path.startswith("mutants/"):
         return "mutants (catalogued mistakes)"
     if re.search(r"docs/output/lesson\d\d\.txt$", path):
@@ -78,7 +82,6 @@ def read_ninja_log(build):
                 entries[path] = (end - start) / 1000.0
     except OSError:
         return None
-    # One command with several outputs is logged once per output: count it once.
     return entries
 
 
@@ -100,8 +103,15 @@ def build_breakdown(build):
         print(f"{build}: no .ninja_log (not built yet)")
         return
     parts = collections.defaultdict(lambda: [0, 0.0])
+    seen = set()
     for path, seconds in entries.items():
-        p = parts[part_of_output(path)]
+        # One command with several outputs is logged once per output, absolute or not.
+        root = os.path.abspath(build).rstrip("/") + "/"
+        key = path[len(root):] if path.startswith(root) else path
+        if key in seen:
+            continue
+        seen.add(key)
+        p = parts[part_of_output(path, os.path.abspath(build))]
         p[0] += 1
         p[1] += seconds
     rows = sorted(((k, v[0], v[1]) for k, v in parts.items()), key=lambda r: -r[2])
