@@ -74,21 +74,22 @@ TEST_CASE("loss, logits and gradients agree to rounding with 1, 2 and 3 threads"
                         << ", |loss - loss with 1 thread| = " << std::fabs(many.loss - one.loss));
         // The bound: two orders of an n-term sum differ by at most 2γ_n Σ|a_i b_i| (Higham,
         // γ_n = n u/(1 − n u), u = 2^-24). The logits' own product, n = C = 16, gives
-        // 2γ_16 Σ_c |lnf_c wte_c| (computed from the data: Σ ≈ 0.3, so ~6e-7); each of the
-        // 2L = 4 products before it can move the logits as much again (layer norm rescales
-        // the residual stream, so their relative errors arrive as relative errors of lnf):
-        // 5 such terms, ~3e-6. The loss (mean of lse − logit_target) moves by at most
+        // 2γ_16 Σ_c |lnf_c wte_c|, computed from the data; each of the 6L = 12 products
+        // before it (c_attn, q·k, P·v, c_proj, c_fc, mlp's c_proj per layer) can move the
+        // logits about as much again, to first order (layer norm rescales the residual
+        // stream, so their relative errors arrive as relative errors of lnf): 13 terms. The loss (mean of lse − logit_target) moves by at most
         // twice the largest logit's move, and rounds by u |loss| (~2.4e-7 at ln 11 ≈ 2.4).
         // A sequence run twice or skipped by a thread moves the logits by O(0.1).
         const double u = std::ldexp(1.0, -24), n = 16.0, two_gamma = 2.0 * n * u / (1.0 - n * u);
-        const double logit_bound = 5.0 * two_gamma * one.logit_terms;
+        const double logit_bound = 13.0 * two_gamma * one.logit_terms;
         CAPTURE(logit_bound);
         CHECK(worst_logit <= logit_bound);
         CHECK(std::fabs(many.loss - one.loss) <= 2.0 * logit_bound + 2.0 * u * std::fabs(one.loss));
         // The parameter gradients are sums over the sequences, added slice by slice: the order
         // of additions differs too, a few float roundings of values of order 1e-2 to 1: a
-        // sum of N = B·T = 40 rows' terms, 2γ_40 ≈ 4.8e-6 of Σ|terms|, with Σ|terms| ≲ 0.2
-        // for these small weights (init std 0.02, loss ≈ ln 11): 1e-6.
+        // sum of N = B·T = 40 rows' terms differs by at most 2γ_40 ≈ 4.8e-6 of Σ|terms|, so
+        // 1e-6 holds while Σ|terms| ≤ 0.2 (not computed here: the per-row terms are not
+        // kept; the differences seen are ~3e-8, and a slice added twice moves them by O(1e-2)).
         REQUIRE(many.grads.size() == one.grads.size());
         double worst = 0.0;
         for (std::size_t i = 0; i < one.grads.size(); ++i) {
