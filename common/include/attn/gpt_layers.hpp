@@ -72,6 +72,17 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC);
 
+/// Another legal summation order for matmul_forward, matmul_backward and the products of
+/// attention_forward and attention_backward, for the tests that
+/// measure how far two correct float32 implementations of one model can land apart (a BLAS
+/// with other kernels sums each product in another order): with `chunk` > 0 each product's
+/// inner sum is split into runs of `chunk` terms, one sgemm call each, added into the
+/// output in turn; 0 (the default) is one sgemm call per product. The same terms and the
+/// same mathematical value: only the rounding differs. Process-wide; set it between passes.
+void set_matmul_inner_chunk(int chunk);
+/// The chunk set by set_matmul_inner_chunk() (0: one call per product).
+int matmul_inner_chunk();
+
 /// Backward of matmul_forward.
 /// @param dinp (N, C) accumulated
 /// @param dweight (OC, C) accumulated

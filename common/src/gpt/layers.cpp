@@ -9,6 +9,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <cstring>
@@ -105,6 +106,36 @@ void layernorm_backward(float* dinp, float* dweight, float* dbias, const float* 
     }
 }
 
+namespace {
+std::atomic<int> inner_chunk{0};
+
+// C (M, N) = beta·C + alpha·op(A) (M, K) · op(B) (K, N), row-major, with the inner sum over K in
+// runs of matmul_inner_chunk() terms, one sgemm call each (see set_matmul_inner_chunk).
+// op(A) is A (M, K) or, when a_trans, Aᵀ of A (K, M); op(B) is B (K, N) or, when b_trans,
+// Bᵀ of B (N, K).
+void sgemm_chunked(bool a_trans, bool b_trans, int M, int N, int K, float alpha, const float* A,
+                   int lda, const float* B, int ldb, float beta, float* C, int ldc) {
+    const int chunk = inner_chunk.load(std::memory_order_relaxed);
+    const int step = chunk > 0 ? chunk : K;
+    for (int k0 = 0; k0 < K; k0 += step) {
+        const int k = std::min(step, K - k0);
+        const float* a = A + (a_trans ? static_cast<size_t>(k0) * lda : static_cast<size_t>(k0));
+        const float* b = B + (b_trans ? static_cast<size_t>(k0) : static_cast<size_t>(k0) * ldb);
+        cblas_sgemm(CblasRowMajor, a_trans ? CblasTrans : CblasNoTrans,
+                    b_trans ? CblasTrans : CblasNoTrans, M, N, k, alpha, a, lda, b, ldb,
+                    k0 == 0 ? beta : 1.0f, C, ldc);
+    }
+}
+}  // namespace
+
+void set_matmul_inner_chunk(int chunk) {
+    require(chunk >= 0, "set_matmul_inner_chunk: the chunk must be 0 or positive, got " +
+                            std::to_string(chunk));
+    inner_chunk.store(chunk, std::memory_order_relaxed);
+}
+
+int matmul_inner_chunk() { return inner_chunk.load(std::memory_order_relaxed); }
+
 void matmul_forward(float* out, const float* inp, const float* weight, const float* bias, int N,
                     int C, int OC) {
     // The bias is written first and the product added to it (beta = 1): sgemm with beta = 0
@@ -115,19 +146,16 @@ void matmul_forward(float* out, const float* inp, const float* weight, const flo
         }
     }
     // out (N, OC) = inp (N, C) · weightᵀ (C, OC) (+ bias)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C,
-                bias ? 1.0f : 0.0f, out, OC);
+    sgemm_chunked(false, true, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC);
 }
 
 void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dout, const float* inp,
                      const float* weight, int N, int C, int OC) {
     // forward: out = inp · weightᵀ + bias
     // dinp (N, C) += dout (N, OC) · weight (OC, C)
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C,
-                1.0f, dinp, C);
+    sgemm_chunked(false, false, N, C, OC, 1.0f, dout, OC, weight, C, 1.0f, dinp, C);
     // dweight (OC, C) += doutᵀ (OC, N) · inp (N, C)
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f,
-                dweight, C);
+    sgemm_chunked(true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
     if (dbias) {
         for (size_t n = 0; n < static_cast<size_t>(N); ++n) {
             const float* row = dout + n * OC;
@@ -165,8 +193,7 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
             const size_t bh = (static_cast<size_t>(b) * NH + h) * T * T;
             float* a = att + bh;  // (T, T)
             // scores (T, T) = q · kᵀ / √hs (or · 1 unscaled); the entries above the diagonal are overwritten below
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3,
-                        0.0f, a, T);
+            sgemm_chunked(false, true, T, T, hs, scale, q, C3, k, C3, 0.0f, a, T);
             // ALiBi: scores[t, j] += m·(j − t), a penalty growing with the distance
             if (alibi_slopes) {
                 const float m = alibi_slopes[h];
@@ -206,8 +233,7 @@ void attention_forward(float* out, float* att, float* att_dropped, const float* 
             }
             // out (T, hs), leading dimension C = weights (T, T) · v (T, hs)
             float* o = out + static_cast<size_t>(b) * T * C + h * hs;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, weights, T, v,
-                        C3, 0.0f, o, C);
+            sgemm_chunked(false, false, T, hs, T, 1.0f, weights, T, v, C3, 0.0f, o, C);
         }
     }
 }
@@ -246,11 +272,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
 
             // forward: out = weights · v
             // dweights (T, T) = dout (T, hs) · vᵀ (hs, T)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dout_bh, C, v, C3,
-                        0.0f, datt, T);
+            sgemm_chunked(false, true, T, T, hs, 1.0f, dout_bh, C, v, C3, 0.0f, datt, T);
             // dv (T, hs) += weightsᵀ (T, T) · dout (T, hs)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, weights, T,
-                        dout_bh, C, 1.0f, dv, C3);
+            sgemm_chunked(true, false, T, hs, T, 1.0f, weights, T, dout_bh, C, 1.0f, dv, C3);
             // forward: weights = att * mask, mask = 0 or 1/(1-p). A kept weight is nonzero
             // unless att itself is zero, where the softmax backward below multiplies by att = 0
             // anyway, so the mask is read back from the dropped weights.
@@ -275,11 +299,9 @@ void attention_backward(float* dqkv, float* scratch, const float* dout, const fl
             }
             // forward: scores = scale · q · kᵀ
             // dq (T, hs) += scale · dscores (T, T) · k (T, hs)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, datt, T, k, C3,
-                        1.0f, dq, C3);
+            sgemm_chunked(false, false, T, hs, T, scale, datt, T, k, C3, 1.0f, dq, C3);
             // dk (T, hs) += scale · dscoresᵀ (T, T) · q (T, hs)
-            cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, datt, T, q, C3,
-                        1.0f, dk, C3);
+            sgemm_chunked(true, false, T, hs, T, scale, datt, T, q, C3, 1.0f, dk, C3);
         }
     }
 }
