@@ -17,8 +17,11 @@ skip() { echo "skipped: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "network namespaces need root (CI runs as root)"
 command -v ip >/dev/null || skip "ip (iproute2) is not installed"
 
-# Names of our own: this process's id keeps two runs of the test apart.
-h1=attn$$h1 h2=attn$$h2 v1=at$$a v2=at$$b
+# Names of our own: this process's id and a random number keep two runs of the test apart
+# (a process in another container on the same machine may have the same id). An interface's
+# name has at most 15 characters: a, up to 7 digits of process id, 4 hex digits and a or b.
+tag=$$$(printf '%04x' "$RANDOM")
+h1=attn${tag}h1 h2=attn${tag}h2 v1=a${tag}a v2=a${tag}b
 rm -rf "$work" && mkdir -p "$work"
 if ! ip netns add "$h1" 2>"$work/netns.err"; then
   skip "network namespaces are not allowed here ($(head -1 "$work/netns.err"))"
