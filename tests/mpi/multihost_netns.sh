@@ -40,11 +40,16 @@ ip -n "$h1" link set "$v1" up
 ip -n "$h2" link set "$v2" up
 set +e
 
-# mpirun's launch agent: "AGENT HOST COMMAND..." runs the command on that host.
+# mpirun's launch agent: "AGENT HOST COMMAND..." runs the command on that host. Each daemon
+# gets a temp folder of its own, as on a machine of its own: in one folder the daemons of a
+# job and those of the job before, still ending, made and removed the same session
+# directory (ompi.HOST.UID) at once, and a daemon failed to start ("A call to mkdir was
+# unable to create the desired directory").
 cat >"$work/netns_agent.sh" <<'EOF'
 #!/bin/sh
 host=$1; shift
-exec ip netns exec "$host" sh -c "$*"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/$host.XXXXXX") || exit 1
+exec ip netns exec "$host" env TMPDIR="$tmp" sh -c "$*"
 EOF
 chmod +x "$work/netns_agent.sh"
 # Two slots on each host; MPI over TCP on the cable only, daemons reached over it too.
