@@ -39,11 +39,15 @@ function(course_lesson name)
   # Lessons with a part on several processes (ATTN_HAVE_MPI in their sources) link the MPI
   # part of the library where an MPI was found (attn_mpi defines ATTN_HAVE_MPI); without one
   # they build and run their single-process parts.
+  # Their tests start mpirun: each runs in temp folders of its own (tests/mpi/private_tmp.sh),
+  # so that two copies of the suite can run side by side.
+  set(launch "")
   if(TARGET attn_mpi)
     foreach(_f IN LISTS lesson_sources)
       file(STRINGS "${_f}" _hits REGEX "ATTN_HAVE_MPI")
       if(_hits)
         target_link_libraries(lesson_${nn} PRIVATE attn_mpi)
+        set(launch "${src}/tests/mpi/private_tmp.sh")
         break()
       endif()
     endforeach()
@@ -54,7 +58,7 @@ function(course_lesson name)
   # that run's output: each lesson runs once.
   set(output "${PROJECT_BINARY_DIR}/docs/output")
   add_test(NAME "lesson ${nn} runs"
-           COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:lesson_${nn}>
+           COMMAND ${launch} ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:lesson_${nn}>
                    -DOUTPUT=${output}/lesson${nn}.txt -DFIGURES=${output} -DREUSE=ON
                    -P "${src}/cmake/capture_output.cmake")
   set_tests_properties("lesson ${nn} runs" PROPERTIES LABELS "lesson${nn};lessons")
@@ -79,16 +83,16 @@ function(course_lesson name)
   endforeach()
   if(_reads_text)
     add_test(NAME "lesson ${nn} quick, on a 30 KB text"
-             COMMAND lesson_${nn} --quick --data "${ATTN_TEST_CORPORA}/short.txt")
+             COMMAND ${launch} $<TARGET_FILE:lesson_${nn}> --quick --data "${ATTN_TEST_CORPORA}/short.txt")
     set_tests_properties("lesson ${nn} quick, on a 30 KB text" PROPERTIES LABELS "lesson${nn};lessons-quick")
     # Too short for some of what a lesson does: it runs, or says why not in one line.
     add_test(NAME "lesson ${nn} quick, on a 3 KB text: runs or refuses in one line"
-             COMMAND "${src}/tools/expect_run_or_one_line.sh" $<TARGET_FILE:lesson_${nn}>
+             COMMAND ${launch} "${src}/tools/expect_run_or_one_line.sh" $<TARGET_FILE:lesson_${nn}>
                      --quick --data "${ATTN_TEST_CORPORA}/tiny.txt")
     set_tests_properties("lesson ${nn} quick, on a 3 KB text: runs or refuses in one line"
                          PROPERTIES LABELS "lesson${nn};lessons-quick")
   else()
-    add_test(NAME "lesson ${nn} quick" COMMAND lesson_${nn} --quick)
+    add_test(NAME "lesson ${nn} quick" COMMAND ${launch} $<TARGET_FILE:lesson_${nn}> --quick)
     set_tests_properties("lesson ${nn} quick" PROPERTIES LABELS "lesson${nn};lessons-quick")
   endif()
 

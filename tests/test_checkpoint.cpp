@@ -1,6 +1,7 @@
 // The weights directory: round trips, nanoGPT's names and shapes, and clear errors.
 #include "attn/checkpoint.hpp"
 #include "attn/npy.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -29,7 +30,7 @@ GPTConfig small_config(bool bias = true) {
 
 // A fresh copy of a model's weights directory, for a test to damage.
 fs::path fresh_dir(const std::string& name) {
-    const fs::path dir = fs::temp_directory_path() / ("attn_checkpoint_" + name);
+    const fs::path dir = attn_test::scratch("attn_checkpoint_" + name);
     fs::remove_all(dir);
     GPT model(small_config(), 3);
     save_checkpoint(dir, model, {"abcdefghijklm", 0});
@@ -53,7 +54,7 @@ TEST_CASE("a checkpoint written and reloaded gives bit-identical logits and its 
     for (bool bias : {true, false}) {
         CAPTURE(bias);
         GPT model(small_config(bias), 7);
-        const fs::path dir = fs::temp_directory_path() / "attn_checkpoint_roundtrip";
+        const fs::path dir = attn_test::scratch("attn_checkpoint_roundtrip");
         fs::remove_all(dir);
         save_checkpoint(dir, model, {"abcdefghijklm", 1234});
         CheckpointInfo info;
@@ -74,7 +75,7 @@ TEST_CASE("a model without the attention scale keeps it through a checkpoint; ot
         GPTConfig config = small_config();
         config.scaled_attention = scaled;
         GPT model(config, 7);
-        const fs::path dir = fs::temp_directory_path() / "attn_checkpoint_unscaled";
+        const fs::path dir = attn_test::scratch("attn_checkpoint_unscaled");
         fs::remove_all(dir);
         save_checkpoint(dir, model, {"abcdefghijklm", 0});
         std::ifstream in(dir / "config.json");
@@ -107,7 +108,7 @@ TEST_CASE("training resumed from a checkpoint and optimizer state repeats the lo
         return loss;
     };
     for (int i = 0; i < 3; ++i) step(model, optimizer);
-    const fs::path dir = fs::temp_directory_path() / "attn_checkpoint_resume";
+    const fs::path dir = attn_test::scratch("attn_checkpoint_resume");
     fs::remove_all(dir);
     save_checkpoint(dir, model, {"", 3});
     save_optimizer(dir, optimizer);

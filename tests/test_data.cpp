@@ -1,4 +1,5 @@
 #include "attn/data.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -9,7 +10,7 @@ using namespace attn;
 
 namespace {
 std::filesystem::path write_temp(const std::string& name, const std::string& bytes) {
-    const auto p = std::filesystem::temp_directory_path() / name;
+    const auto p = attn_test::scratch(name);
     std::ofstream(p, std::ios::binary) << bytes;
     return p;
 }
@@ -50,7 +51,7 @@ TEST_CASE("a bad corpus gives one clear error naming the file") {
                          doctest::Contains("NUL"), std::runtime_error);
     CHECK_THROWS_WITH_AS(read_corpus(write_temp("attn_latin1.txt", "caf\xe9!")),
                          doctest::Contains("not UTF-8"), std::runtime_error);
-    CHECK_THROWS_WITH_AS(read_corpus(std::filesystem::temp_directory_path()),
+    CHECK_THROWS_WITH_AS(read_corpus(attn_test::scratch_folder()),
                          doctest::Contains("is a directory"), std::runtime_error);
     // Unreadable: opening fails where permissions stop it (not for root, who reads anything),
     // and a file whose reads fail part of the way (the process's own memory at address 0,

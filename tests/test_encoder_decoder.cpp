@@ -7,6 +7,7 @@
 #include "attn/gradcheck.hpp"
 #include "attn/npy.hpp"
 #include "attn/threads.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -231,7 +232,7 @@ TEST_CASE("greedy decoding with cached keys and values equals decoding the whole
 }
 
 TEST_CASE("an encoder-decoder checkpoint loads back to the same logits; a broken one is refused in one line") {
-    const fs::path dir = fs::temp_directory_path() / "attn_test_encoder_decoder_checkpoint";
+    const fs::path dir = attn_test::scratch("attn_test_encoder_decoder_checkpoint");
     fs::remove_all(dir);
     EncoderDecoder model = sharp_model(small_config(), 9);
     const Seq2SeqVocab vocab(CharVocab::from_chars("abcdefghi"));

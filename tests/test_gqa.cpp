@@ -11,6 +11,7 @@
 
 #include "attn/gradcheck.hpp"
 #include "gpt_checks.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -228,7 +229,7 @@ TEST_CASE("the ring-buffer cache generates exactly the uncached text, past W and
 
 TEST_CASE("checkpoints record n_kv_head and window only when they differ from nanoGPT's, and "
           "old ones load as multi-head over the whole context") {
-    const fs::path dir = fs::temp_directory_path() / "attn_test_gqa";
+    const fs::path dir = attn_test::scratch("attn_test_gqa");
     fs::remove_all(dir);
     struct Case { int G, W; bool keys; };
     for (const Case& k : {Case{0, 0, false}, Case{4, 0, false}, Case{2, 0, true},
@@ -264,7 +265,7 @@ TEST_CASE("bad key/value head counts and windows are refused with one line") {
 TEST_CASE("grouped and windowed runs resume bit for bit, keep their attention, and generate "
           "text") {
     const TextDataset data = repeated_sentences();
-    const fs::path dir = fs::temp_directory_path() / "attn_test_gqa_resume";
+    const fs::path dir = attn_test::scratch("attn_test_gqa_resume");
     struct Case { int G, W; Position position; };
     for (const Case& k : {Case{1, 0, Position::learned}, Case{1, 8, Position::learned},
                           Case{1, 8, Position::rope}}) {

@@ -1,4 +1,5 @@
 #include "attn/heatmap.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -30,7 +31,7 @@ TEST_CASE("the text heatmap marks NaN and rejects label lists of the wrong lengt
 }
 
 TEST_CASE("PNG heatmaps are written as PNG files, and bad input is rejected") {
-    const auto dir = std::filesystem::temp_directory_path();
+    const auto dir = attn_test::scratch_folder();
     Tensor2 w = {{1.0f, 0.0f, 0.0f}, {0.4f, 0.6f, 0.0f}, {0.2f, 0.3f, 0.5f}};
     const auto one = dir / "attn_test_heatmap.png";
     heatmap_png(one, w, {"the", "cat", "sat"}, {"the", "cat", "sat"}, "weights");

@@ -1,5 +1,6 @@
 #include "attn/check.hpp"
 #include "attn/npy.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -27,7 +28,7 @@ TEST_CASE("float64, bool and int64 files are converted to float32") {
 }
 
 TEST_CASE("a saved tensor loads back bit for bit") {
-    const auto path = std::filesystem::temp_directory_path() / "attn_test_roundtrip.npy";
+    const auto path = attn_test::scratch("attn_test_roundtrip.npy");
     Tensor3 t = {{{1.5f, -2.0f}, {3.25f, 1e-8f}}, {{0.0f, -0.0f}, {1e30f, 7.0f}}};
     save_npy(path, t);
     Tensor3 back = load_npy<3>(path);

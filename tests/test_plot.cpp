@@ -1,4 +1,5 @@
 #include "attn/plot.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -8,7 +9,7 @@
 using namespace attn;
 
 TEST_CASE("a loss curve is written as a PNG file, skipping non-finite points") {
-    const auto path = std::filesystem::temp_directory_path() / "attn_test_plot.png";
+    const auto path = attn_test::scratch("attn_test_plot.png");
     PlotSeries train{"train", {0, 100, 200, 300}, {4.2, 2.5, NAN, 1.9}};
     PlotSeries val{"val", {0, 300}, {4.2, 2.0}};
     line_plot_png(path, {train, val}, "loss", "step", "loss");
@@ -20,7 +21,7 @@ TEST_CASE("a loss curve is written as a PNG file, skipping non-finite points") {
 }
 
 TEST_CASE("a chart with mismatched or no data is rejected") {
-    const auto path = std::filesystem::temp_directory_path() / "attn_test_plot_bad.png";
+    const auto path = attn_test::scratch("attn_test_plot_bad.png");
     CHECK_THROWS_AS(line_plot_png(path, {PlotSeries{"a", {0, 1}, {1}}}, "t", "x", "y"), std::invalid_argument);
     CHECK_THROWS_AS(line_plot_png(path, {PlotSeries{"a", {0}, {NAN}}}, "t", "x", "y"), std::invalid_argument);
 }

@@ -10,6 +10,7 @@
 
 #include "attn/gradcheck.hpp"
 #include "gpt_checks.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -249,7 +250,7 @@ TEST_CASE("a learned-position model refuses a context beyond its block; RoPE and
 
 TEST_CASE("checkpoints record the scheme, have no wpe without learned positions, and old ones "
           "load as learned") {
-    const fs::path dir = fs::temp_directory_path() / "attn_test_positions";
+    const fs::path dir = attn_test::scratch("attn_test_positions");
     fs::remove_all(dir);
     for (Position position : {Position::learned, Position::rope, Position::alibi}) {
         const std::string scheme = position_name(position);
@@ -282,7 +283,7 @@ TEST_CASE("the KV cache refuses RoPE and ALiBi models with one line") {
 
 TEST_CASE("RoPE and ALiBi runs resume bit for bit, keep their scheme, and generate text") {
     const TextDataset data = repeated_sentences();
-    const fs::path dir = fs::temp_directory_path() / "attn_test_positions_resume";
+    const fs::path dir = attn_test::scratch("attn_test_positions_resume");
     for (Position position : {Position::rope, Position::alibi}) {
         const std::string scheme = position_name(position);
         CAPTURE(scheme);

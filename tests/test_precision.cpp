@@ -13,6 +13,7 @@
 #include "attn/npy.hpp"
 #include "attn/precision.hpp"
 #include "attn/random.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -478,7 +479,7 @@ TrainConfig tiny_run(Precision p) {
 }  // namespace
 
 TEST_CASE("mixed-precision runs resume bit for bit: the precision and the loss scale are in the checkpoint") {
-    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "attn_precision_resume";
+    const std::filesystem::path dir = attn_test::scratch("attn_precision_resume");
     for (Precision p : {Precision::bf16, Precision::fp16}) {
         CAPTURE(precision_name(p));
         TrainConfig c = tiny_run(p);

@@ -1,4 +1,5 @@
 #include "attn/run_control.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -16,7 +17,7 @@ std::string read(const fs::path& p) {
 }  // namespace
 
 TEST_CASE("a directory written atomically replaces the old one only when complete") {
-    const fs::path dir = fs::temp_directory_path() / "attn_test_atomic" / "ckpt";
+    const fs::path dir = attn_test::scratch("attn_test_atomic") / "ckpt";
     fs::remove_all(dir.parent_path());
     write_directory_atomically(dir, [](const fs::path& d) { std::ofstream(d / "a.txt") << "one"; });
     CHECK(read(dir / "a.txt") == "one");

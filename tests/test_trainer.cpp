@@ -2,6 +2,7 @@
 
 #include "attn/checkpoint.hpp"
 #include "attn/npy.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -10,7 +11,6 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
-#include <unistd.h>
 
 using namespace attn;
 namespace fs = std::filesystem;
@@ -40,7 +40,7 @@ TrainConfig tiny(std::int64_t iters = 40) {
 struct TempDir {
     fs::path path;
     explicit TempDir(const std::string& name)
-        : path(fs::temp_directory_path() / ("attn_trainer_" + name + "_" + std::to_string(::getpid()))) {
+        : path(attn_test::scratch("attn_trainer_" + name)) {
         fs::remove_all(path);
         fs::create_directories(path);
     }

@@ -5,12 +5,12 @@
 #include "attn/gpt_layers.hpp"
 
 #include "attn/gradcheck.hpp"
+#include "scratch.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <filesystem>
-#include <unistd.h>
 
 using namespace attn;
 
@@ -51,7 +51,7 @@ TEST_CASE("without the mask an early position's output depends on later tokens, 
     const std::vector<float> first_b(model.logits().begin(), model.logits().begin() + 7);
     CHECK(first_a != first_b);  // position 0 saw position 5: it can read the answer
 
-    const auto dir = std::filesystem::temp_directory_path() / ("attn_unmasked_" + std::to_string(::getpid()));
+    const auto dir = attn_test::scratch("attn_unmasked");
     save_checkpoint(dir, model, {});
     CHECK_FALSE(load_config(dir).causal);
     std::filesystem::remove_all(dir);

@@ -14,6 +14,7 @@
 #include "attn/kv_cache.hpp"
 #include "attn/data.hpp"
 #include "attn/trainer.hpp"
+#include "../scratch.hpp"
 
 #include <doctest/doctest.h>
 
@@ -207,7 +208,7 @@ TEST_CASE("a checkpoint written from the GPU model reloads with the same losses"
         gpu.adamw_step(opt, 1e-3f);
     }
     // Save: parameters through the CPU model, into the same files the CPU trainer writes.
-    const fs::path dir = fs::temp_directory_path() / "attn_gpu_checkpoint_test";
+    const fs::path dir = attn_test::scratch("attn_gpu_checkpoint_test");
     fs::remove_all(dir);
     gpu.copy_parameters_to(cpu);
     save_checkpoint(dir, cpu, {"", 3});
@@ -453,7 +454,7 @@ TEST_CASE("a GPU training run resumed from its checkpoint repeats the uninterrup
     TrainConfig config = TrainConfig::named("tiny");
     config.max_iters = 20;
     config.dropout = 0.1f;  // the masks must follow the step, not the process
-    const auto dir = std::filesystem::temp_directory_path() / "attn_gpu_resume";
+    const auto dir = attn_test::scratch("attn_gpu_resume");
     Trainer straight(config, trainer_corpus());
     straight.use_device(cuda::make_training_device(straight.model()));
     Trainer first(config, trainer_corpus());

@@ -17,8 +17,11 @@ skip() { echo "skipped: $*"; exit 77; }
 [ "$(id -u)" = 0 ] || skip "network namespaces need root (CI runs as root)"
 command -v ip >/dev/null || skip "ip (iproute2) is not installed"
 
-# Names of our own: this process's id keeps two runs of the test apart.
-h1=attn$$h1 h2=attn$$h2 v1=at$$a v2=at$$b
+# Names of our own: this process's id and a random number keep two runs of the test apart
+# (a process in another container on the same machine may have the same id). An interface's
+# name has at most 15 characters: a, up to 7 digits of process id, 4 hex digits and a or b.
+tag=$$$(printf '%04x' "$RANDOM")
+h1=attn${tag}h1 h2=attn${tag}h2 v1=a${tag}a v2=a${tag}b
 rm -rf "$work" && mkdir -p "$work"
 if ! ip netns add "$h1" 2>"$work/netns.err"; then
   skip "network namespaces are not allowed here ($(head -1 "$work/netns.err"))"
@@ -37,11 +40,16 @@ ip -n "$h1" link set "$v1" up
 ip -n "$h2" link set "$v2" up
 set +e
 
-# mpirun's launch agent: "AGENT HOST COMMAND..." runs the command on that host.
+# mpirun's launch agent: "AGENT HOST COMMAND..." runs the command on that host. Each daemon
+# gets a temp folder of its own, as on a machine of its own: in one folder the daemons of a
+# job and those of the job before, still ending, made and removed the same session
+# directory (ompi.HOST.UID) at once, and a daemon failed to start ("A call to mkdir was
+# unable to create the desired directory").
 cat >"$work/netns_agent.sh" <<'EOF'
 #!/bin/sh
 host=$1; shift
-exec ip netns exec "$host" sh -c "$*"
+tmp=$(mktemp -d "${TMPDIR:-/tmp}/$host.XXXXXX") || exit 1
+exec ip netns exec "$host" env TMPDIR="$tmp" sh -c "$*"
 EOF
 chmod +x "$work/netns_agent.sh"
 # Two slots on each host; MPI over TCP on the cable only, daemons reached over it too.
