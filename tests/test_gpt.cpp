@@ -25,7 +25,7 @@ const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gpt";
 // The losses after 10 AdamW steps may differ by 1e-4, ten times gpt_checks.hpp's parity_tol.
 // Each step's loss has the first pass's parity error (gpt_checks.hpp: worst case ≤ 4.3e-5,
 // random-sign estimate ≤ 1.4e-6 on these two fixtures) plus what the weights' differences
-// add. AdamW's update lr·m̂/(√v̂ + ε) has |m̂/√v̂| ≤ 1/(1 − β1)·√(1 − β2) bounded, and its
+// add. AdamW's update lr·m̂/(√v̂ + ε) has |m̂/√v̂| of order 1 (exactly 1 at step 1), and its
 // relative change is, to first order, that of the gradient; so a gradient differing by Δg_i
 // moves w_i by ≲ lr·|Δg_i|/|g_i| per step (a gradient within rounding of zero flips its
 // update's sign, Δw_i ≤ 2 lr, but then |g_i| ≲ |Δg_i|), and the loss by
