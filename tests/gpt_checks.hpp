@@ -30,9 +30,29 @@ namespace attn::gpt_checks {
 
 namespace fs = std::filesystem;
 
-// Tolerance of the PyTorch comparisons: both sides compute in float32 with sums in a
-// different order (BLAS against PyTorch's kernels), so values of size O(1) differ by a few
-// ulps, ~1e-7 to 1e-6. 1e-5 on logits, loss and gradients is llm.c's bar for its CPU trainer.
+// Tolerance of the PyTorch comparisons (absolute, on logits, loss and every gradient). Both
+// sides are float32 with each sum in its own order (BLAS against PyTorch's kernels); two
+// orders of an n-term sum differ by at most 2γ_n Σ|a_i b_i| (Higham, Thm 3.1 / eq. 3.5,
+// γ_n = n u/(1 − n u), u = 2^-24), and the errors of k products in a row add to first order.
+// Sizes of the fixtures (tests/fixtures/{gpt,positions,gqa}/*/weights/config.json, x.npy):
+// C = 12..32, L = 1..2, V = 65, N = B·T = 16..32 rows; |logits| ≤ 0.4 (gpt/) and ≤ 3.0
+// (positions/, gqa/), loss 4.2..4.6, largest gradient 0.12..0.35 (wte, wpe or c_attn).
+// - Logits: the lm_head sum (n = C) has Σ_c |lnf_c wte_vc| ≤ √C ‖g_lnf ⊙ wte_v‖₂ +
+//   Σ_c |b_c wte_vc| (‖x̂‖₂ = √C after LayerNorm), computed from the weights: 0.52 (nobias),
+//   0.86 (bias), 3.8..4.9 (positions/, gqa/); 2γ_C times that is 1.0e-6..9.3e-6 for that one
+//   product, and with the 6L earlier products adding as much again (6L + 1 = 7 or 13 terms)
+//   the worst case is 6.9e-6 (nobias), 4.3e-5 (bias), 7.0e-5..1.2e-4 (positions/, gqa/).
+// - Loss (mean of N values ≈ 4.2): 2γ_N·loss ≤ 1.6e-5 worst case, plus 2 max|Δlogit|.
+// - Gradients: the longest sums are 4C = 128 (mlp's c_proj, bias) or V = 65 (dlnf) terms;
+//   with Σ|terms| about the largest gradient (0.12..0.35) and 12L + 2 products on the path,
+//   the worst case is 1.7e-5..7.1e-5.
+// So the worst-case bound is above 1e-5 by up to 12×: the tolerance rests on the rounding
+// errors' random signs, which grow like √n u Σ|a_i b_i| per sum and √k over k products:
+// √13·√C·u·Σ|lnf wte| = 0.3e-6..4.2e-6 for the logits (with the Cauchy–Schwarz Σ above, an
+// overestimate), √N·u·loss ≈ 1.4e-6 for the loss, √(12L+2)·√n·u·0.35 ≤ 8.6e-7 for the
+// gradients: 1e-5 sits 2.4× to 30× above these. It is also llm.c's bar for its CPU trainer.
+// A wrong term (a missing bias, mask or scale, a transposed weight) moves them by an amount
+// of the order of the values themselves (logits 0.3..3, gradients 0.1..0.35).
 constexpr double parity_tol = 1e-5;
 
 inline std::vector<int> load_ids(const fs::path& file) {

@@ -86,7 +86,19 @@ TEST_CASE("the encoder-decoder matches PyTorch's nn.Transformer on a padded batc
     const float loss = model.forward(b);
     model.zero_grad();
     model.backward();
-    // 1e-5: llm.c's bar for float32 against PyTorch (the references are float64, rounded)
+    // 1e-5 (absolute, loss, logits and gradients): llm.c's bar for float32 against PyTorch.
+    // The references are float64, rounded to float32 (u of each value), so only our own
+    // rounding counts: γ_n Σ|a_i b_i| per n-term sum against the exact value (Higham,
+    // γ_n = n u/(1 − n u), u = 2^-24), adding to first order over the products in a row.
+    // Sizes (tests/fixtures/cross_attention/model): C = 8, FFN 32, V = 19, 2 + 2 layers,
+    // B = 3, S = 6, T = 4; logits up to 11.5, loss 8.0, gradients up to 1.85. The logits' sum
+    // (n = C = 8) has Σ_c |norm_c emb_vc| ≤ √C ‖g ⊙ emb_v‖₂ + Σ|b_c emb_vc| = 17.0 (these
+    // weights are large: |g| ≤ 1.4, |emb| ≤ 3.0), so γ_8·17 = 8.1e-6 for that product alone and
+    // 33 products (encoder 2×6, decoder 2×10, the logits) give 2.7e-4 worst case. With random
+    // signs, √8 u · 17 · √33 / 2 ≈ 8.3e-6 (the Cauchy–Schwarz Σ above overestimates the
+    // actual Σ|terms|), and u·11.5 ≈ 6.9e-7 from rounding the reference: 1e-5 is only just
+    // above this estimate for the logits, so it is tight here (a random-sign estimate, not a
+    // bound); the loss (mean of 9 values ≈ 8: √9 u·8 ≈ 1.4e-6) and the gradients have more room.
     CHECK(std::fabs(loss - read_npy(fixture / "loss.npy").data[0]) <= 1e-5);
     const NpyArray logits = read_npy(fixture / "logits.npy");
     REQUIRE(logits.data.size() == model.logits().size());
@@ -165,12 +177,18 @@ TEST_CASE("a padded batch gives each sequence what it gets alone: logits and los
             for (int v = 0; v < V; ++v)
                 worst = std::max(worst, std::fabs(double(model.logits()[static_cast<std::size_t>(t * V + v)]) -
                                                   batched[(b * static_cast<std::size_t>(T) + t) * V + v]));
-        // the same sums over the same real keys, in another batch layout: float rounding only
-        // (logits of size ~3 after four layers: a few ulps of the largest values)
+        // the same sums over the same real keys, in another batch layout: float rounding only.
+        // Padded keys get weight exactly 0, so only the order can differ: 2γ_n Σ|a_i b_i| per
+        // sum (n ≤ FFN 32, 2γ_32 ≈ 3.8e-6 worst case, √32 u ≈ 3.4e-7 with random signs),
+        // relative to logits of size ~3 after four layers and 33 products: random-sign estimate
+        // √33·3.4e-7·3 ≈ 5.8e-6 (worst case 33·3.8e-6·3 ≈ 3.8e-4); 2e-5 is 3.4× above the
+        // estimate. A padded key that is attended to moves the logits by O(0.1).
         CHECK(worst <= 2e-5);
     }
     // the batch's loss is the mean over its real positions: the length-weighted mean of the
     // sequences' own losses
+    // relative 1e-5 ≈ 168 u: the batch's mean over ≤ 9 positions (2γ_9 ≈ 1.1e-6) plus each
+    // loss's change through the logits (≤ 2 × 2e-5 absolute, above, on a loss of ≈ 3..8)
     CHECK(batch_loss == doctest::Approx(total / positions).epsilon(1e-5));
 }
 

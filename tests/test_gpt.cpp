@@ -22,8 +22,19 @@ namespace {
 namespace fs = std::filesystem;
 const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gpt";
 
-// The losses after 10 AdamW steps may differ by 1e-4, ten times gpt_checks.hpp's parity_tol:
-// the differences grow through the updates (each step moves weights by ~lr = 1e-3).
+// The losses after 10 AdamW steps may differ by 1e-4, ten times gpt_checks.hpp's parity_tol.
+// Each step's loss has the first pass's parity error (gpt_checks.hpp: worst case ≤ 4.3e-5,
+// random-sign estimate ≤ 1.4e-6 on these two fixtures) plus what the weights' differences
+// add. AdamW's update lr·m̂/(√v̂ + ε) has |m̂/√v̂| of order 1 (exactly 1 at step 1), and its
+// relative change is, to first order, that of the gradient; so a gradient differing by Δg_i
+// moves w_i by ≲ lr·|Δg_i|/|g_i| per step (a gradient within rounding of zero flips its
+// update's sign, Δw_i ≤ 2 lr, but then |g_i| ≲ |Δg_i|), and the loss by
+// Σ_i |g_i| |Δw_i| ≲ lr Σ_i |Δg_i| per step: over k = 10 steps, P ≈ 2.8e4 parameters (bias;
+// 4.4e3 nobias) and |Δg_i| ≤ parity_tol each, at most lr·k·P·1e-5 ≈ 2.8e-3 worst case; with
+// the typical |Δg_i| ≈ √n u |g_i| ≲ 1e-9 (n ≤ 128, |g_i| ~ 1e-3 for most parameters)
+// it is ~3e-7. 1e-4 sits between, above the random-sign estimate (and the 1e-5 of one pass)
+// by more than 10×; a wrong update rule (betas, bias correction, decay of the biases and
+// LayerNorm weights, clipping) moves the losses, which fall by 0.03..0.05 a step, by ≥ 1e-3.
 constexpr double adamw_tol = 1e-4;
 }  // namespace
 
@@ -219,7 +230,19 @@ TEST_CASE("the fused CPU attention gives the GPT the materialised attention's lo
         // The fused model keeps no (T, T) weights.
         CHECK(fused.activations().att.empty());
         // Both are float32 with the same products summed in other orders (and exp_approx's
-        // 2 ulp): the loss, ≈ ln 65 ≈ 4.2, agrees to a few ulps of it.
+        // 2 ulp); the embeddings, LayerNorms, MLPs, logits and cross-entropy are the same code
+        // in the same order, so the loss (mean of ln 65 ≈ 4.2 over N = 600 rows) differs only
+        // through the attention outputs. Each output's softmax denominator sums T = 200
+        // positive terms and its P·v sum T terms: two orders differ by 2γ_200 ≈ 2.4e-5 of the
+        // output's size at worst, plus 2γ_64 Σ|q k|/√hs ≈ 0 (scores ~1e-3 at N(0, 0.02)
+        // weights) and 4u = 2.4e-7 for exp_approx; through c_proj, LayerNorm and the logits'
+        // sum (Σ_c |lnf_c wte_vc| ≤ √C·0.02·√C ≈ 2.6, C = 128) in 2 layers, and |Δloss| ≤
+        // 2 max|Δlogit|, the worst case is 2·2·2.4e-5·2.6 ≈ 2.5e-4, a gross overestimate
+        // (it assumes each attention output carries the whole residual stream). With random
+        // signs (√200 u ≈ 8.4e-7 per denominator) the same chain gives 2·√2·8.4e-7·2.6 ≈
+        // 6.2e-6 at most and much less in practice, since the attention branch is a fraction of
+        // the residual stream: 4e-6 is ~16 u·|loss|. (At these small weights a wrong mask or
+        // tile edge moves the loss little; the gradient check below is the sharper one.)
         CHECK(std::fabs(loss_m - loss_f) <= 4e-6);
         const std::vector<float>& gm = materialised.gradients();
         const std::vector<float>& gf = fused.gradients();
@@ -230,8 +253,13 @@ TEST_CASE("the fused CPU attention gives the GPT the materialised attention's lo
         }
         MESSAGE("causal " << causal << ": |loss difference| " << std::fabs(loss_m - loss_f)
                           << ", worst gradient difference " << worst << " of " << largest);
-        // Rounding differences, relative to the largest gradient, stay near float32's 1e-7
-        // through two layers; a wrong term in dq, dk or dv would be of the gradients' size.
+        // Relative to the largest gradient: the backward's sums differing in order are the
+        // attention's dP = dout·v (n = hs = 64), dq and dk (n = T = 200) and dv (n = T); two
+        // orders differ by 2γ_200 ≈ 2.4e-5 of Σ|terms| at worst, and with random signs by
+        // √200 u ≈ 8.4e-7 of it, per sum; 2 layers × 4 such sums add √8·8.4e-7 ≈ 2.4e-6 of
+        // the largest gradient (Σ|terms| of the order of the largest value). 1e-5 of the
+        // largest sits 4× above that estimate, below the worst case (8·2.4e-5 ≈ 1.9e-4);
+        // a wrong term in dq, dk or dv would be of the gradients' size.
         CHECK(worst <= 1e-5 * largest);
     }
 }
@@ -247,6 +275,10 @@ TEST_CASE("a fused-attention model trains with dropout on the materialised atten
     CHECK_FALSE(fused.activations().att.empty());
     fused.train(false);  // no dropout: the fused attention again
     materialised.train(false);
+    // As in the test above, with T = 16: the softmax sums have 2γ_16 ≈ 1.9e-6 worst case and
+    // √16 u ≈ 2.4e-7 random-sign relative error; through one layer into a loss of ≈ 4.2 whose
+    // logits' Σ|lnf wte| ≤ √16·0.02·√16 = 0.32, the worst case is 2·1.9e-6·0.32 ≈ 1.2e-6
+    // (plus 4u for exp_approx), below 4e-6.
     CHECK(std::fabs(fused.forward(x, y, 2, 16) - materialised.forward(x, y, 2, 16)) <= 4e-6);
 }
 
@@ -275,6 +307,14 @@ TEST_CASE("without the attention scale the model equals a scaled one whose W_q i
     const float loss_unscaled = unscaled.forward(x, y, B, T);
     const float loss_scaled = scaled.forward(x, y, B, T);
     const float loss_same_weights = same_weights.forward(x, y, B, T);
+    // Multiplying by √hs = 4 and by 1/√hs = 1/4 is exact in float32 (a power of two, no
+    // overflow or underflow here), so the two models compute the same scores from the same
+    // rounded products: the bound is 0 when both sum in the same order. The tolerance allows
+    // the scale applied at another point of the same sums (q·k/4 against (q/4)·k, both exact)
+    // or a kernel choosing another order: then 2γ_n Σ|terms| per sum (n ≤ 4C = 128, 2γ ≈
+    // 1.5e-5 worst case, √128 u ≈ 6.7e-7 with random signs) relative, and 1e-6 of the loss
+    // (≈ ln 11 ≈ 2.4) is ~17 u|loss|, above the random-sign estimate; the unscaled model on
+    // the same weights differs by > 1e-4 (checked next).
     CHECK(loss_unscaled == doctest::Approx(loss_scaled).epsilon(1e-6));
     // The flag must change something: on the same weights the two models differ.
     CHECK(std::fabs(loss_unscaled - loss_same_weights) > 1e-4);
@@ -296,7 +336,11 @@ TEST_CASE("without the attention scale the model equals a scaled one whose W_q i
         const double expected = is_wq ? root_hs * gs[i] : gs[i];
         CAPTURE(i);
         CAPTURE(is_wq);
-        // Float rounding of sums of a few hundred products, relative to the largest gradient.
+        // As for the loss: 0 when both sum in the same order (the ×4 is exact); otherwise the
+        // backward's longest sums (4C = 128 terms, N = B·T = 24 rows) differ by 2γ_128 ≈
+        // 1.5e-5 of Σ|terms| at worst and √128 u ≈ 6.7e-7 of it with random signs, over
+        // 12L + 2 = 26 products √26·6.7e-7 ≈ 3.4e-6 of the largest gradient: 1e-5 of the
+        // largest is 3× above that. A W_q gradient not scaled by √hs is off by a factor 4.
         CHECK(std::fabs(gu[i] - expected) <= 1e-5 * largest);
     }
 }

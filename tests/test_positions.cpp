@@ -118,6 +118,11 @@ TEST_CASE("rope_forward rotates as PyTorch does, and rope_backward is its transp
                 worst_v = std::max(worst_v, gap(qkv[v], x.data[t * hs + d]));
             }
     MESSAGE("rotation: max |y - torch| = " << worst_y << ", max |dx - torch| = " << worst_dx);
+    // Each output is x0·c ∓ x1·s with the angle, cos and sin in double and c, s rounded to
+    // float (u relative each), two float products and one sum (γ_2, Higham): at most
+    // (u + γ_2)(|x0| + |x1|) ≈ 3u·(|x0| + |x1|) ≤ 3u·5.6 ≈ 1.0e-6 (|x|, |dy| ≤ 2.8 in the
+    // fixture, T = 5, hs = 8, pos0 = 3); the reference is float64 rounded (≤ u·2.4). 1e-5 sits
+    // ~9× above; a wrong pairing or sign or a position off by one moves outputs by O(1).
     CHECK(worst_y <= parity_tol);
     CHECK(worst_dx <= parity_tol);
     CHECK(worst_v == 0.0);
@@ -148,7 +153,12 @@ TEST_CASE("the halves convention of GPT-NeoX and Hugging Face's Llama is the adj
                               std::fabs(y_hi - qkv[t * 3 * hs + 2 * i + 1])});
         }
     }
-    CHECK(worst <= 1e-6);  // float rounding of values of size ~1
+    // Against float64 on the same float inputs: c and s are rounded to float (u each) and
+    // each output is two float products and a sum (γ_2), so it is off by at most
+    // 3u·(|lo| + |hi|) ≈ 1.8e-7·(|lo| + |hi|): under 1e-6 while |lo| + |hi| ≤ 5.5, which these
+    // 48 N(0, 1) draws of seed 4 satisfy (a pair both near 2.75 would not: the bound, not the
+    // tolerance, is the data's). The permutation or a sign wrong moves outputs by O(1).
+    CHECK(worst <= 1e-6);
 }
 
 TEST_CASE("with RoPE, shifting every position leaves the scores unchanged; with learned "
@@ -172,11 +182,19 @@ TEST_CASE("with RoPE, shifting every position leaves the scores unchanged; with 
             max_abs_diff(first_layer_scores(learned, ids, shift), learned0);
         MESSAGE("shift " << shift << ": RoPE scores change by " << rope_change << " (largest "
                          << rope_scale << "), learned by " << learned_change);
-        // float rounding of sums of products of size ~1: a few ulps
+        // The scores q·k/√hs with the rotations at shifted positions: the angles are exact
+        // in double, c and s round to float differently (u each), the rotated q and k are
+        // off by ≈ 3u of |x0| + |x1|, and each score's 8-term sum (hs = 8) by 2γ_8 ≈ 9.5e-7
+        // of Σ|q_c k_c|/√hs: together ≲ 1.3e-6 of Σ|terms|, which is of the order of the
+        // largest score at weights of size ~1. 1e-5 of max(1, rope_scale) is ~7× that;
+        // learned positions change the scores by O(0.1) (checked against 1e-3).
         CHECK(rope_change <= 1e-5 * std::max(1.0, rope_scale));
         CHECK(learned_change > 1e-3);
     }
-    // at positions 1000 on, too: the angles are large, the rounding is still small
+    // at positions 1000 on, too: the angles are computed in double, so the large angles
+    // cost nothing more; the bound is the same ≲ 1.3e-6 of Σ|terms| as above, and 1e-4 of
+    // max(1, rope_scale) is a loose (~77×) margin kept for a cos/sin of a large argument
+    // computed less accurately by another libm.
     const double far = max_abs_diff(first_layer_scores(rope, ids, 1000), rope0);
     MESSAGE("shift 1000: RoPE scores change by " << far);
     CHECK(far <= 1e-4 * std::max(1.0, rope_scale));
