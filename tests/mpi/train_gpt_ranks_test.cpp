@@ -608,14 +608,21 @@ int test_kill(const std::string& program, const fs::path& root) {
     const long long step = checkpoint_step(killed);
     std::cout << "killed rank process " << victim << "; the job ended " << o.seconds
               << " s later with exit status " << o.status << "; checkpoint at step " << step << "\n";
-    // Every rank has ended: mpirun stopped the three others.
+    // Every rank has ended: mpirun stopped the three others. A rank that mpirun has just
+    // signalled may still be exiting when mpirun returns (the kernel tears it down after):
+    // it is given 10 s to be gone; one still running then was left behind.
+    const auto running = [](pid_t p) {
+        if (kill(p, 0) != 0 || !fs::exists("/proc/" + std::to_string(p))) return false;
+        std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+        std::string line;
+        std::getline(stat, line);
+        return line.find(") Z") == std::string::npos;  // a zombie has ended
+    };
     for (pid_t p : ranks) {
-        if (kill(p, 0) == 0 && fs::exists("/proc/" + std::to_string(p))) {
-            std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
-            std::string line;
-            std::getline(stat, line);
-            if (line.find(") Z") == std::string::npos) fail("the killed job", "rank process " + std::to_string(p) + " still runs");
+        for (int waited = 0; waited < 1000 && running(p); ++waited) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
+        if (running(p)) fail("the killed job", "rank process " + std::to_string(p) + " still runs 10 s after mpirun ended");
     }
     const std::vector<std::string> lines = message_lines(o.err);
     if (o.status == 0 || lines.size() != 1) {
