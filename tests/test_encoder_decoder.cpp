@@ -144,7 +144,12 @@ TEST_CASE("every gradient of the encoder-decoder agrees with finite differences,
     model.backward();
     const std::vector<float> analytic = model.gradients();
     // tests/gpt_checks.hpp's step and tolerance: a float loss of size ~2.5 is exact to ~2.4e-7,
-    // divided by 2h = 2e-3 that is ~1.2e-4 per derivative; a wrong path is off by O(0.01-1)
+    // divided by 2h = 2e-3 that is ~1.2e-4 per derivative; a wrong path is off by O(0.01-1).
+    // That counts only the last rounding. The forward's own (u = 2^-24): 33 products of n ≤
+    // 4C = 32 terms, each ≈ √32 u·Σ|terms| with random signs; with Σ|terms| taken as the
+    // logits' size (~2) and the mean over 9 positions, the two evaluations differ by ≈ 2.6e-6,
+    // 1.3e-3 per derivative, an overestimate (Σ|terms| ≫ |value| assumed) that 5e-4 does not
+    // cover: the tolerance rests on the error measured, ~1.2e-4.
     const GradCheck r = finite_difference(model.parameters().data(), analytic.data(), analytic.size(),
                                           1e-3f, objective);
     MESSAGE("max |analytic - numeric| = " << r.max_abs_error << " (largest gradient " << r.max_abs_grad << ")");
