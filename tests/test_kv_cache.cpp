@@ -73,8 +73,8 @@ TEST_CASE("one step of attention over the cache matches the last row of full cau
     attention_step_forward(step.data(), step_att.data(), &qkv[(T - 1) * 3 * C], cache.keys(0),
                            cache.values(0), T, capacity, C, NH);
     // Dot products of hs = 4 N(0,1) terms summed by sgemm in one order and by a loop in another.
-    // Scores q·k/2 differ by ≤ 2γ_4 Σ|qk|/2 = 8u·Σ|qk|/2 ≤ 1.4e-6 (u = 2^-24, Σ|qk| ≤ 6 over
-    // these 10 pairs' rows); a weight p_j moves by ≤ 2p_j(1 − p_j) max|Δs| ≤ max|Δs|/2 ≈ 7e-7,
+    // Scores q·k/2 differ by ≤ 2γ_4 Σ|qk|/2 = 8u·Σ|qk|/2 ≤ 1.4e-6 (u = 2^-24, Σ|qk| ≲ 6 for 4
+    // products of N(0,1) values); a weight p_j moves by ≤ 2p_j(1 − p_j) max|Δs| ≤ max|Δs|/2 ≈ 7e-7,
     // plus exp_approx's 4u and the division's u (≲ 3e-7): ≲ 1e-6 at worst, the weights'
     // tolerance, which rests on the random-sign estimate (√4 u·3 ≈ 3.6e-7 per score, ≈ 4e-7 on
     // a weight), 2.5× below it. The output Σ_j p_j v_j (T = 5, |v| ≤ 3): Σ|Δp_j||v_j| ≤ 2·1.4e-6·3
