@@ -41,9 +41,13 @@ float row_difference(const std::vector<float>& x, int a, const std::vector<float
 
 }  // namespace
 
-// The tolerance: both sides add the same T terms of size about 1 in another order, which
-// moves a float32 result by a few units of 1e-7; a real dependence on order moves it by
-// about 0.1 (random scores of size 1 give weights that differ by that much).
+// The tolerance: both sides add the same T = 6 terms in another order (softmax denominator,
+// Σ_j p_j v_j), and the 4-term scores may differ by sgemm's blocking. Two orders differ by
+// ≤ 2γ_n Σ|terms| (u = 2^-24): 2γ_6 on the denominator and on Σ p|v| ≤ max|v| ≈ 2.5 give
+// 24u·2.5 ≈ 3.6e-6, the scores (2γ_4 Σ|qk|/2 ≲ 1.4e-6, moving out by ≤ 2·max|Δs|·max|v|)
+// as much again: ~1e-5 worst case. With random signs (√6 u ≈ 1.5e-7 relative per sum,
+// √4 u·1.25 per score, |out| ≲ 1.5) the rss is ≈ 3.3e-7; 1e-6 rests on it, 3× above. A real
+// dependence on order moves outputs by about 0.1 (random scores of size 1).
 TEST_CASE("without positions, unmasked attention is permutation-equivariant and causal attention is not") {
     // q, k and v are per-position maps of the tokens: shuffling the tokens shuffles the rows of
     // qkv the same way, and so does every other layer of the GPT except attention.
@@ -78,5 +82,6 @@ TEST_CASE("causal attention sees its past as a set: shuffling earlier tokens lea
     CHECK(row_difference(out_shuffled, T - 1, out, T - 1) <= 1e-6f);
     // Position 0 sees only itself, so its output is its own value vector, wherever it came from:
     // the mask tells each position how many tokens precede it, which unmasked attention cannot.
+    // Exact in fact: its weights are e^0/1 = 1 and zeros, and 1·v + 0·v' + … rounds nothing.
     for (int c = 0; c < C; ++c) CHECK(out_shuffled[c] == doctest::Approx(qkv[perm[0] * 3 * C + 2 * C + c]).epsilon(1e-6));
 }

@@ -144,7 +144,12 @@ TEST_CASE("every gradient of the encoder-decoder agrees with finite differences,
     model.backward();
     const std::vector<float> analytic = model.gradients();
     // tests/gpt_checks.hpp's step and tolerance: a float loss of size ~2.5 is exact to ~2.4e-7,
-    // divided by 2h = 2e-3 that is ~1.2e-4 per derivative; a wrong path is off by O(0.01-1)
+    // divided by 2h = 2e-3 that is ~1.2e-4 per derivative; a wrong path is off by O(0.01-1).
+    // That counts only the last rounding. The forward's own (u = 2^-24): 33 products of n ≤
+    // 4C = 32 terms, each ≈ √32 u·Σ|terms| with random signs; with Σ|terms| taken as the
+    // logits' size (~2) and the mean over 9 positions, the two evaluations differ by ≈ 2.6e-6,
+    // 1.3e-3 per derivative, an overestimate (Σ|terms| ≫ |value| assumed) that 5e-4 does not
+    // cover: the tolerance rests on the error measured, ~1.2e-4.
     const GradCheck r = finite_difference(model.parameters().data(), analytic.data(), analytic.size(),
                                           1e-3f, objective);
     MESSAGE("max |analytic - numeric| = " << r.max_abs_error << " (largest gradient " << r.max_abs_grad << ")");
@@ -224,6 +229,9 @@ TEST_CASE("a source that is all padding gives finite logits and gradients, and c
         for (std::size_t i = per; i < w.size(); ++i) CHECK(w[i] == 0.0f);
         double row = 0.0;  // while sequence 0's rows are distributions
         for (int j = 0; j < batch.S; ++j) row += w[static_cast<std::size_t>(j)];
+        // Σ_j e_j·(1/Z), Z summed from the same rounded e_j (their errors cancel): Z's γ_S, the
+        // reciprocal's and the products' u, ≤ (S + 2)u (u = 2^-24; row summed in double): with
+        // S = 3 here 3e-7, and Approx allows 1e-6·(1 + 1) = 2e-6, 6.7× above.
         CHECK(row == doctest::Approx(1.0).epsilon(1e-6));
     }
 }

@@ -151,6 +151,7 @@ TEST_CASE("evaluation mode switches dropout off and training mode switches it on
     const std::vector<int> x = {1, 2, 3, 4}, y = {2, 3, 4, 5};
     with_dropout.train(false);
     const float eval_loss = with_dropout.forward(x, y, 1, 4);
+    // Exact: with dropout off both run the same code on the same weights in the same order.
     CHECK(eval_loss == without.forward(x, y, 1, 4));
     with_dropout.train(true);
     CHECK(with_dropout.forward(x, y, 1, 4) != eval_loss);
@@ -163,6 +164,10 @@ TEST_CASE("clip_grad_norm scales the gradient to the given norm and leaves small
     std::fill(g.begin(), g.end(), 0.0f);
     g[0] = 3.0f;
     g[1] = 4.0f;  // norm 5
+    // √(9 + 16) = 5 is exact in float32. The scaled values g·(1/(5 + 1e-6)) round by ≤ 2u
+    // (u = 2^-24), 1.2e-7 relative; Approx's default margin, 100·2^-23·(1 + |x|) ≈ 1.9e-5
+    // here, is far above that, and also above the +1e-6's own effect (2e-7 relative), which
+    // these checks therefore do not resolve.
     CHECK(clip_grad_norm(model, 1.0f) == doctest::Approx(5.0f));
     // torch divides by norm + 1e-6
     CHECK(g[0] == doctest::Approx(3.0 / (5.0 + 1e-6)));
@@ -187,6 +192,10 @@ TEST_CASE("one AdamW step moves each weight by lr against its gradient's sign, p
         for (std::size_t i = p.offset; i < p.offset + p.size; ++i) {
             const double decayed = before[i] * (p.decay ? 1.0 - lr * 0.1 : 1.0);
             const double expected = decayed - lr * (g[i] > 0 ? 1.0 : -1.0);
+            // Float32: the decay's product and the subtraction round by u|w| each (|w| ≲ 1,
+            // u = 2^-24); m̂ = m/(1 − β1) and √v̂ carry ≲ 3u each, so lr·m̂/(√v̂ + ε) = lr within
+            // ~6u·lr (ε = 1e-8 moves it by 2e-8·lr): ≲ 2.5e-7 in all, and Approx allows
+            // 1e-6·(1 + |expected|) ≥ 1e-6, 4× above. A wrong sign or decay is off by ≥ 1e-3.
             CHECK(model.parameters()[i] == doctest::Approx(expected).epsilon(1e-6));
         }
     }

@@ -120,7 +120,8 @@ TEST_CASE("causal attention's backward agrees with finite differences") {
         attention_forward(out.data(), att.data(), nullptr, qkv.data(), 0.0f, nullptr, B, T, C, NH);
         return weighted_sum(out, w);
     });
-    // The first token attends to itself only: its output is its own value, exactly.
+    // The first token attends to itself only: its output is its own value, exactly (weight
+    // e^0·(1/1) = 1, and 1·v rounds nothing); epsilon(1e-6) only gives a margin.
     for (int i = 0; i < C; ++i) CHECK(out[i] == doctest::Approx(qkv[2 * C + i]).epsilon(1e-6));
 }
 
@@ -183,6 +184,9 @@ TEST_CASE("attention weights are zero above the diagonal and each row sums to on
                 if (j > t) CHECK(a == 0.0f);
                 sum += a;
             }
+            // Σ_j e_j·fl(1/Z), Z summed from the same rounded e_j (their errors cancel): Z's γ_3,
+            // the reciprocal's u and T ≤ 4 products' u, ≤ 5u ≈ 3e-7 (u = 2^-24; the sum here
+            // is double); Approx allows 1e-6·(1 + 1) = 2e-6, 6.7× above.
             CHECK(sum == doctest::Approx(1.0).epsilon(1e-6));
         }
     }
@@ -193,6 +197,9 @@ TEST_CASE("GELU is the exact erf form and its backward agrees with finite differ
     const std::vector<float> x = {1.0f, -1.0f, 0.0f};
     std::vector<float> y(3);
     gelu_forward(y.data(), x.data(), 3);
+    // 0.5·x·(1 + erf(x/√2)) in float32: erff's ≤ 2 ulp and ~4 roundings, ≲ 6u·0.84 ≈ 3e-7 at
+    // x = 1 and ≲ 0.5·(2u·0.68 + 2u) ≈ 1e-7 at x = −1 (u = 2^-24); Approx allows
+    // 1e-6·(1 + |y|), 1.8e-6 and 1.2e-6: ≥ 6× above. GELU(0) = 0·… is exactly 0.
     CHECK(y[0] == doctest::Approx(0.8413447460685429).epsilon(1e-6));
     CHECK(y[1] == doctest::Approx(-0.15865525393145707).epsilon(1e-6));
     CHECK(y[2] == 0.0f);
@@ -230,6 +237,8 @@ TEST_CASE("inverted dropout zeroes about p of the values and scales the rest by 
     }
     // Binomial(20000, 0.25): standard deviation of the count ≈ 61, so ±300 is about 5 sigma.
     CHECK(std::abs(zeros - N / 4) < 300);
+    // The mean of N kept-and-scaled values has standard deviation √(p/(1 − p)/N) ≈ 4.1e-3 (a
+    // statistical tolerance): Approx allows 0.02·(1 + 1) = 0.04, about 10 of them.
     CHECK(sum / N == doctest::Approx(1.0).epsilon(0.02));  // the mean is kept
     std::vector<float> dx(N, 2.0f);
     dropout_backward(dx.data(), mask.data(), N);
@@ -243,6 +252,8 @@ TEST_CASE(
     const std::vector<int> targets = {0, 6, 3, 3, 1, 2};
     const float uniform =
         crossentropy_forward(probs.data(), losses.data(), logits.data(), targets.data(), B, T, V);
+    // Equal logits: e^0 = 1 each and Z = 7 exactly; −ln(fl(1/7)) and the mean of 6 equal
+    // losses round ≲ 8u·1.95 ≈ 9e-7 (u = 2^-24); Approx allows 1e-6·(1 + ln 7) ≈ 2.9e-6, 3×.
     CHECK(uniform == doctest::Approx(std::log(7.0)).epsilon(1e-6));
 
     Rng rng(9);

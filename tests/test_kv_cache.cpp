@@ -72,8 +72,13 @@ TEST_CASE("one step of attention over the cache matches the last row of full cau
     std::vector<float> step(C), step_att(static_cast<std::size_t>(NH) * T);
     attention_step_forward(step.data(), step_att.data(), &qkv[(T - 1) * 3 * C], cache.keys(0),
                            cache.values(0), T, capacity, C, NH);
-    // Dot products of 4 N(0,1) terms summed by sgemm in one order and by a loop in another:
-    // a few float32 ulps of O(1) values.
+    // Dot products of hs = 4 N(0,1) terms summed by sgemm in one order and by a loop in another.
+    // Scores q·k/2 differ by ≤ 2γ_4 Σ|qk|/2 = 8u·Σ|qk|/2 ≤ 1.4e-6 (u = 2^-24, Σ|qk| ≲ 6 for 4
+    // products of N(0,1) values); a weight p_j moves by ≤ 2p_j(1 − p_j) max|Δs| ≤ max|Δs|/2 ≈ 7e-7,
+    // plus exp_approx's 4u and the division's u (≲ 3e-7): ≲ 1e-6 at worst, the weights'
+    // tolerance, which rests on the random-sign estimate (√4 u·3 ≈ 3.6e-7 per score, ≈ 4e-7 on
+    // a weight), 2.5× below it. The output Σ_j p_j v_j (T = 5, |v| ≤ 3): Σ|Δp_j||v_j| ≤ 2·1.4e-6·3
+    // plus 2γ_5·3 = 1.8e-6, ≈ 1e-5 at worst, the outputs' tolerance. A wrong row is off by O(1).
     CHECK(max_abs_diff(step, &out[(T - 1) * C]) < 1e-5f);
     for (int h = 0; h < NH; ++h) {
         std::vector<float> row(step_att.begin() + h * T, step_att.begin() + (h + 1) * T);
@@ -128,10 +133,14 @@ TEST_CASE("the vectorised attention step matches double-precision attention on r
             for (int j = 0; j < c.T; ++j)
                 worst_att = std::max(worst_att, std::abs(w[j] / sum - att[h * c.T + j]));
         }
-        // float32 dot products of up to 64 terms of size ~4 (scores up to ~20 before the
-        // scale) and exp_approx's 2 ulps: relative 1e-6 on the scores, so 1e-5 on weights
-        // and outputs of O(1). A row read from the wrong run of the ring, a dropped tail
-        // lane or the wrong group moves them by O(0.1).
+        // Against float64: one float32 order of an n-term dot is within γ_n Σ|terms| (u = 2^-24).
+        // Scores: n = hs ≤ 64, |q_i k_i| ≈ 4·2/π ≈ 2.5 each, Σ|qk|/√hs ≈ 20 at hs = 64, so ≤
+        // γ_64·20 ≈ 7.8e-5 worst case; a weight moves by ≤ max|Δs|/2 (2p(1 − p) ≤ 1/2), 3.9e-5,
+        // and an output by up to 2 max|Δs|·max|v| more. The random-sign estimate, √64 u·20 ≈
+        // 9.8e-6 per score, gives ≈ 5e-6 on a weight and ~1e-5 on an output (plus γ_T max|v|,
+        // T ≤ 100: ≲ 1.8e-5 worst, √100 u·3 ≈ 1.8e-6 typical, and exp_approx's 4u): 2e-5 rests on
+        // it, 2..4× above. A row read from the wrong run of the ring, a dropped tail lane or
+        // the wrong group moves them by O(0.1).
         MESSAGE("worst |out - float64| " << worst_out << ", worst |weight - float64| " << worst_att);
         CHECK(worst_out < 2e-5);
         CHECK(worst_att < 2e-5);
@@ -160,8 +169,10 @@ TEST_CASE("cached logits equal the uncached forward pass's logits at every posit
         CHECK(cache.size() == cfg.block_size);
         // Same operations per element, summed in other orders (the attention row by loops,
         // the projections by sgemm with one row, against sgemm over T rows). With N(0, 0.3)
-        // weights the logits are O(10); float32 sums of 16..64 products, through 2 layers,
-        // round to about 1e-6 relative, 1e-5 absolute: the bound leaves a factor 10.
+        // weights the logits are O(10); each of 6L + 1 = 13 products (n ≤ 4C = 64) differs by
+        // ≤ 2γ_64 ≈ 7.6e-6 of Σ|terms| (u = 2^-24), ~10 carried to a logit: 13·7.6e-5 ≈ 1e-3
+        // worst case, 10× the tolerance; with random signs √13·√64 u·10 ≈ 1.7e-5, and 1e-4
+        // rests on that, 6× above. A wrong cache row moves the logits by O(1).
         MESSAGE("largest |cached - uncached| logit: " << worst);
         CHECK(worst < 1e-4f);
     }
@@ -176,6 +187,7 @@ TEST_CASE("prefill copies the forward pass's keys and values and returns its las
     prefill(logits, model, cache, tokens.data(), 6);
     CHECK(cache.size() == 6);
     model.forward(tokens.data(), nullptr, 1, 6);
+    // Exact: prefill runs this same forward pass on the same 6 tokens, same sums in same order.
     CHECK(max_abs_diff(logits, &model.logits()[5 * cfg.vocab_size]) == 0.0f);
     // then a cached step continues from it
     DecodeScratch scratch;

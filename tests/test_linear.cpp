@@ -17,6 +17,7 @@ const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) 
 TEST_CASE("matmul agrees with a product worked by hand") {
     Tensor2 a = {{1, 2}, {3, 4}, {5, 6}};
     Tensor2 b = {{1, 0, -1}, {2, 1, 0}};
+    // Exact: small integers, every product and partial sum is an integer below 2^24.
     CHECK_CLOSE(matmul(a, b), Tensor2({{5, 2, -1}, {11, 4, -3}, {17, 6, -5}}), 0.0);
     CHECK_CLOSE(matmul_transposed(a, a), Tensor2({{5, 11, 17}, {11, 25, 39}, {17, 39, 61}}), 0.0);
     CHECK_THROWS_AS(matmul(a, a), std::invalid_argument);
@@ -32,6 +33,9 @@ TEST_CASE("batched products equal the 2-D product on each batch item") {
     for (std::size_t i = 0; i < 3; ++i) {
         CAPTURE(i);
         Tensor2 ai = xt::view(a, i), bi = xt::view(b, i), ci = xt::view(c, i);
+        // The same gemm call on the same sizes, so bit-identical with a deterministic BLAS;
+        // 1e-6 allows another order: 2γ_5 Σ|ab| ≤ 10u·6 ≈ 3.6e-6 worst case (n = K = 5, N(0,1),
+        // Σ|ab| ≲ 6, u = 2^-24), √5 u·6 ≈ 8e-7 with random signs: 1e-6 rests on that, 1.2×.
         CHECK_CLOSE(xt::view(abt, i), matmul_transposed(ai, bi), 1e-6);
         CHECK_CLOSE(xt::view(ac, i), matmul(ai, ci), 1e-6);
     }
@@ -39,7 +43,10 @@ TEST_CASE("batched products equal the 2-D product on each batch item") {
 }
 
 TEST_CASE("Linear matches PyTorch's nn.Linear on the same weights") {
-    // Tolerance: float32 sums of 5 products of O(1) numbers agree to a few ulps.
+    // Tolerance: float32 sums of 5 products (+ bias, n = 6) in PyTorch's order and BLAS's:
+    // 2γ_n Σ|x w| with Σ|x w| ≤ 1.48 (bias), 1.81 (no bias) from the fixtures (u = 2^-24) is
+    // ≤ 1.1e-6 worst case, a hair above 1e-6; with random signs √(2n) u Σ|x w| ≤ 3.4e-7,
+    // 3× under it. A transposed weight or missing bias is off by O(0.1).
     SUBCASE("with bias") {
         Linear layer(load_npy<2>(fixtures / "linear_bias_weight.npy"),
                      load_npy<1>(fixtures / "linear_bias_bias.npy"));

@@ -22,7 +22,7 @@ TEST_CASE("split_heads then merge_heads gives back the input") {
     const Tensor4 heads = split_heads(x, 3);
     CHECK(shape_of(heads) == "(2, 3, 5, 4)");
     CHECK_CLOSE(merge_heads(heads), x, 0.0);
-    // Head 1 holds channels 4..7.
+    // Head 1 holds channels 4..7; a copy, so exact.
     CHECK_CLOSE(xt::view(heads, 1, 1, 2), xt::view(x, 1, 2, xt::range(4, 8)), 0.0);
     CHECK_THROWS_AS(split_heads(x, 5), std::invalid_argument);
 }
@@ -41,8 +41,14 @@ TEST_CASE("multi-head attention matches PyTorch on nanoGPT's layout") {
         const MultiHeadAttention mha(c_attn, c_proj, fixture_heads);
         Tensor4 att;
         const Tensor3 y = mha.forward(load_npy<3>(fixtures / (p + "x.npy")), &att);
-        // float32 products over C = 16 channels, twice, against a float64 reference: the
-        // outputs are O(1), so a few ulps each step stay within 1e-5.
+        // Against a float64 reference (u = 2^-24). qkv: n = C + 1 = 17, Σ|x w| ≤ 6.1, so
+        // ≤ γ_17·6.1 ≈ 6.2e-6 worst, √17 u·3.2 ≈ 7.6e-7 typical with random signs. Scores
+        // (hs = 4, |q|, |k| ≤ 4.8) then move by ≤ 1.2e-4 worst, ≈ 1.3e-6 random-sign, and a
+        // weight by ≤ half that (2p(1 − p) ≤ 1/2): att's 1e-6 sits 2× above the random-sign
+        // ≈ 4.6e-7 and far below the worst case. y = c_proj(Σ p v): worst ≳ 1e-3 through the
+        // scores, γ_17·12.7 ≈ 1.3e-5 from c_proj alone; random-sign ≈ 2e-6 (Δh ≈ 2.4e-6 times
+        // ‖w_proj row‖ ≈ 0.6, plus √17 u·1.6): 1e-5 rests on it, 5× above. A wrong head split
+        // or missing scale moves them by O(0.1).
         CHECK_CLOSE(y, load_npy<3>(fixtures / (p + "y.npy")), 1e-5);
         CHECK_CLOSE(att, load_npy<4>(fixtures / (p + "att.npy")), 1e-6);
     }
@@ -83,7 +89,9 @@ TEST_CASE("without the causal mask changing a later token changes earlier output
 TEST_CASE("entropy is 0 for one-hot rows and ln n for uniform rows and 0 ln 0 counts as 0") {
     Tensor4 w = {{{{1, 0, 0, 0}, {0.25f, 0.25f, 0.25f, 0.25f}, {0.5f, 0.5f, 0, 0},
                    {0.5f, 0.25f, 0.25f, 0}}}};
-    // Hand values: 0, ln 4, ln 2, 1.5 ln 2.
+    // Hand values: 0, ln 4, ln 2, 1.5 ln 2. −Σ p ln p over 4 terms: γ_4 Σ|p ln p| ≤ 4u·1.4 ≈
+    // 3.3e-7 plus ln's ulp and the reference's ½ulp, ≲ 5e-7 (u = 2^-24): 2× under 1e-6; the
+    // mean's epsilon(1e-6) allows 1e-6·(1 + 1.04) ≈ 2e-6 for the same ≲ 5e-7.
     CHECK_CLOSE(attention_entropy(w),
                 Tensor3({{{0.0f, static_cast<float>(std::log(4.0)),
                            static_cast<float>(std::log(2.0)),

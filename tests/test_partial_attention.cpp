@@ -84,7 +84,13 @@ TEST_CASE("merging the partial attentions over two disjoint sets of keys gives a
         std::vector<float> out = to_float(pa.out), lse = to_float(pa.lse);
         merge_partial_attention(out.data(), lse.data(), to_float(pb.out).data(), to_float(pb.lse).data(),
                                 rows, hs);
-        // Inputs rounded to float32 (|out| ≲ 3, lse ≲ 10), a handful of float operations.
+        // Against float64: inputs rounded to float32 (|out| ≤ 3, lse < 16: ½ulp ≤ 2^-21 ≈ 4.8e-7)
+        // and ~5 float operations (u = 2^-24). out = w_a o_a + w_b o_b, w_a = σ(lse_a − lse_b),
+        // σ' ≤ 1/4: the lse roundings move w by ≤ ¼·2·4.8e-7 = 2.4e-7, out by that × |o_a − o_b|
+        // ≤ 6, 1.4e-6; with u|o| for o's rounding and ~5u|o| for the arithmetic, ≤ 2.5e-6 at
+        // these extremes together, ~1e-6 at the fixture's lse ≈ 4..8 and |o_a − o_b| ≲ 2: 2e-6
+        // rests on those sizes. lse = m + ln(a + b): w_a δa + w_b δb ≤ 4.8e-7, ½ulp of the sum
+        // 4.8e-7 and ln's ~2u: ≤ 1.2e-6, 3× below 4e-6. A wrong merge is off by O(1) (ln 2).
         CHECK(max_gap(out, whole.out) < 2e-6);
         CHECK(max_gap(lse, whole.lse) < 4e-6);
     }
@@ -95,6 +101,9 @@ TEST_CASE("the merge by hand: lse ln 2 and ln 6 give ln 8, and weights 1/4 and 3
     std::vector<float> out = {1.0f, 0.0f}, lse = {std::log(2.0f)};
     const std::vector<float> out_b = {0.0f, 1.0f}, lse_b = {std::log(6.0f)};
     merge_partial_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), 1, 2);
+    // Approx(x).epsilon(e) allows e·(1 + |x|): 3.1e-6 on ln 8 ≈ 2.08, 1.3e-6 and 1.8e-6 on
+    // the weights. ln 2, ln 6 rounded (u|lse| ≤ 1.1e-7), exp, sum, ln, add: ≲ 6u·2.1 ≈ 7.5e-7;
+    // the weights, ~4 roundings of size ≤ 0.75 plus σ' = 3/16 of the lse roundings: ≲ 2.2e-7.
     CHECK(lse[0] == doctest::Approx(std::log(8.0)).epsilon(1e-6));
     CHECK(out[0] == doctest::Approx(0.25).epsilon(1e-6));
     CHECK(out[1] == doctest::Approx(0.75).epsilon(1e-6));
@@ -104,6 +113,7 @@ TEST_CASE("a side that saw no key (lse −∞) changes nothing, and two such sid
     std::vector<float> out = {0.0f, 0.0f, 3.0f, 4.0f}, lse = {-inf, 1.5f};
     const std::vector<float> out_b = {5.0f, 6.0f, 0.0f, 0.0f}, lse_b = {0.25f, -inf};
     merge_partial_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), 2, 2);
+    // Exact: e^(−∞ − m) = 0 and e^0 = 1, so (1·o + 0·o_b)/1 and m + ln 1 round nothing.
     CHECK(out == std::vector<float>{5.0f, 6.0f, 3.0f, 4.0f});
     CHECK(lse == std::vector<float>{0.25f, 1.5f});
     std::vector<float> empty = {0.0f, 0.0f}, none = {-inf};
@@ -118,6 +128,10 @@ TEST_CASE("log-sum-exps of ±1000 merge without overflow or underflow") {
     std::vector<float> out = {1.0f}, lse = {1000.0f};
     const std::vector<float> out_b = {0.0f}, lse_b = {999.0f};
     merge_partial_attention(out.data(), lse.data(), out_b.data(), lse_b.data(), 1, 1);
+    // epsilon(1e-7) on |lse| ≈ 1000 allows 1e-7·(1 + 1000.3) ≈ 1.0e-4; the float result has
+    // ½ulp(1000) = 2^-15 ≈ 3.1e-5 from its last addition (1000 − 999 is exact, ln(1 + e^-1)
+    // ~2u): 3× below. The weight 0.731, ~4 roundings ≲ 4u·0.73 ≈ 1.7e-7, under 1e-6·1.73.
+    // Without the max subtracted, e^1000 is inf and both are NaN.
     CHECK(lse[0] == doctest::Approx(1000.0 + std::log1p(std::exp(-1.0))).epsilon(1e-7));
     CHECK(out[0] == doctest::Approx(1.0 / (1.0 + std::exp(-1.0))).epsilon(1e-6));
     std::vector<float> small = {1.0f}, small_lse = {-1000.0f};
@@ -321,8 +335,11 @@ TEST_CASE("two halves of a batch with their offsets drop what the whole batch dr
     const std::vector<float> losses = whole.activations().losses;  // (B, T) per position
     // The largest gap between a half's per-position losses and the whole batch's there. A
     // product over fewer rows may be summed in another order (OpenBLAS's blocking, the
-    // threads' split of the rows): rounding, ~1e-7 of a loss of ~2.6. Other dropout masks
-    // change a position's loss by ~1e-1.
+    // threads' split of the rows). Each of the 6L + 1 = 13 products (n ≤ 4C = 64) differs by
+    // ≤ 2γ_64 ≈ 7.6e-6 of Σ|terms| (u = 2^-24); carried to the logits (Σ_c |lnf_c wte_vc| ≤
+    // √C·0.02·√C = 0.32 at N(0, 0.02) weights) and |Δloss| ≤ 2 max|Δlogit|: ≤ 13·2·7.6e-6·0.32
+    // ≈ 6e-5 worst case; with random signs √13·√64·u·0.32·2 ≈ 1.1e-6. 1e-5 rests on the
+    // latter, 9× above it. Other dropout masks change a position's loss (~2.6) by ~1e-1.
     auto gap = [&](int offset) {
         double worst = 0.0;
         const std::vector<float>& mine = part.activations().losses;

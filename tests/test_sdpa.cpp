@@ -32,8 +32,14 @@ void check_against_pytorch(const std::string& name, bool has_mask, std::size_t m
         const Mask<N> mask = xt::not_equal(load_npy<N>(fixtures / (name + "_mask.npy")), 0.0f);
         out = scaled_dot_product_attention(q, k, v, mask, &w);
     }
-    // The reference is float64 rounded to float32; float32 arithmetic on O(1) scores over
-    // d_k ≤ 8 terms and T_k ≤ 6 keys stays within a few ulps of 1, far inside 1e-6.
+    // Against a float64 reference rounded to float32; d_k ≤ 8, T_k ≤ 6, |q|, |k|, |v| ≤ 3.9. One
+    // float32 order is within γ_n Σ|terms| of the exact sum (u = 2^-24): each score within
+    // γ_8 Σ|qk|/√d_k ≤ 6e-6·… and, carried through the softmax (|Δp_j| ≤ 2p_j(1 − p_j)max|Δs|)
+    // and Σ_j p_j v_j, these fixtures' worst case is ≤ 1.4e-6 on a weight and ≤ 6.4e-6 on an
+    // output (computed from the .npy files). With random signs (√n u Σ|terms| per sum, rss
+    // over the keys) it is ≤ 2.8e-7 on the weights, 3.6× below 1e-6, and ≤ 7.7e-7 on the
+    // outputs: 1e-6 there rests on it with only 1.3× to spare. A wrong scale, mask or axis
+    // moves them by O(0.1).
     CHECK_CLOSE(out, load_npy<N>(fixtures / (name + "_out.npy")), 1e-6);
     CHECK_CLOSE(w, load_npy<N>(fixtures / (name + "_weights.npy")), 1e-6);
 }
@@ -47,7 +53,9 @@ TEST_CASE("attention of a small example matches values worked by hand") {
     Tensor2 w;
     const Tensor2 out = scaled_dot_product_attention(q, k, v, {}, &w);
     const double e = std::exp(1.0);
-    // Tolerance: a few float32 ulps of 10.
+    // The scores 1 and 0 are exact; e^-1, the sum and the division round (≲ 3u relative,
+    // u = 2^-24) and the reference by ½ulp: ≤ 2e-7 on weights ≤ 0.73 (5× under 1e-6), and
+    // 10× that, ≲ 3.3e-6, on outputs of size 7.3 (3× under 1e-5).
     CHECK_CLOSE(w, Tensor2({{static_cast<float>(e / (e + 1)), static_cast<float>(1 / (e + 1))}}),
                 1e-6);
     CHECK_CLOSE(out, Tensor2({{static_cast<float>(10 * e / (e + 1)),
@@ -61,10 +69,12 @@ TEST_CASE("a scale can be given with nullptr for the weights, with or without a 
     Tensor2 v = {{10, 0}, {0, 10}};
     const double e = std::exp(1.0);
     const Tensor2 expected = {{static_cast<float>(10 * e / (e + 1)), static_cast<float>(10 / (e + 1))}};
+    // As above (the 0.5 scale is exact): ≲ 3.3e-6 on outputs of size 7.3.
     CHECK_CLOSE(scaled_dot_product_attention(q, k, v, {}, nullptr, 0.5f), expected, 1e-5);
     const Mask<2> all = xt::ones<bool>({1, 2});
     CHECK_CLOSE(scaled_dot_product_attention(q, k, v, all, nullptr, 0.5f), expected, 1e-5);
-    // The mask hides key 1: all weight goes to value 0 at any scale.
+    // The mask hides key 1: all weight goes to value 0 at any scale, exactly (e^0/1 = 1, and
+    // 1·10 + 0·0 rounds nothing).
     const Mask<2> first = {{true, false}};
     CHECK_CLOSE(scaled_dot_product_attention(q, k, v, first, nullptr, 3.0f), Tensor2({{10, 0}}), 0.0);
 }
@@ -98,7 +108,9 @@ TEST_CASE("hidden keys get exactly zero weight and allowed keys sum to one") {
                     if (!mask(i, j)) CHECK(w(b, h, i, j) == 0.0f);
                     sum += w(b, h, i, j);
                 }
-                // float32 weights, 7 of them: the sum is 1 within a few ulps.
+                // Each float32 weight e_j/Z shares Z's rounding (≤ γ_7 relative) and has its own
+                // exp and division (≤ 3u): |Σ p_j − 1| ≤ γ_7 + 3u ≈ 10u = 6e-7 (u = 2^-24), the
+                // sum itself in double; 1e-6 is 1.7× above. A hidden key's weight is 0 exactly.
                 CHECK(std::fabs(sum - 1.0) < 1e-6);
             }
 }

@@ -86,7 +86,8 @@ TEST_CASE("a tiny run learns: the loss falls from about ln V well below it") {
     const RunSummary s = run_training(trainer, options);
     REQUIRE(s.evals.size() >= 2);
     // At initialisation the logits are nearly equal (weights N(0, 0.02)), so the loss is
-    // close to ln V; 0.1 allows for the small logits' spread.
+    // close to ln V; 0.1 allows for the small logits' spread (not rounding: logits of spread
+    // σ ≈ 0.02·√C·… ≲ 0.2 raise the expected loss by ≈ σ²/2 ≲ 0.02; float error is ~1e-6).
     CHECK(std::fabs(s.evals.front().val_loss - std::log(static_cast<double>(data.vocab.size()))) < 0.1);
     // The corpus is ten words drawn at random, about 2.3 nats per word of 4.6 characters
     // once they are learnt: far below ln V ≈ 3.0 per character.
@@ -187,6 +188,7 @@ TEST_CASE("draws follow softmax(logits / temperature) restricted to the top k") 
         REQUIRE((t == 1 || t == 2));
         twos += t == 2;
     }
+    // p = e^5/(3 + e^5) ≈ 0.980: standard error √(p(1 − p)/n) ≈ 1e-3, so 0.015 is ~15 of them.
     CHECK(std::fabs(twos / double(n) - std::exp(5.0) / (3.0 + std::exp(5.0))) < 0.015);
 }
 

@@ -21,6 +21,8 @@ TEST_CASE("projections of a small input match values worked by hand") {
     INFO("q = x·W_qᵀ keeps channels 0 and 1: [1, 0], [0, 1]; k = x·W_kᵀ is (sum, last): "
          "[3, 2], [0, -1]; v = x·W_vᵀ is twice channel 0: [2], [0]");
     const auto qkv = project_qkv(x, w_query, w_key, w_value);
+    // Small integers: every product and sum is exact in float32; 1e-6 is only a margin. The
+    // catalogued mistakes (x·W, a swapped or reused weight) are off by ≥ 1.
     CHECK_CLOSE(qkv.q, Tensor3({{{1, 0}, {0, 1}}}), 1e-6);
     CHECK_CLOSE(qkv.k, Tensor3({{{3, 2}, {0, -1}}}), 1e-6);
     CHECK_CLOSE(qkv.v, Tensor3({{{2}, {0}}}), 1e-6);
@@ -50,7 +52,11 @@ TEST_CASE("the projections are linear with no bias") {
     SUBCASE("f(2a + b) = 2 f(a) + f(b)") {
         const auto fa = project_qkv(a, wq, wk, wv), fb = project_qkv(b, wq, wk, wv);
         const auto fab = project_qkv(Tensor3(2.0f * a + b), wq, wk, wv);
-        // Sums of 6 products of N(0,1) numbers: float32 rounding stays well below 1e-5.
+        // Sums of n = 6 products of N(0,1) numbers (u = 2^-24): f(2a + b) is within
+        // γ_6 Σ|(2a + b)w| + u of it, 2f(a) + f(b) within γ_6(2Σ|aw| + Σ|bw|) + 2u; with
+        // Σ|aw| ≈ 3.8 and Σ|(2a + b)w| ≈ 8.6 typical that is ≈ 7u·20 ≈ 8e-6, worst ~1.6e-5
+        // for the largest sums; with random signs √6 u·20 ≈ 2.9e-6, 3.4× under 1e-5. A bias
+        // or wrong weight is off by O(1), 1e5× the tolerance.
         CHECK_CLOSE(fab.q, 2.0f * fa.q + fb.q, 1e-5);
         CHECK_CLOSE(fab.k, 2.0f * fa.k + fb.k, 1e-5);
         CHECK_CLOSE(fab.v, 2.0f * fa.v + fb.v, 1e-5);
@@ -82,7 +88,10 @@ TEST_CASE("agrees with attn::Linear on random input") {
     attn::Linear query(32, 16, false, rng), key(32, 16, false, rng), value(32, 16, false, rng);
     Tensor3 x = rng.normal_tensor<3>({4, 8, 32});
     const auto qkv = project_qkv(x, query.weight, key.weight, value.weight);
-    // Same products, possibly summed in another order: a few float32 ulps of O(1) values.
+    // Same products, possibly summed in another order: n = 32, |w| ≤ 1/√32 (PyTorch's
+    // init), Σ|x w| ≈ 2.3 typical, ≲ 3.5: 2γ_32·3.5 ≈ 1.3e-5 worst (u = 2^-24), √32 u·3.5 ≈
+    // 1.2e-6 with random signs, 8× under 1e-5. The mistakes (x·W, wrong weight, swapped q
+    // and k, a batch item skipped or taken from item 0) are off by O(0.1–1), ≥ 1e4× it.
     CHECK_CLOSE(qkv.q, query.forward(x), 1e-5);
     CHECK_CLOSE(qkv.k, key.forward(x), 1e-5);
     CHECK_CLOSE(qkv.v, value.forward(x), 1e-5);
@@ -107,7 +116,8 @@ TEST_CASE("one or several of everything: every B, T, C, hs and hs_v of 1 or more
                                       wk = rng.normal_tensor<2>({hs, C}),
                                       wv = rng.normal_tensor<2>({hs_v, C});
                         const auto qkv = project_qkv(x, wq, wk, wv);
-                        // Sums of at most 5 products of N(0,1) numbers: a few float32 ulps.
+                        // Sums of n ≤ 5 products of N(0,1) numbers, Σ|x w| ≲ 10: 2γ_5·10 ≈
+                        // 6e-6 (u = 2^-24) even at worst, under 1e-5; mistakes are O(1).
                         CHECK_CLOSE(qkv.q, attn::Linear(wq).forward(x), 1e-5);
                         CHECK_CLOSE(qkv.k, attn::Linear(wk).forward(x), 1e-5);
                         CHECK_CLOSE(qkv.v, attn::Linear(wv).forward(x), 1e-5);

@@ -21,6 +21,8 @@ TEST_CASE("scores of a small input match values worked by hand") {
     // q0·k = (1, 2, 0), q1·k = (1, 0, 3).
     const Tensor3 expected = Tensor3({{{1, 2, 0}, {1, 0, 3}}}) / std::sqrt(2.0f);
     INFO("q0·k = (1, 2, 0) and q1·k = (1, 0, 3), each divided by √hs = √2");
+    // The dots are exact (small integers); dividing by √2 or multiplying by 1/√2 differ by
+    // ≤ 2 ulp of ≤ 2.2, 4.8e-7: 2× under 1e-6. Every scaling mistake is off by ≥ 0.3.
     CHECK_CLOSE(scaled_scores(q, k), expected, 1e-6);
 }
 
@@ -43,8 +45,11 @@ TEST_CASE("agrees with attn::attention_scores on random input") {
     for (std::size_t hs : {1, 16, 64}) {
         CAPTURE(hs);
         Tensor3 q = rng.normal_tensor<3>({3, 7, hs}), k = rng.normal_tensor<3>({3, 7, hs});
-        // Sums of up to 64 products of N(0,1) numbers, divided by 8: a few float32 ulps of
-        // values of size ~1, summed in a possibly different order.
+        // Sums of up to n = 64 products of N(0,1) numbers (Σ|qk| ≈ 41, ≲ 60), divided by 8
+        // (exact, as 4 and 1 are), possibly in another order: 2γ_64·60/8 ≈ 5.7e-5 worst
+        // (u = 2^-24), √64 u·7.5 ≈ 3.6e-6 with random signs: 1e-5 rests on that, 2.8× above.
+        // The mistakes (unscaled, /hs, ×√hs, /√T_q, k·qᵀ, another sequence's keys) move the
+        // scores by O(0.1–10).
         CHECK_CLOSE(scaled_scores(q, k), attn::attention_scores(q, k), 1e-5);
     }
 }
@@ -63,7 +68,8 @@ TEST_CASE("more queries than keys, fewer, one of each, and one sequence") {
                 const Tensor3 k = rng.normal_tensor<3>({B, T_k, hs});
                 const Tensor3 s = scaled_scores(q, k);
                 REQUIRE(attn::shape_of(s) == attn::shape_of(attn::attention_scores(q, k)));
-                // Sums of at most 5 products of N(0,1) numbers: a few float32 ulps.
+                // n ≤ 5 products of N(0,1) numbers, Σ|qk| ≲ 10: 2γ_5·10 ≈ 6e-6 even at worst
+                // (u = 2^-24, the scale ≤ 1 only shrinks it); mistakes are O(0.1) or more.
                 CHECK_CLOSE(s, attn::attention_scores(q, k), 1e-5);
             }
 }
@@ -76,7 +82,8 @@ TEST_CASE("scaled scores of unit-variance queries and keys have standard deviati
     for (float v : s) sum2 += double(v) * v;
     const double spread = std::sqrt(sum2 / double(s.size()));
     // 16384 scores: the sampling error of a standard deviation is ~1/√(2·16384) ≈ 0.6%;
-    // without the scaling it would be √256 = 16.
+    // without the scaling it would be √256 = 16. (Statistical: Approx allows 0.05·(1 + 1)
+    // = 0.1 absolute, ~16 sampling errors; /hs gives 1/16, /√T_q gives 2, ×√hs 256.)
     CHECK(spread == doctest::Approx(1.0).epsilon(0.05));
 }
 

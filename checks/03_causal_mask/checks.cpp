@@ -73,7 +73,11 @@ TEST_CASE("after the mask and the softmax no token gives weight to a later token
         for (std::size_t i = 0; i < 7; ++i) {
             CAPTURE(b);
             CAPTURE(i);
-            // The allowed weights are a distribution: float32 rounding of ≤ 7 terms.
+            // The allowed weights are a distribution: Σ_j e_j/Z with Z summed from the same
+            // rounded e_j leaves Z's γ_6, the divisions' u and xt::sum's γ_6, ≤ 13u ≈ 7.7e-7
+            // (u = 2^-24); Approx allows 1e-6·(1 + 1) = 2e-6, 2.6× above. The mask mistakes
+            // (−1e9 kept, 0 instead of −inf, a future token let through) put ≥ 1e-3 of weight
+            // on j > i (scores N(0, 3)), which the exact == 0 below catches.
             CHECK(xt::sum(xt::view(w, b, i))() == doctest::Approx(1.0).epsilon(1e-6));
             for (std::size_t j = i + 1; j < 7; ++j) CHECK(w(b, i, j) == 0.0f);
         }

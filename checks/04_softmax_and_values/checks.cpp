@@ -24,7 +24,9 @@ TEST_CASE("softmax of small rows matches values worked by hand") {
     Tensor3 logits = {{{1, 2, 3}, {0, std::log(3.0f), -inf}}};
     const Tensor3 expected = {{{0.0900306f, 0.2447285f, 0.6652410f}, {0.25f, 0.75f, 0.0f}}};
     INFO("softmax([1, 2, 3]) = [1, e, e²]/(1 + e + e²); softmax([0, ln 3, -inf]) = [1/4, 3/4, 0]");
-    // Float32 exponentials and one division: a few ulps of numbers below 1.
+    // Float32 exponentials, a 3-term sum and one division, ≲ 5u·0.67 ≈ 2e-7 (u = 2^-24),
+    // and the 7-digit references' 5e-8: 4× under 1e-6. The mistakes (last entry not divided,
+    // sums or maxima carried between rows, no shift) are off by O(0.1) or give NaN.
     CHECK_CLOSE(softmax_last_axis(logits), expected, 1e-6);
 }
 
@@ -32,7 +34,10 @@ TEST_CASE("logits of plus or minus 1000 neither overflow nor give 0/0") {
     const float e = std::exp(1.0f);
     Tensor3 logits = {{{1000, 999, -1000}, {-1000, -1000, -1001}}};
     // Shifting a row does not change its softmax: these are softmax([1, 0, -2000]) and
-    // softmax([0, 0, -1]), worked by hand.
+    // softmax([0, 0, -1]), worked by hand. The shifts 0, −1, −2000 are exact and e^-2000 = 0;
+    // exp, sum and division on each side (the expected values are float too): ≲ 4u·1 ≈ 2.4e-7
+    // (u = 2^-24), 4× under 1e-6. Without the shift (or shifting by the first entry) e^1000
+    // overflows: NaN.
     const Tensor3 expected = {{{e / (e + 1), 1 / (e + 1), 0},
                                {1 / (2 + 1 / e), 1 / (2 + 1 / e), (1 / e) / (2 + 1 / e)}}};
     CHECK_CLOSE(softmax_last_axis(logits), expected, 1e-6);
@@ -56,19 +61,27 @@ TEST_CASE("on random logits rows sum to one and the result agrees with attn::sof
     // Not square, so normalising the wrong axis cannot pass by accident.
     Tensor3 logits = rng.normal_tensor<3>({3, 4, 9}, 0.0f, 5.0f);
     const Tensor3 p = softmax_last_axis(logits);
-    // Nine float32 terms of at most 1: their sum rounds within a few 1e-7 of 1.
+    // Σ_j e_j/Z, Z summed from the same rounded e_j (their errors cancel): Z's γ_8, a
+    // division's u (2u through 1/Z) and xt::sum's γ_8: ≤ 18u ≈ 1.1e-6 at worst (u = 2^-24),
+    // √8 u·2 ≈ 3.4e-7 with random signs, 3× under 1e-6. Against attn::softmax: each side's
+    // p_j is within (γ_8 + 3u)·p_j, so ≤ 22u ≈ 1.3e-6 apart at worst, ≈ 4.5e-7 with random
+    // signs. Sums carried between rows or an undivided entry are off by O(0.1) or more.
     CHECK_CLOSE(xt::sum(p, {2}), xt::ones<float>({3, 4}), 1e-6);
     CHECK_CLOSE(p, attn::softmax(logits), 1e-6);
     SUBCASE("adding a constant to every logit of a row changes nothing") {
         Tensor3 shifted = logits;
         xt::view(shifted, 1, 2) += 300.0f;
-        // exp of arguments shifted by the max are the same up to float rounding of z − m.
+        // z + 300 rounds by ½ulp(300) ≈ 1.5e-5 (|z| ≲ 15, so z + 300 ∈ [256, 512)); z' − m'
+        // is then exact, off by δ_j − δ_m, and δ_m cancels in p_j(δ_j − Σ_k p_k δ_k): |Δp_j| ≤
+        // 2p_j(1 − p_j)·1.5e-5 ≤ 7.6e-6, plus ~22u ≈ 1.3e-6 as above: ≤ 8.9e-6 under 1e-5 even
+        // at worst (u = 2^-24). Without the shift e^300 overflows: NaN.
         CHECK_CLOSE(softmax_last_axis(shifted), p, 1e-5);
     }
 }
 
 TEST_CASE("one key: weight 1, or 0 when it is masked") {
     const Tensor3 p = softmax_last_axis(Tensor3({{{-1000}, {0}, {1000}, {-inf}}}));
+    // Exact: e^(z − z) = 1 divided by 1; the masked row is special-cased to 0.
     CHECK_CLOSE(p, Tensor3({{{1}, {1}, {1}, {0}}}), 0.0);
 }
 
@@ -82,7 +95,11 @@ TEST_CASE("more rows than keys, one sequence, and logits spread over thousands")
         CAPTURE(T_q);
         CAPTURE(T_k);
         const Tensor3 logits = rng.normal_tensor<3>({B, T_q, T_k}, -500.0f, 1000.0f);
-        // e^(z − m) of the same float32 differences: a few ulps of weights of at most 1.
+        // e^(z − m) of the same float32 differences (one rounding each, the same on both
+        // sides); with σ = 1000 all but the largest term are e^-(≳ 1) or underflow to 0, so
+        // Z has ≤ 6 terms: each p_j within (γ_6 + 3u)p_j per side, ≤ 18u ≈ 1.1e-6 apart at
+        // worst when p ≈ 1 (then Z ≈ 1 and exact in practice). Shifting by 0 or the first
+        // entry turns these rows into NaN or zeros.
         CHECK_CLOSE(softmax_last_axis(logits), attn::softmax(logits), 1e-6);
     }
 }
@@ -91,6 +108,7 @@ TEST_CASE("a fully masked row becomes zeros and masked entries get exactly 0") {
     attn::Rng rng(2);
     Tensor3 scores = rng.normal_tensor<3>({2, 4, 4});
     const Tensor3 masked = attn::masked_fill(scores, attn::causal_mask(4));
+    // n ≤ 4 terms: each side within (γ_3 + 3u)p_j, ≤ 12u ≈ 7e-7 apart (u = 2^-24), 1.4×.
     CHECK_CLOSE(softmax_last_axis(masked), attn::softmax(masked), 1e-6);
     Tensor3 none = masked;
     xt::view(none, 1, 2) = -inf;  // row (1, 2) may attend to nothing

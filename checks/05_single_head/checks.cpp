@@ -28,10 +28,14 @@ TEST_CASE("the hand-worked example gives the rows computed on paper") {
     const Tensor3 expected = {{{1, 0}, {a, 1 - a}, {w0 + w2, w0 + w2}}};
     INFO("scores q·k/√2 (masked causally): row 0 attends to itself, (1, 0); row 1's scores "
          "(0, 1/√2) give (0.3302, 0.6698); row 2's (1, 1, 2)/√2 give (0.7517, 0.7517)");
-    // Float32 exponentials of numbers near 1: a few ulps.
+    // Identity projections are exact; 2/√2 against 2·(1/√2) and the exps, sums and divisions
+    // differ by ≲ 6u ≈ 3.6e-7 on values ≤ 1 (u = 2^-24): 2.8× under 1e-6. The mistakes
+    // (no mask, mask after softmax, k·qᵀ, double scaling, v from W_k) move rows by ≥ 0.05.
     CHECK_CLOSE(head_forward(x, identity, identity, identity, attn::causal_mask(3)), expected,
                 1e-6);
     // The same numbers to four decimals: 1.0000 0.0000 / 0.3302 0.6698 / 0.7517 0.7517.
+    // They are off by 3.8e-5 and 4.5e-5 (0.669762, 0.751745); Approx allows 2e-4·(1 + x),
+    // 2.7e-4 and 3.5e-4.
     CHECK(a == doctest::Approx(0.3302).epsilon(2e-4));
     CHECK(w0 + w2 == doctest::Approx(0.7517).epsilon(2e-4));
 }
@@ -41,7 +45,11 @@ TEST_CASE("agrees with PyTorch's head on the reference fixtures") {
     REQUIRE(cases.size() >= 5);
     for (const auto& c : cases) {
         CAPTURE(c.name);
-        // PyTorch and BLAS sum in different orders: float32 rounding of outputs of size ~1.
+        // PyTorch and BLAS sum in different orders: 2γ_n Σ|terms| per sum (u = 2^-24) through
+        // the projections (n = C ≤ 32), scores (hs ≤ 16), softmax and Σ p v (T ≤ 16): worst
+        // case ≤ 1.1e-4 from the fixtures, random-sign estimate ≤ 8.1e-7 but 1.3e-6 and
+        // 1.7e-6 on the two C = 32 fixtures (tests/test_attention.cpp), so 1e-6 is tight
+        // there. The mistakes move outputs by ≥ 0.05 (no mask: O(0.3)).
         CHECK_CLOSE(head_forward(c.x, c.w_key, c.w_query, c.w_value,
                                  attn::causal_mask(c.block_size)),
                     c.out, 1e-6);
@@ -54,11 +62,14 @@ TEST_CASE("agrees with attn::Head on random input, and later tokens do not chang
     Tensor3 x = rng.normal_tensor<3>({3, 7, 24});
     const Tensor3 out = head_forward(x, head.key.weight, head.query.weight, head.value.weight,
                                      head.tril);
-    // The same library steps in the same order: equal up to float32 rounding.
+    // The same library steps in the same order: 0. In another order (a loop for the
+    // projections, n = 24, |w| ≤ 0.2, Σ|x w| ≈ 1.9): 2γ_24·1.9 ≈ 5.4e-6 worst (u = 2^-24),
+    // √24 u·1.9 ≈ 5.6e-7 random-sign per projection, ~1e-6 on outputs: 1e-6 is then tight.
     CHECK_CLOSE(out, head.forward(x), 1e-6);
     xt::view(x, xt::all(), 4) += 3.0f;  // change token 4 of every sequence
     const Tensor3 changed = head_forward(x, head.key.weight, head.query.weight,
                                          head.value.weight, head.tril);
+    // Exactly equal in fact: rows 0..3 never read token 4, the same inputs in the same order.
     CHECK_CLOSE(xt::view(changed, xt::all(), xt::range(0, 4)),
                 xt::view(out, xt::all(), xt::range(0, 4)), 1e-6);
     CHECK(xt::amax(xt::abs(xt::view(changed, xt::all(), 4) - xt::view(out, xt::all(), 4)))() >
@@ -77,7 +88,8 @@ TEST_CASE("one token, one sequence, and a head wider than the input agree with a
                 CAPTURE(B);
                 CAPTURE(T);
                 const Tensor3 x = rng.normal_tensor<3>({B, T, C});
-                // The same library steps: equal up to float32 rounding of O(1) values.
+                // The same library steps: 0; in another order n ≤ 8 sums of Σ|terms| ≲ 3,
+                // 2γ_8·3 ≈ 2.9e-6 worst, √8 u·3 ≈ 5e-7 random-sign (u = 2^-24): 2× under 1e-6.
                 CHECK_CLOSE(head_forward(x, head.key.weight, head.query.weight,
                                          head.value.weight, head.tril),
                             head.forward(x), 1e-6);
@@ -100,8 +112,11 @@ TEST_CASE("inputs 60 times larger: each row's softmax subtracts its largest allo
     INFO("the scores are in the thousands here: subtract each row's largest score over the keys "
          "it may see (after the mask) before exp, or e^s overflows to inf (inf/inf = NaN)");
     CHECK_MESSAGE(xt::all(xt::isfinite(got)), "the output holds NaN or inf");
-    // Scores of ~1e3 carry float32 rounding of ~1e-4, which moves a weight by ~1e-4 of
-    // itself; outputs are ~1e2: 1e-3 of the largest output stays clear of rounding.
+    // Scores of ~2e3 (Σ|qk|/√8 ≈ 2.2e3, q ≈ 35) carry 2γ_8·2.2e3 ≈ 2e-3 plus the projections'
+    // 2γ_16 relative, ~1e-2 at worst, ≈ 1.2e-3 with random signs (u = 2^-24). A weight moves
+    // by p(1 − p)·Δs, ≈ 0 for these near one-hot rows and ≤ ¼·2·1.2e-3 = 6e-4 of the output's
+    // scale if two allowed scores tie within ~1: 1e-3 of the largest output rests on the
+    // random-sign estimate. The mistakes give NaN, inf or zeros: off by the scale itself.
     const double scale = xt::amax(xt::abs(expected))();
     CHECK_CLOSE(got, expected, 1e-3 * scale);
 }

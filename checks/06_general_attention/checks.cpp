@@ -30,8 +30,12 @@ void check_fixture(const std::string& name, bool has_mask) {
     attn::Mask<2> mask;
     if (has_mask) mask = xt::not_equal(attn::load_npy<2>(fixtures / (name + "_mask.npy")), 0.0f);
     const auto got = attention<N>(q, k, v, has_mask ? &mask : nullptr);
-    // The reference is float64 rounded to float32: float32 sums over d_k ≤ 8 and T_k ≤ 6
-    // terms of O(1) numbers stay a few ulps away, well inside 1e-6.
+    // The reference is float64 rounded to float32; d_k ≤ 8, T_k ≤ 6, |q|, |k|, |v| ≤ 3.9. One
+    // float32 order is within γ_n Σ|terms| of the exact sum (u = 2^-24); through the
+    // softmax and Σ p v these fixtures' worst case is ≤ 1.4e-6 on a weight and ≤ 6.4e-6 on
+    // an output, the random-sign estimate ≤ 2.8e-7 and ≤ 7.7e-7 (tests/test_sdpa.cpp): 1e-6
+    // rests on it, 3.6× and 1.3× above. The mistakes (√d_v or √T_k scaling, a mask after
+    // the softmax or of 0, item 0's values) move weights and outputs by ≥ 0.05.
     CHECK_CLOSE(got.out, attn::load_npy<N>(fixtures / (name + "_out.npy")), 1e-6);
     CHECK_CLOSE(got.weights, attn::load_npy<N>(fixtures / (name + "_weights.npy")), 1e-6);
 }
@@ -48,7 +52,9 @@ TEST_CASE("a small example matches values worked by hand") {
     const double e = std::exp(1.0);
     const float w0 = static_cast<float>(e / (e + 1)), w1 = static_cast<float>(1 / (e + 1));
     CHECK_CLOSE(got.weights, Tensor2({{w0, w1}}), 1e-6);
-    CHECK_CLOSE(got.out, Tensor2({{10 * w0, 10 * w1}}), 1e-5);  // a few ulps of 10
+    // Scores 1 and 0 exact; exp, sum, division ≲ 3u (u = 2^-24) plus the reference's ½ulp:
+    // ≤ 2e-7 on the weights (5× under 1e-6), ×10 ≲ 3.3e-6 on the outputs (3× under 1e-5).
+    CHECK_CLOSE(got.out, Tensor2({{10 * w0, 10 * w1}}), 1e-5);
 }
 
 TEST_CASE("matches PyTorch with one batch axis and T_q != T_k") {
@@ -87,7 +93,10 @@ TEST_CASE("hidden keys get exactly 0 and the allowed weights of each row sum to 
                     if (!mask(i, j)) CHECK(got.weights(b, h, i, j) == 0.0f);
                     sum += got.weights(b, h, i, j);
                 }
-                CHECK(std::fabs(sum - 1.0) < 1e-6);  // 7 float32 weights: a few ulps of 1
+                // Σ_j e_j/Z, Z from the same rounded e_j: Z's γ_6 plus a division's u (2u via
+                // 1/Z): ≤ 8u ≈ 4.8e-7 (u = 2^-24; summed here in double), 2× under 1e-6.
+                // A mask applied after the softmax leaves rows summing to < 1 by O(0.1).
+                CHECK(std::fabs(sum - 1.0) < 1e-6);
             }
 }
 
@@ -103,7 +112,9 @@ TEST_CASE("every batch index is attended on its own") {
             CAPTURE(h);
             const auto one = attention<2>(Tensor2(xt::view(q, b, h)), Tensor2(xt::view(k, b, h)),
                                           Tensor2(xt::view(v, b, h)));
-            CHECK_CLOSE(xt::view(all.out, b, h), one.out, 1e-6);  // same sums, same order
+            // Same sums, same order: 0 (1e-6 is a margin). Item 0's values for every item is
+            // off by O(1).
+            CHECK_CLOSE(xt::view(all.out, b, h), one.out, 1e-6);
         }
 }
 
@@ -135,8 +146,12 @@ TEST_CASE("more queries than keys, values wider than keys, one key, and scores p
             const auto got = attention<3>(q, k, v, masked ? &mask : nullptr);
             INFO("with scores past 100, subtract each row's largest score before exp: e^100 "
                  "overflows float");
-            // Scores up to ~200 carry float32 rounding of ~1e-5, which moves a weight by
-            // ~1e-5 of itself; values and weights are of size ~1.
+            // Scores up to ~200 (d_k = 8, q ×60: Σ|qk|/√8 ≲ 200): two orders differ by
+            // 2γ_8·200 ≈ 1.9e-4 at worst, √8 u·200 ≈ 3.4e-5 with random signs, plus ≤ 2u·200
+            // ≈ 2.4e-5 if one side scales by 1/√8 and the other divides (u = 2^-24). A weight
+            // moves by ≤ 2p(1 − p)·Δs, ≲ 2e-5 (random) and ≤ 9.5e-5 (worst); an output by up
+            // to 2·Δs·max|v| ≈ 1e-3 at worst, ≈ 2e-5 estimated: 1e-4 rests on the estimate,
+            // 5× above. Without the max subtracted, e^s overflows: NaN, not close.
             CHECK_CLOSE(got.weights, weights, 1e-4);
             CHECK_CLOSE(got.out, out, 1e-4);
         }

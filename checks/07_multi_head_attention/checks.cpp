@@ -68,7 +68,12 @@ TEST_CASE("multi-head attention equals NH single heads on slices of the weights"
     Tensor3 x = rng.normal_tensor<3>({B, T, C});
     Tensor2 c_attn = rng.normal_tensor<2>({3 * C, C}, 0.0f, 0.3f);
     Tensor2 c_proj = rng.normal_tensor<2>({C, C}, 0.0f, 0.3f);
-    // The same products in the same order up to BLAS blocking: a few ulps of O(1) values.
+    // The same products in the same order up to BLAS blocking (0 then). In other orders:
+    // qkv (n = C = 12, weights N(0, 0.3), Σ|x w| ≈ 2.3, ≲ 4) within 2γ_12·4 ≈ 5.7e-6 worst,
+    // √12 u·2.3 ≈ 4.8e-7 random-sign (u = 2^-24); through the scores (hs = 4), Σ p v and
+    // c_proj (n = 12) the worst case is ~1e-4, the random-sign estimate ≈ 1e-6: 1e-5 rests
+    // on it, 10× above. The mistakes (x·W for c_proj, reversed or strided heads, q and k
+    // swapped, 1/√C, v from k's third, no mask) move outputs by O(0.1–1).
     CHECK_CLOSE(multi_head_attention(x, c_attn, c_proj, NH), heads_one_by_one(x, c_attn, c_proj, NH),
                 1e-5);
 }
@@ -87,6 +92,7 @@ TEST_CASE("one head, heads of one channel, one token and one sequence") {
                 CAPTURE(B);
                 CAPTURE(T);
                 const Tensor3 x = rng.normal_tensor<3>({B, T, C});
+                // As above (C = 6: n ≤ 6, less): random-sign ≲ 1e-6, 10× under 1e-5.
                 CHECK_CLOSE(multi_head_attention(x, c_attn, c_proj, NH),
                             heads_one_by_one(x, c_attn, c_proj, NH), 1e-5);
             }
@@ -99,7 +105,9 @@ TEST_CASE("multi-head attention matches PyTorch on nanoGPT's layout") {
                                              attn::load_npy<2>(dir / "nobias_c_proj_weight.npy"),
                                              4);  // n_head in tests/fixtures/multi_head/versions.json
     // float32 against a float64 reference through two projections over C = 16 channels and
-    // a softmax: a few ulps of O(1) values at each step, inside 1e-5.
+    // a softmax (tests/test_multi_head.cpp): qkv within γ_17·6.1 ≈ 6.2e-6 at worst and the
+    // output ≳ 1e-3 worst through the scores; random-sign ≈ 2e-6 (u = 2^-24): 1e-5 rests on
+    // it, 5× above. The mistakes move y (|y| ≤ 1.6) by O(0.1–1).
     CHECK_CLOSE(got, attn::load_npy<3>(dir / "nobias_y.npy"), 1e-5);
 }
 

@@ -27,7 +27,9 @@ TEST_CASE("entropies of small rows match values worked by hand") {
                    {0.5f, 0.25f, 0.25f, 0}}}};
     INFO("entropy -Σ p ln p: one-hot 0, uniform over 4 ln 4, uniform over 2 ln 2, "
          "(1/2, 1/4, 1/4, 0) 1.5 ln 2 (natural log, 0 ln 0 = 0)");
-    // float32 results of double sums of a few terms: well within 1e-6.
+    // −Σ p ln p over ≤ 4 terms: in double, only the final ½ulp (≤ 6e-8); even in float32,
+    // γ_4 Σ|p ln p| plus ln's and the product's rounding ≲ 6u·1.39 ≈ 5e-7 (u = 2^-24): 2×
+    // under 1e-6. The mistakes (log2: ×1.44, no minus, 0 ln 0 as NaN) are off by ≥ 0.3.
     CHECK_CLOSE(attention_entropy(w), Tensor3({{{0.0f, ln(4), ln(2), 1.5f * ln(2)}}}), 1e-6);
 }
 
@@ -46,6 +48,9 @@ TEST_CASE("uniform causal attention has the largest mean entropy: the mean of ln
         for (std::size_t j = 0; j <= i; ++j) w(0, 0, i, j) = 1.0f / static_cast<float>(i + 1);
     const double expected = (std::log(1.0) + std::log(2.0) + std::log(3.0) + std::log(4.0) +
                              std::log(5.0) + std::log(6.0)) / 6;
+    // Weights 1/(i + 1) rounded (u relative, so u absolute in ln), rows of ≤ 6 terms: in float
+    // γ_6·ln 6 ≈ 6.4e-7 per row at worst (u = 2^-24), less in double; the mean of 6 rows and
+    // ½ulp(1.1) keep it ≲ 7e-7, under 1e-6. Dividing by B·T_k or over heads is off by ≥ 0.1.
     CHECK_CLOSE(mean_entropy_per_head(w), Tensor1({static_cast<float>(expected)}), 1e-6);
 }
 
@@ -54,6 +59,8 @@ TEST_CASE("the mean per head averages over batch items and positions") {
     // Head 0: entropies 0, ln 2 | ln 2, ln 2 → mean 0.75 ln 2. Head 1: all 0 → 0.
     Tensor4 w = {{{{1, 0}, {0.5f, 0.5f}}, {{1, 0}, {0, 1}}},
                  {{{0.5f, 0.5f}, {0.5f, 0.5f}}, {{0, 1}, {1, 0}}}};
+    // Entropies 0 and ln 2 of exact weights, a mean of 4: ≲ 3u·0.52 ≈ 1e-7 (u = 2^-24).
+    // Averaging over heads instead of batch items gives 0.35 and 0.17: off by ≥ 0.17.
     CHECK_CLOSE(mean_entropy_per_head(w), Tensor1({0.75f * ln(2), 0.0f}), 1e-6);
 }
 
@@ -109,7 +116,10 @@ TEST_CASE("an even spread over 2048 keys has entropy ln 2048: no weight is too s
     w(0, 0, 1, 7) = 1.0f;  // and a one-hot row beside it
     INFO("an even spread over n keys has entropy ln n = 7.6246189 for n = 2048, however small "
          "each weight: only a weight of exactly 0 adds nothing");
-    // 2048 float32 terms summed in double: the result is exact to float32 rounding.
+    // 2048 float32 terms summed in double: the result is exact to float32 rounding, ½ulp(7.6)
+    // ≈ 2.4e-7, 40× under 1e-5. (Summed in float32 instead, the bound would be γ_2048·7.6 ≈
+    // 9.3e-4 and the random-sign estimate √2048 u·7.6 ≈ 2e-5, u = 2^-24: 1e-5 assumes the
+    // double sum the solution uses.) Leaving out weights below 1e-3 gives 0: off by 7.6.
     CHECK_CLOSE(attention_entropy(w), Tensor3({{{ln(2048), 0.0f}}}), 1e-5);
 }
 

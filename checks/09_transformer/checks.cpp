@@ -113,6 +113,13 @@ Tensor3 expected_logits(const Fixture& f) {
 // different order (BLAS against PyTorch's kernels, or the library's batch split over
 // threads) differ by a few ulps of O(1) values, ~1e-7 to 1e-6; 1e-5 is the library's own
 // bar against PyTorch (tests/test_gpt.cpp). A wrong block moves the logits by 1e-2 or more.
+// Derived: the logits against PyTorch as in tests/gpt_checks.hpp (gpt/ fixtures, C = 32,
+// |logits| ≤ 0.4: worst case 6.9e-6 nobias, 4.3e-5 bias, from 2γ_n Σ|terms| over 6L + 1
+// products, u = 2^-24; random-sign estimate ≲ 1e-6). A block against the library's: 6
+// products of n ≤ 4C = 128 terms, Σ|terms| ≲ 1 (≲ 2.6 with c_fc × 20), 2γ_128 ≈ 1.5e-5 each
+// at worst, √6·√128 u·2.6 ≈ 4.4e-6 with random signs: 1e-5 rests on that, ≥ 2.3× above. The
+// smallest catalogued mistake, GPT-2's tanh GELU, moves the ×20 block by 7e-5, 7× above it;
+// the others (no residual, wrong LayerNorm, no bias, no c_proj, no mask) by ≥ 1e-2.
 constexpr double parity_tol = 1e-5;
 
 }  // namespace

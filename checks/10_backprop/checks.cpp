@@ -48,7 +48,11 @@ double weighted(const Tensor2& out, const Tensor2& g) {
 // truncation error h²/6·f''' of about 2e-5, and float rounding of a sum of ~30 outputs
 // divided by 2h adds about 5e-5 (measured on the solution: below 2e-4, the most for
 // LayerNorm rows around 5, where float32 resolves x ± h less finely); 1e-3 stays far below
-// the O(0.1) error of a wrong formula.
+// the O(0.1) error of a wrong formula. In u = 2^-24 terms: each output of size ≲ 5 rounds
+// to ≈ √n u·5 with random signs (n ≤ 9), ~30 of them weighted O(1) change between x ± h, so
+// the objective's difference carries ≈ √30·√9·u·5·√2 ≈ 7e-6, /2h = 3.5e-4 at most, ~5e-5
+// typically; 1e-3 sits above the measured 2e-4 and ≥ 100× below the mistakes (a missing
+// 1/√hs, C − 1, a missing term or sign: O(0.1–1)).
 constexpr float h = 1e-2f;
 constexpr double fd_tol = 1e-3;
 
@@ -105,7 +109,8 @@ TEST_CASE("a single token attends to itself: all of dout goes to its value") {
     const Tensor2 q = {{0.3f, -1.0f}}, k = {{2.0f, 0.5f}}, v = {{1.0f, 4.0f}};
     const Tensor2 w = {{1.0f}}, dout = {{0.7f, -0.2f}};
     const auto g = exercise::attention_backward(dout, q, k, v, w);
-    // w is 1 whatever the scores: q and k get no gradient, and dv = dout.
+    // w is 1 whatever the scores: q and k get no gradient, and dv = dout. Exact, in fact:
+    // ds = 1·(dw − 1·dw) = 0 and dv = 1·dout round nothing; 1e-7 is a margin.
     CHECK_CLOSE(g.dq, Tensor2({{0.0f, 0.0f}}), 1e-7);
     CHECK_CLOSE(g.dk, Tensor2({{0.0f, 0.0f}}), 1e-7);
     CHECK_CLOSE(g.dv, dout, 1e-7);
@@ -122,6 +127,9 @@ TEST_CASE("a two-token example matches gradients worked by hand") {
     INFO("by hand: dv = wᵀ·dout = [1/4, 3/4], dq[1] = ds[1]·k = 3/4·ln 3, "
          "dk = ds[1]ᵀ·q[1] = [-3/4, 3/4] with ds[1] = w·(dw − Σ w·dw) = [-3/4, 3/4]");
     const auto g = exercise::attention_backward(dout, q, k, v, w);
+    // Exact in float32 but for dq's one product 0.75·ln 3, the same float product on both
+    // sides: 1e-6 is a margin. dk = ds·q gives [0, 0] (off by 0.75), no Σ w·dw term
+    // [0.25, 3.75]-sized ds, a flipped sign 1.5 away.
     CHECK_CLOSE(g.dv, Tensor2({{0.25f}, {0.75f}}), 1e-6);
     CHECK_CLOSE(g.dq, Tensor2({{0.0f}, {0.75f * ln3}}), 1e-6);
     CHECK_CLOSE(g.dk, Tensor2({{-0.75f}, {0.75f}}), 1e-6);
@@ -156,6 +164,8 @@ TEST_CASE("the mask: the first query's gradient reaches the first key and value 
     xt::view(dout, 0) = rng.normal_tensor<1>({3});  // only out[0] matters
     const auto g = exercise::attention_backward(dout, q, k, v, head_forward(q, k, v).w);
     // out[0] = v[0] exactly (token 0 sees only itself): dv[0] = dout[0], nothing else moves.
+    // Exact: w's row 0 is [1, 0, …] and the other rows of dout are 0, so ds = 0 and
+    // dv = 1·dout[0] round nothing; 1e-6 is a margin. dv = w·dout moves other rows by O(1).
     CHECK_CLOSE(g.dv, dout, 1e-6);
     CHECK_CLOSE(g.dq, xt::zeros<float>({5, 3}), 1e-6);
     CHECK_CLOSE(g.dk, xt::zeros<float>({5, 3}), 1e-6);

@@ -29,10 +29,15 @@ TEST_CASE("the first step moves every parameter by the learning rate against its
     // move is η·g/(|g| + ε): η for any non-zero gradient, 0 for a zero one.
     Vec param{1.0f, -2.0f, 0.5f}, grad{0.5f, -4.0f, 0.0f}, m(3, 0.0f), v(3, 0.0f);
     adamw_step(param, grad, m, v, 1, no_decay(0.1f), false);
-    // ε = 1e-8 changes η·g/(|g| + ε) by η·ε/|g| ≤ 2e-9; float rounding of O(1) values ~1e-7.
+    // ε = 1e-8 changes η·g/(|g| + ε) by η·ε/|g| ≤ 2e-9; float rounding (u = 2^-24): m̂ and
+    // √v̂ ≲ 3u each, so η's move is within 7u·0.1, plus ½ulp(1.9) ≈ 1.2e-7 for the subtraction
+    // and the reference's own ½ulp: ≤ 2.2e-7, 4.5× under 1e-6. m = (1 − 0.9f)·g carries
+    // 1 − 0.9f = 0.10000002384 (4u high, exact subtraction): −0.4000000954 against −0.4f,
+    // 8.9e-8 under 1e-7 (the worst here, 1.1×). The mistakes (no bias correction, |g| or β1 in
+    // v, L2 decay) move θ by ≥ 1e-3.
     CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.9f, -1.9f, 0.5f}), 1e-6);
     CHECK_CLOSE(xt::adapt(m), xt::adapt(Vec{0.05f, -0.4f, 0.0f}), 1e-7);
-    // 1 − 0.99 in float32 is 0.0099999905: v is off by up to 1e-6 relative.
+    // 1 − 0.99 in float32 is 0.0099999905: v is off by up to 1e-6 relative, 1.5e-7 on 0.16.
     CHECK_CLOSE(xt::adapt(v), xt::adapt(Vec{0.0025f, 0.16f, 0.0f}), 1e-6);
 }
 
@@ -46,9 +51,14 @@ TEST_CASE("two steps agree with values worked by hand") {
     Vec param{1.0f}, m{0.0f}, v{0.0f};
     adamw_step(param, Vec{1.0f}, m, v, 1, no_decay(0.1f), false);
     adamw_step(param, Vec{-1.0f}, m, v, 2, no_decay(0.1f), false);
+    // m = 0.09 − 0.1 and v = 0.0099 + 0.01: a few roundings of ½ulp(0.1) ≈ 3.7e-9, ≲ 2e-8,
+    // 5× under 1e-7 (u = 2^-24).
     CHECK_CLOSE(xt::adapt(m), xt::adapt(Vec{-0.01f}), 1e-7);
     CHECK_CLOSE(xt::adapt(v), xt::adapt(Vec{0.0199f}), 1e-7);
-    // Float rounding of the bias corrections (1 − 0.9801 loses about 2 digits): ~1e-6.
+    // Float rounding of the bias corrections (1 − 0.9801 loses about 2 digits): v̂ within
+    // ≈ 2·ulp(0.98)/0.0199 ≈ 6e-6 relative, √v̂ 3e-6, so the move η·|m̂|/√v̂ ≈ 5.3e-3 is within
+    // ~2e-8; with ½ulp(0.9) and the 8-digit reference ≲ 1e-7: 5e-6 is 50× above. Without the
+    // bias correction θ = 0.9071, off by 1.8e-3.
     CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.90526316f}), 5e-6);
 }
 
@@ -64,7 +74,9 @@ TEST_CASE("a zero gradient after a non-zero one still decays the moments and mov
     adamw_step(param, Vec{0.0f}, m, v, 2, no_decay(0.1f), false);
     CHECK_CLOSE(xt::adapt(m), xt::adapt(Vec{0.09f}), 1e-7);
     CHECK_CLOSE(xt::adapt(v), xt::adapt(Vec{0.0099f}), 1e-7);
-    // Float rounding of the bias corrections, as in the two-step example: ~1e-6.
+    // Float rounding of the bias corrections, as in the two-step example: v̂ = 0.4975 within
+    // ~6e-6 relative, the move 0.067 within ~2e-7, plus ½ulp and the 7-digit reference:
+    // ≲ 3e-7, 16× under 5e-6. Skipping the zero-gradient element leaves θ = 0.9, 0.067 off.
     CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{0.8328420f}), 5e-6);
 }
 
@@ -76,6 +88,9 @@ TEST_CASE("weight decay shrinks only the tensors marked for it, and stays out of
     SUBCASE("decayed: θ·(1 − η·λ) = θ·0.95 when the gradient is zero") {
         Vec param{2.0f, -4.0f}, m(2, 0.0f), v(2, 0.0f);
         adamw_step(param, zero, m, v, 1, s, true);
+        // 1 − 0.1f·0.5f rounds to 0.95f and ×2, ×4 are exact: within ½ulp of 1.9 and 3.8,
+        // ≤ 2.4e-7 (u = 2^-24), 4× under 1e-6; moments 0 exactly (g = 0). L2 decay through
+        // the moments moves θ by η = 0.1 instead.
         CHECK_CLOSE(xt::adapt(param), xt::adapt(Vec{1.9f, -3.8f}), 1e-6);
         CHECK_CLOSE(xt::adapt(m), xt::adapt(zero), 0.0);
         CHECK_CLOSE(xt::adapt(v), xt::adapt(zero), 0.0);
@@ -129,7 +144,11 @@ TEST_CASE("no momentum (β₁ = 0), a late step (t = 1000), and moments from ear
                     expected_v[i] = static_cast<float>(vi);
                 }
                 adamw_step(param, grad, m, v, step, s, decay);
-                // Float32 rounding of parameters of size ≤ 6 and of moments ≤ 1: a few ulps.
+                // Against the formulas in double from the same float β's (so 1 − β is the
+                // same exact value on both sides), u = 2^-24: θ ≤ 6 gets the decay's product
+                // (u·6) and the subtraction (½ulp(6) ≈ 2.4e-7), the move η|m̂|/√v̂ ≲ 0.3 within
+                // ~10u, and the reference its ½ulp: ≲ 1e-6, 2× under 2e-6. m, v ≲ 0.5: three
+                // roundings of ½ulp(0.3) ≈ 1.5e-8 plus the reference's, ≲ 6e-8 under 1e-7.
                 CHECK_CLOSE(xt::adapt(param), xt::adapt(expected_param), 2e-6);
                 CHECK_CLOSE(xt::adapt(m), xt::adapt(expected_m), 1e-7);
                 CHECK_CLOSE(xt::adapt(v), xt::adapt(expected_v), 1e-7);
@@ -174,6 +193,11 @@ TEST_CASE("five steps on a small GPT's gradients agree with attn::AdamW, tensor 
     // The same formulas, perhaps in another order: a few float32 ulps per step on weights of
     // size ≤ 1 (ulp 6e-8) and on moves of size ≤ η = 0.01: well under 1e-6 after 5 steps.
     CHECK_CLOSE(xt::adapt(params), xt::adapt(model.parameters()), 1e-6);
+    // m = β1·m + (1 − β1)·g in another order: ≤ 3 roundings of ½ulp(|m|) a step, |m| ≲ |g|
+    // ≲ 0.3 (½ulp 1.5e-8, u = 2^-24), older ones shrunk by β1: Σ_k 0.9^k·4.5e-8 ≈ 1.8e-7 after
+    // 5 steps at worst, ≈ 4.6e-8 with random signs: 1e-7 rests on that, 2× above (0 in the
+    // same order). v ≲ 0.01·g² ≲ 1e-3 rounds by ~6e-11 a step: far under. The mistakes (|g|
+    // or β1 in v, no bias correction, L2 decay, all tensors decayed) are ≥ 1e-4 off.
     CHECK_CLOSE(xt::adapt(m), xt::adapt(reference.m), 1e-7);
     CHECK_CLOSE(xt::adapt(v), xt::adapt(reference.v), 1e-7);
 }

@@ -63,7 +63,12 @@ std::vector<float> wavy_scores(int rows, int T) {
 }
 
 // How many of the kernel's weights for wavy scores (rows, T) miss the float64 softmax by
-// more than 1e-6 (a NaN counts as a miss).
+// more than 1e-6 (a NaN counts as a miss). Scores |s| ≤ 4, u = 2^-24: a weight e_j/Z is
+// within (2u for expf + Z's rounding + u)·p_j; Z summed by a lane (⌈T/32⌉ ≤ 3 terms) then
+// a 5-level butterfly is within γ_8 = 8u, so ≤ 11u·p ≤ 6.6e-7 at worst, 1.5× under 1e-6
+// (one lane summing all T ≤ 65 terms: γ_65·p ≤ 3.9e-6·p, under 1e-6 for p ≤ 0.25, which
+// these spreads keep to). __expf's 2 + 1.16|x| ulp would not fit. The mistakes (half-warp
+// sums, keys visited many times, masked keys in the max) are off by O(0.1) or NaN.
 int misses_on_wavy_scores(int rows, int T) {
     const auto s = wavy_scores(rows, T);
     const auto out = run(s, rows, T);
@@ -81,6 +86,9 @@ TEST_CASE("two queries by hand: the first sees only itself, the second splits 1:
     // Query 0 sees key 0 only (its 9 for key 1 is masked): [1, 0]. Query 1 sees scores
     // 0 and ln 3: weights 1 and 3 of 4, so [0.25, 0.75].
     const auto out = run({0.0f, 9.0f, 0.0f, std::log(3.0f)}, 2, 2);
+    // out[0] = e^0/e^0 = 1 and out[1] = 0 exactly; 0.25, 0.75 within exp's 2u, the sum's and
+    // the division's u: ≲ 4u·0.75 ≈ 1.8e-7 (u = 2^-24), under Approx's 1e-6·(1 + p) ≥ 1.25e-6.
+    // Letting the query's own key go (j < i) makes row 0 0/0; no mask makes row 0 [~0, 1].
     CHECK(out[0] == doctest::Approx(1.0f));
     CHECK(out[1] == 0.0f);
     CHECK(out[2] == doctest::Approx(0.25f).epsilon(1e-6));
@@ -96,6 +104,9 @@ TEST_CASE("every masked weight is exactly 0 and every row sums to 1, rows longer
             if (j > r % T) CHECK(out[r * T + j] == 0.0f);
             sum += out[r * T + j];
         }
+        // Σ e_j/Z with Z from the same rounded e_j: Z's γ_8 (butterfly; γ_70 ≈ 4.2e-6 if one
+        // lane sums a row) and a division's u, summed here in double (u = 2^-24): ≤ 4.2e-6,
+        // under Approx's 1e-5·(1 + 1) = 2e-5. Keys skipped or counted twice: off by O(0.1).
         CHECK(sum == doctest::Approx(1.0).epsilon(1e-5));
     }
 }
@@ -106,7 +117,9 @@ TEST_CASE("every weight matches a float64 causal softmax, over several blocks of
 }
 
 TEST_CASE("large scores do not overflow: the maximum is subtracted before exp") {
-    // exp(1000) overflows float; softmax(1000, 1001) = (1, e) / (1 + e).
+    // exp(1000) overflows float; softmax(1000, 1001) = (1, e) / (1 + e). The shifts 0, −1 are
+    // exact; exp, sum and division on each side (e is float too) ≲ 6u·0.73 ≈ 2.6e-7
+    // (u = 2^-24), under Approx's 1e-6·(1 + p) ≥ 1.27e-6. Without the shift: inf/inf, NaN.
     const auto out = run({1000.0f, 0.0f, 1000.0f, 1001.0f}, 2, 2);
     const float e = std::exp(1.0f);
     CHECK(out[0] == doctest::Approx(1.0f));
@@ -152,6 +165,7 @@ TEST_CASE("rows of 31, 32, 33, 64 and 65 keys: every lane and every warp boundar
 
 TEST_CASE("a single key: every row is [1]") {
     const auto out = run({-5.0f, 0.0f, 42.0f}, 3, 1);
+    // Exact: e^(s − s) = 1 divided by 1.
     CHECK(out == std::vector<float>{1.0f, 1.0f, 1.0f});
 }
 

@@ -48,6 +48,10 @@ TEST_CASE("two tiles reproduce numbers worked by hand") {
     // m = 2, l = e^-1 + 1, acc = e^-1·[1, 0] + [0, 1]
     INFO("after tile [1, 2]: m = 2, l = e^-1 + 1 = 1.3678794, acc = e^-1·[1, 0] + [0, 1]");
     CHECK(state.max == 2.0f);
+    // Each value here is a few float operations (e^-1 within 1–2 ulp, a product, a sum) on
+    // numbers ≤ 2.4: ≲ 4u·2.4 ≈ 5.7e-7 (u = 2^-24), plus the 8-digit references' 5e-8:
+    // under 1e-6 (1.7×), and under Approx's 1e-6·(1 + l) ≥ 2.4e-6. The mistakes (acc or l
+    // not rescaled, e^(m_new − m), the max not kept) are off by ≥ 0.2 here.
     CHECK(state.sum == doctest::Approx(1.3678794).epsilon(1e-6));
     CHECK_CLOSE(state.acc, Tensor1({0.3678794f, 1.0f}), 1e-6);
     online_softmax_update(state, Tensor1({3.0f}), Tensor2({{2, 2}}));
@@ -64,6 +68,8 @@ TEST_CASE("two tiles reproduce numbers worked by hand") {
 TEST_CASE("the first tile from an empty state gives m = max and l = sum of e^(s - m)") {
     RowState state = empty_state(1);
     online_softmax_update(state, Tensor1({0.0f, std::log(3.0f)}), Tensor2({{1}, {1}}));
+    // ln 3 rounded (½ulp), e^(−ln 3) within 2u, + 1 and ×1: ≲ 3u·1.33 ≈ 2.4e-7 (u = 2^-24),
+    // 10× under Approx's 1e-6·(1 + 1.33); the max exact up to ln 3's own rounding.
     CHECK(state.max == doctest::Approx(std::log(3.0)));
     CHECK(state.sum == doctest::Approx(1.0 / 3.0 + 1.0).epsilon(1e-6));  // e^(0 − ln 3) + e^0
     CHECK(state.acc(0) == doctest::Approx(4.0 / 3.0).epsilon(1e-6));
@@ -83,9 +89,16 @@ TEST_CASE("any split into tiles gives softmax(s) · V after dividing by l") {
             online_softmax_update(state, Tensor1(xt::view(scores, xt::range(begin, end))),
                                   Tensor2(xt::view(values, xt::range(begin, end), xt::all())));
         }
-        // 37 float32 terms of at most |v| ≈ 3, rescaled a few times: ~1e-6 of rounding.
+        // Against double (u = 2^-24): a rescale multiplies acc and l by the same rounded
+        // factor, which cancels in acc/l, leaving e_j's 2u, a product's u per rescale (k ≈
+        // H_37 ≈ 4 records of the max, ≤ 37) and both 37-term sums: ≤ (2γ_37 + (k + 2)u)·|v|
+        // ≈ 80u·3 ≈ 1.4e-5 at worst, ≈ √37·√2 u·3 ≈ 1.5e-6 with random signs: 1e-5 rests on
+        // that, 6.7× above. The mistakes (acc or l not rescaled, e^(m_new − m)) are off by
+        // O(1); a maximum kept per tile only overflows.
         CHECK_CLOSE(Tensor1(state.acc / state.sum), expected, 1e-5);
-        // The log-sum-exp: m + ln l = ln Σ e^s.
+        // The log-sum-exp: m + ln l = ln Σ e^s. l within ≈ (γ_37 + (k + 2)u) ≈ 43u relative,
+        // ln moves by as much, 2.6e-6, plus ½ulp(lse ≈ 8) ≈ 4.8e-7: under Approx's
+        // 1e-6·(1 + lse) ≈ 9e-6 even at worst (3×).
         double lse = 0.0;
         for (float s : scores) lse += std::exp(static_cast<double>(s));
         CHECK(state.max + std::log(state.sum) == doctest::Approx(std::log(lse)).epsilon(1e-6));
@@ -99,7 +112,8 @@ TEST_CASE("a fully masked tile leaves an empty state empty, with no NaN") {
     CHECK(state.max == -inf);
     CHECK(state.sum == 0.0f);
     CHECK_CLOSE(state.acc, Tensor1({0.0f, 0.0f}), 0.0);
-    // Then a tile with one visible key and one masked one: the output is that key's value.
+    // Then a tile with one visible key and one masked one: the output is that key's value,
+    // exactly (e^0 = 1, e^-inf = 0, l = 1); 1e-6 is a margin. An unguarded −inf − −inf is NaN.
     online_softmax_update(state, Tensor1({0.25f, -inf}), Tensor2({{5, 6}, {7, 8}}));
     CHECK_CLOSE(Tensor1(state.acc / state.sum), Tensor1({5.0f, 6.0f}), 1e-6);
 }
@@ -109,6 +123,8 @@ TEST_CASE("large scores do not overflow") {
     online_softmax_update(state, Tensor1({1000.0f}), Tensor2({{0}}));
     online_softmax_update(state, Tensor1({1001.0f}), Tensor2({{1}}));
     // e^1000 overflows float; with the running max the weights are 1/(1+e) and e/(1+e).
+    // e^-1, a rescale, a sum and the division ≲ 4u·0.73 ≈ 1.8e-7 plus the 7-digit reference's
+    // 5e-8 (u = 2^-24): 7× under Approx's 1e-6·1.73. Without the max: inf/inf, NaN.
     CHECK(std::isfinite(state.sum));
     CHECK(state.acc(0) / state.sum == doctest::Approx(0.7310586).epsilon(1e-6));
 }
@@ -122,6 +138,7 @@ TEST_CASE("scores near -1000 do not underflow: the maximum is the largest score,
     online_softmax_update(state, Tensor1({-1000.0f}), Tensor2({{1}}));
     online_softmax_update(state, Tensor1({-1001.0f}), Tensor2({{0}}));
     CHECK(state.max == -1000.0f);
+    // As above: ≲ 3u·1.37 ≈ 2.5e-7 on l, 1.8e-7 on the weight, under 2.4e-6 and 1.7e-6.
     CHECK(state.sum == doctest::Approx(1.3678794).epsilon(1e-6));
     CHECK(state.acc(0) / state.sum == doctest::Approx(0.7310586).epsilon(1e-6));
 }
@@ -135,6 +152,7 @@ TEST_CASE("an empty tile, and a masked tile after visible keys, change nothing")
     online_softmax_update(state, Tensor1({-inf, -inf, -inf}), Tensor2(xt::zeros<float>({3, 3})));
     CHECK(state.max == before.max);
     CHECK(state.sum == before.sum);
+    // Exact: the rescale factor is e^0 = 1 and the masked keys add e^-inf = 0.
     CHECK_CLOSE(state.acc, before.acc, 0.0);
 }
 
@@ -152,7 +170,8 @@ TEST_CASE("values of one and of 64 channels, and tiles of one key") {
             online_softmax_update(state, Tensor1(xt::view(scores, xt::range(at, at + 1))),
                                   Tensor2(xt::view(values, xt::range(at, at + 1), xt::all())));
         }
-        // 9 float32 terms rescaled up to 9 times: a few ulps of values of size ~1.
+        // 9 terms, tiles of one key, so ≤ 9 rescales: (2γ_9 + 11u)·|v| ≈ 29u·3 ≈ 5.2e-6 even
+        // at worst (u = 2^-24; the rescale factors cancel in acc/l), 2× under 1e-5.
         CHECK_CLOSE(Tensor1(state.acc / state.sum), plain_attention_row(scores, values), 1e-5);
     }
 }
@@ -166,6 +185,8 @@ TEST_CASE("a later tile with smaller scores keeps the running maximum") {
         online_softmax_update(state, Tensor1({100.0f}), Tensor2({{1}}));
         online_softmax_update(state, Tensor1({-100.0f}), Tensor2({{0}}));
         CHECK(state.max == 100.0f);
+        // Exact: e^0 = 1 and e^-200 = 0 in float32. A maximum over the new tile alone
+        // rescales by e^200 = inf.
         CHECK(state.sum == doctest::Approx(1.0).epsilon(1e-6));
         CHECK(state.acc(0) / state.sum == doctest::Approx(1.0).epsilon(1e-6));
     }
@@ -176,7 +197,8 @@ TEST_CASE("a later tile with smaller scores keeps the running maximum") {
         online_softmax_update(two, Tensor1({3.0f, 1.0f}), Tensor2({{1}, {0}}));
         online_softmax_update(two, Tensor1({2.0f, 0.0f}), Tensor2({{0}, {0}}));
         CHECK(two.max == 3.0f);
-        // l = 1 + e^-2 + e^-1 + e^-3 = 1.5530018 (calculator)
+        // l = 1 + e^-2 + e^-1 + e^-3 = 1.5530018 (calculator): 3 exps, 2 rescales, 3 sums,
+        // ≲ 8u·1.55 ≈ 7.4e-7 (u = 2^-24), 3× under Approx's 1e-6·2.55.
         CHECK(two.sum == doctest::Approx(1.5530018).epsilon(1e-6));
     }
 }

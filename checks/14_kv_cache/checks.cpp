@@ -22,7 +22,7 @@ TEST_CASE("the first token attends to itself alone and its output is its own val
     Tensor2 keys = xt::zeros<float>({4, 2}), values = xt::zeros<float>({4, 3});
     const Tensor1 out = append_and_attend(keys, values, 0, Tensor1{5, -1}, Tensor1{1, 2},
                                           Tensor1{0.5f, -2, 7});
-    // one position: its softmax weight is exactly 1
+    // one position: its softmax weight is exactly 1, and 1·v rounds nothing (1e-6 a margin)
     CHECK_CLOSE(out, Tensor1({0.5f, -2, 7}), 1e-6);
     CHECK_CLOSE(xt::row(keys, 0), Tensor1({1, 2}), 0.0);
     CHECK_CLOSE(xt::row(values, 0), Tensor1({0.5f, -2, 7}), 0.0);
@@ -38,7 +38,10 @@ TEST_CASE("a second token blends two values with weights worked by hand") {
     Tensor2 keys = {{1, 0}, {0, 0}, {0, 0}}, values = {{1, 0}, {0, 0}, {0, 0}};
     const Tensor1 out = append_and_attend(keys, values, 1, Tensor1{1, 1}, Tensor1{0, 0},
                                           Tensor1{0, 2});
-    // values given to 7 digits
+    // values given to 7 digits (5e-8); q·k0 = 1 exact, then /√2, exp, sum, division and the
+    // products: ≲ 6u·0.67 ≈ 2.4e-7 (u = 2^-24), 3.4× under 1e-6. The mistakes: attending
+    // before the append gives (1, 0), 0.66 off; unscaled scores 0.80 instead of 0.67; weights
+    // not divided by their sum, O(1).
     CHECK_CLOSE(out, Tensor1({0.6697615f, 0.6604769f}), 1e-6);
     CHECK_CLOSE(xt::row(values, 1), Tensor1({0, 2}), 0.0);
 }
@@ -51,6 +54,8 @@ TEST_CASE("scores near 100 neither overflow nor give NaN") {
     Tensor2 keys = {{25}, {0}}, values = {{1, 0}, {0, 0}};
     const Tensor1 out = append_and_attend(keys, values, 1, Tensor1{4}, Tensor1{24.75f},
                                           Tensor1{0, 1});
+    // 4·25, 4·24.75 and their difference are exact; e^-1, sum, division ≲ 4u·0.73 ≈ 1.8e-7
+    // plus the 7-digit reference's 5e-8 (u = 2^-24): 4× under 1e-6. Without the shift: NaN.
     CHECK_CLOSE(out, Tensor1({0.7310586f, 0.2689414f}), 1e-6);
 }
 
@@ -63,6 +68,7 @@ TEST_CASE("scores near -1000 neither underflow nor give NaN") {
     Tensor2 keys = {{250}, {0}}, values = {{1, 0}, {0, 0}};
     const Tensor1 out = append_and_attend(keys, values, 1, Tensor1{-4}, Tensor1{250.25f},
                                           Tensor1{0, 1});
+    // As above (exact products and shift): ≲ 2.3e-7. A maximum starting at 0 gives 0/0.
     CHECK_CLOSE(out, Tensor1({0.7310586f, 0.2689414f}), 1e-6);
 }
 
@@ -97,7 +103,11 @@ TEST_CASE("a cache of one row, and values wider than keys, over a whole sequence
             for (int j = 0; j <= pos; ++j) acc += s[j] / sum * all_values(j, i);
             want(i) = static_cast<float>(acc);
         }
-        CHECK_CLOSE(out, want, 1e-6);  // float32 sums of ≤ 5 terms of size ~1
+        // Against double (u = 2^-24): a score (hs = 2, Σ|qk|/√2 ≲ 3.5) within (γ_2 + u)·3.5
+        // ≈ 6e-7; a weight moves by ≤ half that, the output by ≤ 2·6e-7·max|v| (≈ 2.5) plus
+        // γ_5·2.5: ≈ 4e-6 at worst; with random signs ≈ 3e-7·1.5 + √5 u·2.5 ≈ 5.6e-7 (rss):
+        // 1e-6 rests on that, 1.8× above. Future rows or a missing scale move it by O(0.1).
+        CHECK_CLOSE(out, want, 1e-6);
     }
 }
 
@@ -114,7 +124,7 @@ TEST_CASE("only row pos is written and rows after pos are never read") {
     xt::view(values2, xt::range(3, 6)) = -1e6f;
     const Tensor1 a = append_and_attend(keys, values, 2, q, k, v);
     const Tensor1 b = append_and_attend(keys2, values2, 2, q, k, v);
-    CHECK_CLOSE(a, b, 0.0);  // the same rows 0..2, the same arithmetic
+    CHECK_CLOSE(a, b, 0.0);  // the same rows 0..2, the same arithmetic: exact
     CHECK_CLOSE(keys, expected_keys, 0.0);
 }
 
@@ -138,7 +148,11 @@ TEST_CASE("step by step it reproduces full causal attention of one head") {
         const Tensor1 out = append_and_attend(keys, values, t, q, k, v);
         const Tensor1 want = xt::adapt(expected.data() + t * hs, hs, xt::no_ownership(),
                                        std::array<std::size_t, 1>{hs});
-        // sums of 8 products of N(0,1) numbers in another order: float32 ulps of O(1) values
+        // Sums of 8 products of N(0,1) numbers in another order: a score (Σ|qk|/√8 ≲ 3.5)
+        // within 2γ_8·3.5 ≈ 3.4e-6, the output within ≈ 2·3.4e-6·2.5 + 2γ_7·2.5 ≈ 1.9e-5 at
+        // worst (u = 2^-24); with random signs ≈ √2·(√8 u·3.5·1.5 + √7 u·2.5) ≈ 1.4e-6: 1e-5
+        // rests on that, 7× above. The mistakes (future rows, no scale, before the append,
+        // 1/√(pos + 1)) are off by O(0.1).
         CHECK_CLOSE(out, want, 1e-5);
     }
 }
@@ -158,7 +172,9 @@ TEST_CASE("agrees with the library's cached attention step on random input") {
         attn::attention_step_forward(lib.data(), weights.data(), q.data(), cache.keys(0),
                                      cache.values(0), pos + 1, capacity, hs, 1);
         const Tensor1 want = xt::adapt(lib, std::array<std::size_t, 1>{hs});
-        CHECK_CLOSE(out, want, 1e-5);  // as above: the same sums in another order
+        // As above with hs = 6, T ≤ 9 (and the library's exp_approx, 4u): worst ≈ 1.5e-5,
+        // random-sign ≈ 1.3e-6, 7× under 1e-5.
+        CHECK_CLOSE(out, want, 1e-5);
     }
 }
 

@@ -61,7 +61,11 @@ TEST_CASE("two rows rotated as worked by hand, the pairs adjacent") {
     const Tensor2 x = {{1, 0, 0, 1}, {0, 1, 1, 0}};
     const Tensor2 expected = {{0.5403023f, 0.8414710f, -0.0099998f, 0.9999500f},
                               {-0.9092974f, -0.4161468f, 0.9998000f, 0.0199987f}};
-    CHECK_CLOSE(rope_rotate(x, 1), expected, 1e-6);  // values given to 7 digits
+    // Values given to 7 digits (≤ 5e-8 off). y = x0·c − x1·s with c, s rounded to float (u
+    // each, u = 2^-24), two products and a subtraction: ≤ 3u(|x0| + |x1|) = 1.8e-7 here, 4×
+    // under 1e-6. The mistakes (−θ, exponent −i/hs or 0, Llama's pairing, in-place, positions
+    // from 1) move these values by ≥ 0.01.
+    CHECK_CLOSE(rope_rotate(x, 1), expected, 1e-6);
 }
 
 TEST_CASE("the backward pass of one row, worked by hand, turns the other way") {
@@ -69,17 +73,21 @@ TEST_CASE("the backward pass of one row, worked by hand, turns the other way") {
     // −0.01 → (sin 0.01, cos 0.01).
     const Tensor2 dy = {{1, 0, 0, 1}};
     const Tensor2 expected = {{0.5403023f, -0.8414710f, 0.0099998f, 0.9999500f}};
+    // As above: ≤ 2.3e-7; rotating by +θ flips two signs, 1.7 off.
     CHECK_CLOSE(rope_rotate_backward(dy, 1), expected, 1e-6);
 }
 
 TEST_CASE("rope_rotate matches PyTorch's rotation at positions 3 to 7") {
     const Tensor2 x = attn::load_npy<2>(fixtures / "x.npy");
-    // float32 on both sides, angles from double: a few ulps of values of size ~1
+    // float32 on both sides, |x| ≤ 2.8: each side within 3u(|x0| + |x1|) ≤ 3u·5.6 ≈ 1e-6
+    // (u = 2^-24), PyTorch's float angle (≤ 7) adds ½ulp(7)·|x| ≈ 6.7e-7: ≲ 2.7e-6 at worst,
+    // 3.7× under 1e-5. The mistakes move the rotated values by ≥ 1e-2.
     CHECK_CLOSE(rope_rotate(x, fixture_pos0), attn::load_npy<2>(fixtures / "rotated.npy"), 1e-5);
 }
 
 TEST_CASE("rope_rotate_backward matches PyTorch's autograd at positions 3 to 7") {
     const Tensor2 dy = attn::load_npy<2>(fixtures / "dy.npy");
+    // As above (|dy| ≤ 2.7): ≲ 2.7e-6 at worst; forgetting pos0 or turning by +θ is O(1) off.
     CHECK_CLOSE(rope_rotate_backward(dy, fixture_pos0), attn::load_npy<2>(fixtures / "dx.npy"),
                 1e-5);
 }
@@ -94,7 +102,10 @@ TEST_CASE("positions past 1000, as in a long context, against angles computed in
         CAPTURE(pos0);
         INFO("compute the angle (pos0 + t)·10000^(-2i/hs) in double, as the TODO says: in float "
              "a position in the thousands loses the angle's last digits");
-        // Products of floats of size ~1 with cos and sin rounded to float: a few ulps.
+        // Products of floats of size ≲ 3 with cos and sin rounded to float: ≤ 3u(|x0| + |x1|)
+        // ≈ 1.1e-6 plus the reference's ½ulp (u = 2^-24): 8× under 1e-5, even at worst. The
+        // float angle (the first mistake) is off by 3.8e-5 at 1000 and ~2e-3 at 32765, ≥ 3.8×
+        // the tolerance.
         CHECK_CLOSE(rope_rotate(x, pos0), rotation_in_double(x, pos0, 1.0), 1e-5);
         CHECK_CLOSE(rope_rotate_backward(x, pos0), rotation_in_double(x, pos0, -1.0), 1e-5);
     }
@@ -104,6 +115,7 @@ TEST_CASE("one pair (hs = 2) and one row: the pair turns by exactly pos0 radians
     const Tensor2 x = {{1.0f, 2.0f}};
     const double c = std::cos(7.0), s = std::sin(7.0);
     const Tensor2 expected = {{static_cast<float>(c - 2 * s), static_cast<float>(s + 2 * c)}};
+    // ≤ 3u·3 ≈ 5.4e-7 plus ½ulp(2.2) ≈ 1.2e-7 (u = 2^-24): 1.5× under 1e-6.
     CHECK_CLOSE(rope_rotate(x, 7), expected, 1e-6);
 }
 
@@ -112,9 +124,15 @@ TEST_CASE("the backward pass is the forward's transpose: sum(dy * R x) = sum(R�
     const Tensor2 x = rng.normal_tensor<2>({7, 16}), dy = rng.normal_tensor<2>({7, 16});
     const float forward_side = sum_of_products(dy, rope_rotate(x, 5));
     const float backward_side = sum_of_products(rope_rotate_backward(dy, 5), x);
-    // sums of 112 products of size ~1 in float: rounding ~1e-5; a wrong sign is off by O(1)
+    // Sums of 112 products in float (Σ|terms| ≈ 112·0.64 ≈ 72): each side within γ_112·72 ≈
+    // 4.8e-4 plus the rotation's 3u per value, ≈ 1e-3 apart at worst, √112 u·72·√2 ≈ 6.4e-6
+    // with random signs (u = 2^-24); Approx allows 1e-4·(1 + |sum| ≈ 10) ≈ 1.1e-3, just above
+    // the worst case. A wrong sign is off by O(1).
     CHECK(backward_side == doctest::Approx(forward_side).epsilon(1e-4));
-    // and the rotation keeps each vector's length
+    // and the rotation keeps each vector's length: Σ x² ≈ 112 within γ_112·112 ≈ 7.5e-4 a
+    // side, and the rotation's 6u·Σ|y|(|x0| + |x1|) ≲ 8e-5: ~1.6e-3 at worst, above Approx's
+    // 1e-5·113 ≈ 1.1e-3, but ≈ 1.3e-5 with random signs, 90× under: it rests on that. An
+    // in-place rotation changes the lengths by O(1).
     CHECK(sum_of_products(rope_rotate(x, 5), rope_rotate(x, 5)) ==
           doctest::Approx(sum_of_products(x, x)).epsilon(1e-5));
 }
@@ -125,6 +143,9 @@ TEST_CASE("a query and a key score the same when both move by the same offset") 
     // q at position 9, k at 4: offset 5. Then both moved by 20.
     const float near = sum_of_products(rope_rotate(q, 9), rope_rotate(k, 4));
     const float far = sum_of_products(rope_rotate(q, 29), rope_rotate(k, 24));
+    // An 8-term dot (Σ|qk| ≈ 5) of vectors rotated at other positions: each value within
+    // 3u(|x0| + |x1|), each sum within γ_8·5: ≲ 200u ≈ 1.2e-5 apart at worst (u = 2^-24),
+    // under Approx's 1e-5·(1 + |near|) ≳ 2e-5. Another offset moves the score by O(0.1).
     CHECK(far == doctest::Approx(near).epsilon(1e-5));
     // a different offset gives a different score
     CHECK(sum_of_products(rope_rotate(q, 9), rope_rotate(k, 6)) != doctest::Approx(near).epsilon(1e-3));

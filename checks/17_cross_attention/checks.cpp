@@ -81,6 +81,9 @@ TEST_CASE("the masked softmax of a row worked by hand: weights over the allowed 
     const Tensor3 s = {{{0.0f, std::log(2.0f), std::log(3.0f), 5.0f}}};
     const Mask<3> m = {{{true, true, false, false}}};
     const Tensor3 expected = {{{1.0f / 3.0f, 2.0f / 3.0f, 0.0f, 0.0f}}};
+    // ln 2 rounded (u·0.69), exp, a 2-term sum and the division: ≲ 4u·0.67 ≈ 1.6e-7
+    // (u = 2^-24), 6× under 1e-6. A softmax over every key then zeroed gives weights of
+    // 1/(6 + e^5) and 2/(6 + e^5): off by ≥ 0.3.
     CHECK_CLOSE(masked_softmax(s, m), expected, 1e-6);
 }
 
@@ -94,6 +97,9 @@ TEST_CASE("a query whose context is all padding gets weights of exactly zero, ne
     }
     double row0 = 0.0;
     for (std::size_t j = 0; j < 3; ++j) row0 += w(0, 0, j);
+    // Σ e_j/Z, Z from the same rounded e_j: Z's γ_2 and the division's u, ≤ 3u ≈ 1.8e-7
+    // (u = 2^-24; summed in double), under Approx's 1e-6·2. A −1e9 fill or no rule for an
+    // empty row gives 1/3 each or NaN in row 1, caught by the == 0 above.
     CHECK(row0 == doctest::Approx(1.0).epsilon(1e-6));
 }
 
@@ -115,7 +121,9 @@ TEST_CASE("the masked softmax of a padded row equals the softmax of the row with
                 CAPTURE(i);
                 CAPTURE(j);
                 const double expected = j < real[b] ? std::exp(static_cast<double>(s(b, i, static_cast<std::size_t>(j)))) / sum : 0.0;
-                // float32 exp and sums of 6 terms against float64: a few ulps of 1
+                // float32 exp (≤ 2u), a sum of ≤ 6 terms (γ_5 of Z) and a division against
+                // float64: ≤ 8u·p ≤ 4.8e-7 even at worst (u = 2^-24), 2× under 1e-6. The padding
+                // counted (the softmax over all keys, a key past the length) is O(0.1) off.
                 CHECK(std::fabs(w(b, i, static_cast<std::size_t>(j)) - expected) < 1e-6);
             }
         }
@@ -126,6 +134,8 @@ TEST_CASE("huge allowed scores neither overflow nor lose the answer") {
     const Mask<3> m = {{{true, true, false}}};
     const Tensor3 w = masked_softmax(s, m);
     const double e = std::exp(1.0);
+    // 1000 − 999 exact; exp, sum, division ≲ 4u·0.73 ≈ 1.8e-7 (u = 2^-24), 10× under Approx's
+    // 1e-6·(1 + 0.73). Without the shift e^1000 overflows: NaN.
     CHECK(w(0, 0, 0) == doctest::Approx(e / (e + 1)).epsilon(1e-6));
     CHECK(w(0, 0, 1) == doctest::Approx(1 / (e + 1)).epsilon(1e-6));
     CHECK(w(0, 0, 2) == 0.0f);
@@ -134,6 +144,8 @@ TEST_CASE("huge allowed scores neither overflow nor lose the answer") {
 TEST_CASE("the loss is the mean over the real positions only, worked by hand") {
     // sequence 0 has 2 real positions (1, 2), sequence 1 has 1 (3); the 9s are padding
     const Tensor2 losses = {{1.0f, 2.0f, 9.0f}, {3.0f, 9.0f, 9.0f}};
+    // Small integers: sums exact, one division (u), far inside Approx's default 100·2^-23
+    // relative. Dividing by B·T, per-sequence means or padding counted give ≥ 0.5 off.
     CHECK(masked_mean_loss(losses, {2, 1}) == doctest::Approx(2.0));  // (1 + 2 + 3) / 3
     CHECK(masked_mean_loss(losses, {3, 3}) == doctest::Approx(33.0 / 6));
     CHECK(masked_mean_loss(losses, {1, 1}) == doctest::Approx(2.0));  // (1 + 3) / 2

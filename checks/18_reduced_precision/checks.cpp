@@ -50,6 +50,8 @@ std::vector<int> fixture(const std::string& name) {
 }  // namespace
 
 TEST_CASE("values bfloat16 holds exactly keep their bits, and their sign") {
+    // Bit-exact throughout: the conversion is a fixed function of the float's bits (round to
+    // nearest even), so there is exactly one right answer.
     CHECK(float_to_bfloat16(1.0f) == 0x3f80);
     CHECK(float_to_bfloat16(-2.5f) == 0xc020);
     CHECK(float_to_bfloat16(3.0f) == 0x4040);
@@ -137,6 +139,9 @@ TEST_CASE("every conversion agrees with PyTorch's on 3700 values chosen to be ha
 
 TEST_CASE("softmax of [1, 2, 3] and of [0, 0], worked and checked against PyTorch") {
     // torch.tensor([1., 2., 3.]).softmax(0).bfloat16(): 0.08984375, 0.2451171875, 0.6640625
+    // Bit-exact is safe: the float32 probabilities are within ~5u ≈ 3e-7 relative of the
+    // exact ones (u = 2^-24), and the exact ones sit ≥ 4e-4 relative from a bfloat16 midpoint
+    // (0.12, 0.10 and 0.20 of a step), so both round to the same bfloat16. [0, 0] gives 0.5.
     CHECK(softmax_bfloat16(bits_of_exact({1.0f, 2.0f, 3.0f})) ==
           std::vector<std::uint16_t>{0x3db8, 0x3e7b, 0x3f2a});
     CHECK(softmax_bfloat16(bits_of_exact({0.0f, 0.0f})) == std::vector<std::uint16_t>{0x3f00, 0x3f00});
@@ -146,7 +151,8 @@ TEST_CASE("softmax of [1, 2, 3] and of [0, 0], worked and checked against PyTorc
 TEST_CASE("large scores do not overflow and very negative ones do not underflow") {
     INFO("e^100 is inf in float32: subtract the row's maximum first. With scores near -100, "
          "e^-100 is 3.7e-44, a float32 subnormal: a maximum that starts at 0 loses them");
-    // the same probabilities as [1, 2, 3] shifted (softmax ignores a common shift)
+    // the same probabilities as [1, 2, 3] shifted (softmax ignores a common shift); the
+    // shifts s − m are exact here, so the same bits as above
     CHECK(softmax_bfloat16(bits_of_exact({100.0f, 101.0f, 99.0f})) ==
           std::vector<std::uint16_t>{0x3e7b, 0x3f2a, 0x3db8});
     CHECK(softmax_bfloat16(bits_of_exact({-100.0f, -101.0f, -99.0f})) ==
@@ -186,6 +192,11 @@ TEST_CASE("a long row: each probability is the float64 softmax rounded to bfloat
         total += value_of(p[j]);
         // The nearest bfloat16 of the exact value, unless the exact value is so near a
         // midpoint (within 2^-18 of a step) that float32's rounding may land on either side.
+        // That window is 2^-26..2^-25 ≈ 1.5e-8..3e-8 of the value, below float32's own error
+        // of a probability: exp (≤ 2u), the division (u) and l's 4096-term sum, γ_4096 ≈
+        // 2.4e-4 at worst and ≈ √4096 u ≈ 3.8e-6 with random signs (u = 2^-24), shared by
+        // all p_j. A value within that of a midpoint (≈ 3.8e-6·2^8/1.5 ≈ 7e-4 of them, ~3 of
+        // 4096) may legally round the other way: the window rests on this seed's values.
         int exponent = 0;
         std::frexp(exact, &exponent);
         const double step = std::ldexp(1.0, exponent - 8);
@@ -202,6 +213,10 @@ TEST_CASE("a long row: each probability is the float64 softmax rounded to bfloat
          "shifts them)");
     CHECK(mismatches == 0);
     CHECK(ties < 10);
-    // each probability within half a step (2^-9 relative) of its exact value: so the sum too
+    // each probability within half a step of its exact value: 2^-9 relative at the top of a
+    // binade but up to 2^-8 (bfloat16's u) at its bottom, so the worst case is Σ ½step_j ≤
+    // 2^-8 plus float32's γ_4096 ≈ 2.4e-4, above 2^-9. With random signs the 4096 roundings
+    // add to ≈ 2^-9/√3·√(Σp²) ≈ 2e-5, 100× under 2^-9: the check rests on that. A sum or a
+    // maximum kept in bfloat16 moves the total by ≥ 1e-2.
     CHECK(std::fabs(total - 1.0) <= 0x1p-9);
 }

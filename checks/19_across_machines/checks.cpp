@@ -62,6 +62,10 @@ TEST_CASE("two sides worked by hand: lse ln 2 and ln 6 merge to ln 8, weighted 1
     const PartialAttention b{Tensor2({{0, 1}}), Tensor1({std::log(6.0f)})};
     const PartialAttention m = merge_partial(a, b);
     INFO("lse: ln(e^ln2 + e^ln6) = ln 8 = 2.0794415 (the sums of e^s add; the log-sum-exps do not)");
+    // ln 2, ln 6 rounded (≤ u·1.8), exp, sum, ln, add ≲ 6u·2.1 ≈ 7.5e-7 plus the 8-digit
+    // reference's 5e-8 (u = 2^-24): 4× under Approx's 1e-6·(1 + 2.08) ≈ 3.1e-6. The weights:
+    // ~4 roundings ≲ 2.2e-7, 4.5× under 1e-6. The mistakes: lse added (ln 12, 0.41 off), the
+    // larger one kept (ln 6, 0.29 off), a's kept (1.39 off); outputs averaged (0.25 off).
     CHECK(m.lse(0) == doctest::Approx(2.0794415).epsilon(1e-6));
     INFO("out: 2/8 · [1, 0] + 6/8 · [0, 1] = [0.25, 0.75]");
     CHECK_CLOSE(m.out, Tensor2({{0.25f, 0.75f}}), 1e-6);
@@ -72,6 +76,9 @@ TEST_CASE("two sides with the same log-sum-exp: lse grows by ln 2, and the outpu
     const PartialAttention b{Tensor2({{0, 6, 3}}), Tensor1({0.7f})};
     const PartialAttention m = merge_partial(a, b);
     INFO("lse: 0.7 + ln 2 = 1.3931472; out: the mean [1, 1, 2]");
+    // e^0 = 1 on both sides: the sum 2 and (o_a + o_b)/2 are exact (small integers); lse is
+    // 0.7f + ln 2 within ½ulp of each and the sum, ≲ 2e-7 (u = 2^-24), under 1e-6·2.39.
+    // Weighting by the other side's sum changes nothing here; it is caught above.
     CHECK(m.lse(0) == doctest::Approx(1.3931472).epsilon(1e-6));
     CHECK_CLOSE(m.out, Tensor2({{1, 1, 2}}), 1e-6);
 }
@@ -87,8 +94,12 @@ TEST_CASE("keys split in two at random: the merge is the attention over all of t
         std::vector<std::size_t> in_a, in_b;
         for (std::size_t j = 0; j < keys; ++j) (rng.below(2) ? in_a : in_b).push_back(j);
         const PartialAttention m = merge_partial(attend(scores, values, in_a), attend(scores, values, in_b));
-        // Each side is rounded to float32 once, the merge adds a few float operations:
-        // about 1e-7 of values of size ~2.
+        // Each side is rounded to float32 once (lse < 16: ½ulp ≤ 4.8e-7; |out| ≲ 2), the merge
+        // adds ~5 float operations (u = 2^-24). out = w_a o_a + w_b o_b, w_a = σ(lse_a − lse_b),
+        // σ' ≤ 1/4: the lse roundings move w by ≤ 2.4e-7, out by that × |o_a − o_b| ≤ 4; with
+        // the o's and whole's rounding (2u·2) and the arithmetic (5u·2): ≤ 1.8e-6 at worst,
+        // under 2e-6. lse: w_a δa + w_b δb, the final ½ulp and whole's: ≤ 1.5e-6, 2.7× under
+        // 4e-6. The merge mistakes are off by O(0.1–1).
         CHECK_CLOSE(m.out, whole.out, 2e-6);
         CHECK_CLOSE(m.lse, whole.lse, 4e-6);
     }
@@ -101,7 +112,10 @@ TEST_CASE("three blocks merged in either order and either grouping agree") {
     const Tensor2 values = rng.normal_tensor<2>({keys, hs});
     const PartialAttention a = attend(scores, values, range(0, 8)), b = attend(scores, values, range(8, 16)),
                            c = attend(scores, values, range(16, 24)), whole = attend(scores, values, range(0, 24));
-    // A ring folds the blocks in as they arrive, in another order on every rank.
+    // A ring folds the blocks in as they arrive, in another order on every rank. Two merges
+    // (lse < 8 here, ½ulp 2.4e-7): one merge's worst case, ≈ 1.2e-6, twice: ≈ 2.4e-6 on out,
+    // just above 2e-6, and ≈ 8.5e-7 with random signs, 2.4× under it: out's tolerance rests
+    // on that; lse ≲ 1.2e-6 at worst, 3× under 4e-6.
     for (const PartialAttention& m : {merge_partial(merge_partial(a, b), c), merge_partial(a, merge_partial(b, c)),
                                       merge_partial(merge_partial(c, a), b), merge_partial(b, merge_partial(c, a))}) {
         CHECK_CLOSE(m.out, whole.out, 2e-6);
@@ -115,6 +129,7 @@ TEST_CASE("a side whose row saw no key (lse −∞) leaves the other side's row 
     const PartialAttention b{Tensor2({{5, 6}, {0, 0}}), Tensor1({0.25f, -inf})};
     const PartialAttention m = merge_partial(a, b);
     INFO("row 0 is b's row, row 1 is a's: the empty side adds e^−∞ = 0 of the weight");
+    // Exact: e^−∞ = 0 and e^0 = 1, so (1·o + 0·o')/1 and m + ln 1 round nothing.
     CHECK_CLOSE(m.out, Tensor2({{5, 6}, {3, 4}}), 1e-6);
     CHECK_CLOSE(m.lse, Tensor1({0.25f, 1.5f}), 1e-6);
 }
@@ -127,6 +142,7 @@ TEST_CASE("a row that saw no key on either side stays empty: out 0 and lse −�
     CHECK(m.lse(0) == -inf);
     CHECK(m.out(0, 0) == 0.0f);
     CHECK(m.out(0, 1) == 0.0f);
+    // 0.5 + ln 2 within ½ulp of ln 2 and of the sum, ≲ 1.5e-7, under 1e-6·(1 + 1.19).
     CHECK(m.lse(1) == doctest::Approx(0.5 + std::log(2.0)).epsilon(1e-6));
 }
 
@@ -137,6 +153,9 @@ TEST_CASE("log-sum-exps near 1000 merge without overflow") {
     const PartialAttention m = merge_partial(a, b);
     INFO("subtract the larger log-sum-exp before exponentiating: e^(1000 − 1000) and e^(999 − 1000)");
     CHECK(std::isfinite(m.lse(0)));
+    // epsilon(1e-7) on ≈ 1000 allows 1e-7·(1 + 1000.3) ≈ 1e-4; the float result has ½ulp(1000)
+    // ≈ 3.1e-5 from its last addition: 3.3× under. The weight 0.731: ≲ 4u·0.73 ≈ 1.8e-7
+    // (u = 2^-24), under 1e-6·1.73. e^lse_a + e^lse_b overflows: inf.
     CHECK(m.lse(0) == doctest::Approx(1000.3132617).epsilon(1e-7));
     CHECK(m.out(0, 0) == doctest::Approx(0.7310586).epsilon(1e-6));  // 1 / (1 + e^−1)
 }
@@ -149,7 +168,11 @@ TEST_CASE("rows of very different log-sum-exps are each merged with their own ma
     const PartialAttention m = merge_partial(a, b);
     INFO("each row: weights 1/4 and 3/4, lse its own + ln 4");
     // ±200 + ln 3 rounded to float is off by up to half an ulp there, 8e-6, and so is the
-    // weight e^(lse − m) relatively; a shared maximum gives 0/0 or 0 instead.
+    // weight e^(lse − m) relatively; a shared maximum gives 0/0 or 0 instead. The weight
+    // σ(lse_a − lse_b) then moves by ≤ (3/16)·7.6e-6 ≈ 1.4e-6, and out by that times
+    // |o_a − o_b| = 1, plus a few u: 14× under 2e-5. The lse's: ½ulp(200) ≈ 7.6e-6 from the
+    // input and as much from the sum, ≲ 1.5e-5 against 1e-6·(1 + 201) ≈ 2e-4; ln 4's row
+    // ≲ 3e-7 against 2.4e-6.
     CHECK_CLOSE(m.out, Tensor2({{0.25f, 0.75f}, {0.25f, 0.75f}, {0.25f, 0.75f}}), 2e-5);
     CHECK(m.lse(0) == doctest::Approx(std::log(4.0)).epsilon(1e-6));
     CHECK(m.lse(1) == doctest::Approx(-200.0 + std::log(4.0)).epsilon(1e-6));

@@ -110,7 +110,9 @@ std::vector<float> items_of(const std::vector<float>& whole, const Reference& re
 // in another order (per block, then merged). Each result's sums have at most T terms of at
 // most its largest magnitude; reordering them moves the result by a few float32 ulps of
 // that magnitude times √T (random rounding errors add like a random walk). 2⁻²³·√T·8 is
-// 1.2e-4 of the scale at T = 16384 and 2.2e-5 at 512; a wrong merge or a misplaced block
+// 1.2e-4 of the scale at T = 16384 and 2.2e-5 at 512, 16× the random-sign estimate √T u
+// (u = 2^-24); the worst case, 2γ_T = 2Tu of the scale (2e-3 at T = 16384), is above it, so
+// the bound rests on the random-sign estimate. A wrong merge or a misplaced block
 // changes the results by far more (the output by tens of percent).
 double rounding_bound(const AttentionShape& s, double scale) {
     return 8.0 * std::sqrt(static_cast<double>(s.T)) * 0x1p-23 * std::max(scale, 1.0);
