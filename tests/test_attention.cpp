@@ -132,7 +132,7 @@ TEST_CASE("Head gives the hand-worked rows 1 0 / 0.3302 0.6698 / 0.7517 0.7517")
     CHECK_CLOSE(head.forward(x), Tensor3({{{1, 0}, {0.3302f, 0.6698f}, {0.7517f, 0.7517f}}}), 5e-5);
 }
 
-TEST_CASE("Head agrees with PyTorch's head within 1e-6 on every reference fixture") {
+TEST_CASE("Head agrees with PyTorch's head on every reference fixture, within float32's bounds") {
     const auto cases = check::load_head_cases();
     REQUIRE(cases.size() >= 5);
     double largest = 0.0;
@@ -144,10 +144,10 @@ TEST_CASE("Head agrees with PyTorch's head within 1e-6 on every reference fixtur
         // (T ≤ 16), computed from the fixtures: worst case ≤ 3.8e-5 on a weight and 1.1e-4
         // on an output; random-sign (√(2n) u Σ|terms| per sum, rss) ≤ 5.3e-7 on a weight, 2×
         // under 1e-6, but 1.3e-6 and 1.7e-6 on the outputs of the C = 32 fixtures (≤ 8.1e-7
-        // for the others): there 1e-6 is tighter than the estimate, and passes only because
-        // the two libraries' orders agree on most sums at these sizes.
+        // for the others). Weights: 1e-6, 2× the estimate. Outputs: 1e-5, 6× the estimate
+        // (1e-6 would pass only where the two libraries' orders happen to agree).
         const auto weights = check::compare(head.attention_weights(c.x), c.weights, 1e-6);
-        const auto out = check::compare(head.forward(c.x), c.out, 1e-6);
+        const auto out = check::compare(head.forward(c.x), c.out, 1e-5);
         CHECK_MESSAGE(weights.ok, weights.report);
         CHECK_MESSAGE(out.ok, out.report);
         largest = std::max({largest, weights.max_abs_diff, out.max_abs_diff});

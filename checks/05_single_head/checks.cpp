@@ -48,11 +48,11 @@ TEST_CASE("agrees with PyTorch's head on the reference fixtures") {
         // PyTorch and BLAS sum in different orders: 2γ_n Σ|terms| per sum (u = 2^-24) through
         // the projections (n = C ≤ 32), scores (hs ≤ 16), softmax and Σ p v (T ≤ 16): worst
         // case ≤ 1.1e-4 from the fixtures, random-sign estimate ≤ 8.1e-7 but 1.3e-6 and
-        // 1.7e-6 on the two C = 32 fixtures (tests/test_attention.cpp), so 1e-6 is tight
-        // there. The mistakes move outputs by ≥ 0.05 (no mask: O(0.3)).
+        // 1.7e-6 on the two C = 32 fixtures (tests/test_attention.cpp): 1e-5 is 6× that.
+        // The mistakes move outputs by ≥ 0.05 (no mask: O(0.3)).
         CHECK_CLOSE(head_forward(c.x, c.w_key, c.w_query, c.w_value,
                                  attn::causal_mask(c.block_size)),
-                    c.out, 1e-6);
+                    c.out, 1e-5);
     }
 }
 
