@@ -56,7 +56,9 @@ void attention_flash_rounded_forward(float* out, float* lse, const float* q, con
 /// Random inputs of a 16-bit attention and its exact answer: what the 16-bit versions'
 /// errors are measured against.
 struct RoundedAttentionInputs {
-    std::vector<float> q, k, v;  ///< (B, NH, T, hs), values of the format
+    std::vector<float> q;        ///< (B, NH, T, hs), values of the format
+    std::vector<float> k;        ///< (B, NH, T, hs), values of the format
+    std::vector<float> v;        ///< (B, NH, T, hs), values of the format
     std::vector<double> out;     ///< (B, NH, T, hs) float64 attention of q, k, v
     std::vector<double> lse;     ///< (B, NH, T) its log-sum-exp
 };
