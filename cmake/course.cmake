@@ -61,7 +61,9 @@ function(course_lesson name)
            COMMAND ${launch} ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:lesson_${nn}>
                    -DOUTPUT=${output}/lesson${nn}.txt -DFIGURES=${output} -DREUSE=ON
                    -P "${src}/cmake/capture_output.cmake")
-  set_tests_properties("lesson ${nn} runs" PROPERTIES LABELS "lesson${nn};lessons")
+  # COST: started first, so that the docs and the browser test that wait for them are not
+  # left running alone at the end of `ctest -j` (a fresh build has no timings of its own).
+  set_tests_properties("lesson ${nn} runs" PROPERTIES LABELS "lesson${nn};lessons" COST 1000)
   # A lesson that prints measured times (a "// Timed:" line in its source) runs alone, so
   # that its numbers, which its page quotes, are not taken on a machine shared with a test.
   foreach(_f IN LISTS lesson_sources)
