@@ -13,6 +13,10 @@
 #            the 16-bit and tensor-core attention against the float32 fused kernel,
 #            one training step (fp32, TF32, TF32 + fused attention) and the race against
 #            PyTorch (bf16 autocast + torch.compile)
+#   lease    for a lease of a few minutes, with programs built elsewhere (tools/cuda/pack_for_gpu.sh):
+#            the GPU tests, the lessons 12-14 and 18, the benchmarks and PyTorch's figures, and
+#            compute-sanitizer last, each step cut off at STEP_SECONDS (default 90) and none
+#            started after LEASE_SECONDS (default 480)
 #   recipe   nanoGPT's train_shakespeare_char recipe (needs the corpus at
 #            data/tinyshakespeare.txt: ./workbook data, or carry that file), resumed across
 #            calls when it outlasts one, then a sample on the CPU from the GPU's checkpoint
@@ -25,8 +29,8 @@ stage=${1:-}
 results=${2:-${OUT:-gpu-results}}
 build=${BUILD:-build-gpu}
 case "$stage" in
-  build|checks|bench|recipe) ;;
-  *) echo "usage: tools/cuda/verify_on_gpu.sh build|checks|bench|recipe [RESULTS_DIR]" >&2; exit 2 ;;
+  build|checks|bench|lease|recipe) ;;
+  *) echo "usage: tools/cuda/verify_on_gpu.sh build|checks|bench|lease|recipe [RESULTS_DIR]" >&2; exit 2 ;;
 esac
 mkdir -p "$results"
 summary="$results/summary.txt"
@@ -34,11 +38,22 @@ summary="$results/summary.txt"
 failed=0
 
 # step NAME COMMAND...: runs it, its output to NAME.log (and the last lines to the terminal).
+# In the lease stage each step is cut off at STEP_SECONDS, and skipped once LEASE_SECONDS
+# have passed.
+limit=0
 step() {
   local name=$1; shift
   local start=$SECONDS rc
+  if [ "$limit" -gt 0 ] && [ "$SECONDS" -ge "$limit" ]; then
+    printf '%-28s skipped: the lease stage is out of time\n' "$name" >> "$summary"; return
+  fi
   echo "==> $name: $*"
-  "$@" > "$results/$name.log" 2>&1
+  if [ "$limit" -gt 0 ]; then
+    local cap=$(( limit - SECONDS )); [ "$cap" -gt "${STEP_SECONDS:-90}" ] && cap=${STEP_SECONDS:-90}
+    timeout --signal=INT --kill-after=5 "$cap" "$@" > "$results/$name.log" 2>&1
+  else
+    "$@" > "$results/$name.log" 2>&1
+  fi
   rc=$?
   tail -n 15 "$results/$name.log"
   printf '%-28s exit %3d  %5d s\n' "$name" "$rc" $((SECONDS - start)) >> "$summary"
@@ -56,7 +71,7 @@ case "$stage" in
     step build cmake --build "$build" -j "$cores"
     ;;
   checks)
-    step ctest-cuda ctest --test-dir "$build" -L cuda --output-on-failure
+    step ctest-cuda ctest --test-dir "$build" -L '^cuda$' --output-on-failure
     step ctest-library ctest --test-dir "$build" -L library -j "$cores" --output-on-failure
     if command -v compute-sanitizer >/dev/null; then
       step sanitizer-attention compute-sanitizer --error-exitcode 1 "$build/tests/cuda_attention_test"
@@ -83,6 +98,38 @@ case "$stage" in
     step step-tf32-fused "$build/tools/cuda/gpu_train_bench" --batch 64 --tf32 --attention fused
     step race-tf32 python3 tools/bench/gpu_race.py --build "$build" --tf32
     step race-tf32-fused python3 tools/bench/gpu_race.py --build "$build" --tf32 --attention fused
+    ;;
+  lease)
+    # Programs built on another machine hold its checkout's path: link it to this copy.
+    src=$(cat "$build/source-dir.txt" 2>/dev/null || true)
+    if [ -n "$src" ] && [ "$src" != "$(pwd)" ] && [ ! -e "$src" ]; then
+      mkdir -p "$(dirname "$src")" && ln -s "$(pwd)" "$src"
+    fi
+    export LD_LIBRARY_PATH="$(pwd)/$build/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    limit=$(( SECONDS + ${LEASE_SECONDS:-480} ))
+    step nvidia-smi nvidia-smi
+    step device "$build/tests/cuda_device_test"
+    step test-attention "$build/tests/cuda_attention_test"
+    step test-half-attention "$build/tests/cuda_half_attention_test"
+    step test-gpt "$build/tests/cuda_gpt_test"
+    step lesson_12 "$build/lesson_12"
+    step lesson_13 "$build/lesson_13"
+    step lesson_14 "$build/lesson_14"
+    step lesson_18 "$build/lesson_18"
+    step attention-hs64 "$build/tests/attention_bench"
+    step attention-torch python3 tools/cuda/attention_torch.py
+    step step-fp32 "$build/tools/cuda/gpu_train_bench" --batch 64
+    step step-tf32 "$build/tools/cuda/gpu_train_bench" --batch 64 --tf32
+    step step-tf32-fused "$build/tools/cuda/gpu_train_bench" --batch 64 --tf32 --attention fused
+    step race-tf32 python3 tools/bench/gpu_race.py --build "$build" --tf32
+    step half-attention-hs64 "$build/tests/half_attention_bench"
+    step kernels "$build/tools/cuda/gpt_kernels_bench" 64 256
+    if command -v compute-sanitizer >/dev/null; then
+      step sanitizer-attention compute-sanitizer --error-exitcode 1 "$build/tests/cuda_attention_test"
+      step racecheck-half-attention compute-sanitizer --tool racecheck --error-exitcode 1 \
+        "$build/tests/cuda_half_attention_test"
+    fi
+    step attention-hs128 "$build/tests/attention_bench" --hs 128 --no-validate
     ;;
   recipe)
     # The run lives in the build folder, which outlasts a call on the same machine: a call
