@@ -2,6 +2,7 @@
 // alignments, the general attention's backward pass, and the flat masked attention layer of
 // cross_attention.hpp; against hand-worked masks, finite differences, PyTorch
 // (tools/reference/make_cross_attention_fixtures.py) and each other.
+#include "attn/fixtures.hpp"
 #include "attn/check.hpp"
 #include "attn/cross_attention.hpp"
 #include "attn/gpt_layers.hpp"
@@ -20,7 +21,7 @@ using namespace attn;
 
 namespace {
 
-const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "cross_attention";
+const std::filesystem::path fixtures = attn::fixtures_dir() / "cross_attention";
 
 // Tolerance against PyTorch: the references are float64 from float32 inputs, rounded to
 // float32 (u of each value), so only our own rounding counts: γ_n Σ|a_i b_i| per n-term sum

@@ -2,6 +2,7 @@
 // (tools/reference/make_cross_attention_fixtures.py), against finite differences, the
 // padded-equals-alone rule, a context that is all padding, cached against uncached greedy
 // decoding, and its checkpoints.
+#include "attn/fixtures.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/encoder_decoder.hpp"
 #include "attn/gradcheck.hpp"
@@ -22,7 +23,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const fs::path fixture = fs::path(ATTN_FIXTURES_DIR) / "cross_attention" / "model";
+const fs::path fixture = attn::fixtures_dir() / "cross_attention" / "model";
 
 std::vector<int> ids_of(const fs::path& file) {
     const NpyArray a = read_npy(file);

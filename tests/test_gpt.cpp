@@ -1,5 +1,6 @@
 // The GPT model against PyTorch (fixtures from tools/reference/make_gpt_fixtures.py), against
 // finite differences, and its initialisation and optimizer.
+#include "attn/fixtures.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/gpt.hpp"
 #include "attn/npy.hpp"
@@ -20,7 +21,7 @@ using namespace attn::gpt_checks;
 
 namespace {
 namespace fs = std::filesystem;
-const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gpt";
+const fs::path fixtures = attn::fixtures_dir() / "gpt";
 
 // The losses after 10 AdamW steps may differ by 1e-4, ten times gpt_checks.hpp's parity_tol.
 // Each step's loss has the first pass's parity error (gpt_checks.hpp: worst case ≤ 4.3e-5,

@@ -2,6 +2,7 @@
 // and sliding-window attention in the GPT, against PyTorch (fixtures from
 // tools/reference/make_gqa_fixtures.py), against finite differences, and the KV cache that
 // stores G heads and, with a window, is a ring buffer.
+#include "attn/fixtures.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/gpt.hpp"
 #include "attn/gpt_layers.hpp"
@@ -27,7 +28,7 @@ using namespace attn::gpt_checks;
 
 namespace {
 namespace fs = std::filesystem;
-const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gqa";
+const fs::path fixtures = attn::fixtures_dir() / "gqa";
 const std::string kChars = "\n abcdefghij";  // V = 12
 
 GPTConfig small_config(int n_kv_head, int window, int block_size = 8) {

@@ -1,3 +1,4 @@
+#include "attn/fixtures.hpp"
 #include "attn/check.hpp"
 #include "attn/linalg.hpp"
 #include "attn/linear.hpp"
@@ -11,7 +12,7 @@
 using namespace attn;
 
 namespace {
-const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "library";
+const std::filesystem::path fixtures = attn::fixtures_dir() / "library";
 }
 
 TEST_CASE("matmul agrees with a product worked by hand") {

@@ -1,3 +1,4 @@
+#include "attn/fixtures.hpp"
 #include "attn/check.hpp"
 #include "attn/entropy.hpp"
 #include "attn/multi_head.hpp"
@@ -12,7 +13,7 @@
 using namespace attn;
 
 namespace {
-const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "multi_head";
+const std::filesystem::path fixtures = attn::fixtures_dir() / "multi_head";
 constexpr std::size_t fixture_heads = 4;  // n_head in tests/fixtures/multi_head/versions.json
 }  // namespace
 

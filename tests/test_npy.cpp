@@ -1,3 +1,4 @@
+#include "attn/fixtures.hpp"
 #include "attn/check.hpp"
 #include "attn/npy.hpp"
 #include "scratch.hpp"
@@ -9,7 +10,7 @@
 using namespace attn;
 
 namespace {
-const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "library";
+const std::filesystem::path fixtures = attn::fixtures_dir() / "library";
 }
 
 TEST_CASE("float32 files written by NumPy load with their shape and values") {

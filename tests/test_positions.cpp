@@ -1,6 +1,7 @@
 // Where position enters attention (lesson 15): learned positions, RoPE and ALiBi in the GPT,
 // against PyTorch (fixtures from tools/reference/make_position_fixtures.py), against finite
 // differences, and the shift property that makes RoPE relative.
+#include "attn/fixtures.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/gpt.hpp"
 #include "attn/gpt_layers.hpp"
@@ -26,7 +27,7 @@ using namespace attn::gpt_checks;
 
 namespace {
 namespace fs = std::filesystem;
-const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "positions";
+const fs::path fixtures = attn::fixtures_dir() / "positions";
 
 GPTConfig small_config(Position position) {
     GPTConfig config;

@@ -3,6 +3,7 @@
 // nearest-value search in double for bfloat16; ranges, spacing, rounding counts, loss
 // scaling; and the 16-bit attention of mixed_attention.hpp against float64 with
 // FlashAttention's rule.
+#include "attn/fixtures.hpp"
 #include "attn/bits.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
@@ -30,7 +31,7 @@ using namespace attn;
 
 namespace {
 
-const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "precision";
+const std::filesystem::path fixtures = attn::fixtures_dir() / "precision";
 
 bool is_nan16(std::uint16_t h, int mantissa_bits) {
     const std::uint16_t exponent = static_cast<std::uint16_t>(((1u << (15 - mantissa_bits)) - 1u) << mantissa_bits);

@@ -1,3 +1,4 @@
+#include "attn/fixtures.hpp"
 #include "attn/check.hpp"
 #include "attn/npy.hpp"
 #include "attn/random.hpp"
@@ -12,7 +13,7 @@
 using namespace attn;
 
 namespace {
-const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "sdpa";
+const std::filesystem::path fixtures = attn::fixtures_dir() / "sdpa";
 
 // One PyTorch fixture: inputs, optional mask, and the reference output and weights.
 template <std::size_t N>

@@ -1,4 +1,5 @@
 // Checks for exercise 06: scaled dot-product attention over any batch axes, with a mask.
+#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
@@ -18,7 +19,7 @@ using attn::Tensor4;
 using exercise::attention;
 
 namespace {
-const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "sdpa";
+const std::filesystem::path fixtures = attn::fixtures_dir() / "sdpa";
 
 // One fixture written by tools/reference/make_attention_fixtures.py from PyTorch.
 template <std::size_t N>

@@ -1,4 +1,5 @@
 // Checks for exercise 07: splitting into heads, merging them, and the multi-head forward pass.
+#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
@@ -99,7 +100,7 @@ TEST_CASE("one head, heads of one channel, one token and one sequence") {
 }
 
 TEST_CASE("multi-head attention matches PyTorch on nanoGPT's layout") {
-    const auto dir = std::filesystem::path(ATTN_FIXTURES_DIR) / "multi_head";
+    const auto dir = attn::fixtures_dir() / "multi_head";
     const Tensor3 got = multi_head_attention(attn::load_npy<3>(dir / "nobias_x.npy"),
                                              attn::load_npy<2>(dir / "nobias_c_attn_weight.npy"),
                                              attn::load_npy<2>(dir / "nobias_c_proj_weight.npy"),

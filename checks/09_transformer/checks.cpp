@@ -1,4 +1,5 @@
 // Checks for exercise 09: one transformer block's forward pass.
+#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
@@ -28,7 +29,7 @@ namespace fs = std::filesystem;
 
 // The PyTorch fixtures of tools/reference/make_gpt_fixtures.py: nanoGPT's GPT written in
 // PyTorch, its weights, one batch of token ids and the logits PyTorch computed for it.
-const fs::path fixtures = fs::path(ATTN_FIXTURES_DIR) / "gpt";
+const fs::path fixtures = attn::fixtures_dir() / "gpt";
 
 // Layer l's tensors inside the library model's parameters, laid out as ParameterTensors says.
 BlockWeights layer(const attn::GPT& model, int l) {

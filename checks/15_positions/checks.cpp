@@ -1,4 +1,5 @@
 // Checks for exercise 15: RoPE's rotation and its backward.
+#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
@@ -19,7 +20,7 @@ using exercise::rope_rotate_backward;
 namespace {
 // One rotation computed by PyTorch (tools/reference/make_position_fixtures.py): x (5, 8) at
 // positions 3..7, its rotation, and the gradient of sum(rotation * dy) by autograd.
-const std::filesystem::path fixtures = std::filesystem::path(ATTN_FIXTURES_DIR) / "positions" / "rotation";
+const std::filesystem::path fixtures = attn::fixtures_dir() / "positions" / "rotation";
 constexpr int fixture_pos0 = 3;
 
 float sum_of_products(const Tensor2& a, const Tensor2& b) {

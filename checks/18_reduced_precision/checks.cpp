@@ -1,5 +1,6 @@
 // Checks for exercise 18: float32 to bfloat16, and a softmax with 16-bit scores and float32
 // statistics.
+#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
@@ -43,7 +44,7 @@ std::vector<std::uint16_t> bits_of_exact(const std::vector<float>& values) {
 }
 
 std::vector<int> fixture(const std::string& name) {
-    const attn::NpyArray a = attn::read_npy(std::filesystem::path(ATTN_FIXTURES_DIR) / "precision" / name);
+    const attn::NpyArray a = attn::read_npy(attn::fixtures_dir() / "precision" / name);
     return std::vector<int>(a.data.begin(), a.data.end());  // 16-bit values: exact in float32
 }
 

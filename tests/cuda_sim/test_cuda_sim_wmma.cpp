@@ -5,6 +5,7 @@
 // each broken once: a lane that skips a call, lanes passing different pointers, a
 // misaligned pointer, a leading dimension that is not a multiple of 16 bytes, a warp of
 // fewer than 32 threads.
+#include "attn/fixtures.hpp"
 #include "sim_buffer.hpp"
 #include "cuda_bf16.h"
 #include "cuda_fp16.h"
@@ -141,7 +142,7 @@ void every_layout(const std::vector<float>& a, const std::vector<float>& b,
 
 std::vector<int> fixture(const std::string& name) {
     const attn::NpyArray a =
-        attn::read_npy(std::filesystem::path(ATTN_FIXTURES_DIR) / "precision" / name);
+        attn::read_npy(attn::fixtures_dir() / "precision" / name);
     return std::vector<int>(a.data.begin(), a.data.end());
 }
 

@@ -3,6 +3,7 @@
 /// written by tools/reference/make_head_fixtures.py, for the library's tests and the checks.
 #pragma once
 
+#include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
 #include "attn/tensor.hpp"
 
@@ -27,7 +28,7 @@ struct HeadCase {
 
 /// Every case listed in tests/fixtures/head/cases.txt, loaded.
 inline std::vector<HeadCase> load_head_cases() {
-    const std::filesystem::path dir = std::filesystem::path(ATTN_FIXTURES_DIR) / "head";
+    const std::filesystem::path dir = attn::fixtures_dir() / "head";
     std::ifstream list(dir / "cases.txt");
     if (!list) throw NpyError((dir / "cases.txt").string() + ": cannot read the list of cases");
     std::vector<HeadCase> cases;
