@@ -90,3 +90,51 @@ function(course_mutants)
     endif()
   endforeach()
 endfunction()
+
+# course_variants(): correct solutions written differently from the shipped one, proven to pass.
+#
+# checks/NN_slug/variants/<name>.diff is a unified diff against solutions/NN_slug/solution.cpp,
+# its first line `variant: <how it is written>`: the contract's literal formula, another loop
+# order, a two-pass or an online form, float64 sums. It is applied and built as a mutant is
+# (variant_NN_<name>, against the same checks object), and the CTest test "NN variant <name>
+# passes" (labels `variants`, `lessonNN`) passes only if every check passes on it: a check
+# that rejects a right answer fails the suite. Not built in the sanitizer builds.
+function(course_variants)
+  if(NOT ATTN_MUTANTS OR ATTN_SANITIZE OR NOT ATTN_PATCH)
+    return()
+  endif()
+  file(GLOB variant_sources CONFIGURE_DEPENDS
+       "${PROJECT_SOURCE_DIR}/checks/[0-9][0-9]_*/variants/*.diff")
+  list(SORT variant_sources)
+  foreach(source IN LISTS variant_sources)
+    get_filename_component(variants_dir "${source}" DIRECTORY)
+    get_filename_component(exercise_dir "${variants_dir}" DIRECTORY)
+    get_filename_component(name "${exercise_dir}" NAME)
+    get_filename_component(variant "${source}" NAME_WE)
+    string(SUBSTRING "${name}" 0 2 nn)
+    if(NOT TARGET checks_${nn}_obj)
+      message(WARNING "${source}: exercise ${nn} has no checks to run this variant against")
+      continue()
+    endif()
+    string(MAKE_C_IDENTIFIER "variant_${nn}_${variant}" target)
+    set(solution "${PROJECT_SOURCE_DIR}/solutions/${name}/solution.cpp")
+    set(varied "${CMAKE_BINARY_DIR}/variants/${name}/${variant}.cpp")
+    file(RELATIVE_PATH shown "${PROJECT_SOURCE_DIR}" "${source}")
+    add_custom_command(
+      OUTPUT "${varied}"
+      COMMAND "${CMAKE_COMMAND}" -E make_directory "${CMAKE_BINARY_DIR}/variants/${name}"
+      COMMAND "${CMAKE_COMMAND}" -DPATCH=${ATTN_PATCH} -DSOLUTION=${solution} -DDIFF=${source}
+              -DOUTPUT=${varied} -DSHOWN=${shown} -P "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
+      DEPENDS "${solution}" "${source}" "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
+      COMMENT "variant ${nn} ${variant}: a correct solution written another way"
+      VERBATIM)
+    add_executable(${target} "${varied}")
+    target_link_libraries(${target} PRIVATE checks_${nn}_obj check_support_main attn_warnings)
+    target_precompile_headers(${target} REUSE_FROM check_support_main)
+    add_test(NAME "${nn} variant ${variant} passes"
+             COMMAND "${PROJECT_SOURCE_DIR}/tools/expect_variant_passes.sh"
+                     $<TARGET_FILE:${target}> "${source}")
+    set_tests_properties("${nn} variant ${variant} passes" PROPERTIES
+                         LABELS "variants;lesson${nn}" TIMEOUT 120)
+  endforeach()
+endfunction()

@@ -20,7 +20,7 @@ seconds=$((SECONDS - start))
 fail() { printf '%s\n' "$output" | tail -30; echo "${source##*/checks/} (\"$mistake\"): $*"; exit 1; }
 [ $status = 124 ] || [ $status = 137 ] && fail "still running after $limit s: the checks hang"
 [ $status = 0 ] && fail "every check passed and the sanitizer reported nothing"
-printf '%s\n' "$output" | grep -q "ERROR: AddressSanitizer: $error" ||
+grep -q "ERROR: AddressSanitizer: $error" <<<"$output" ||
   fail "no \"AddressSanitizer: $error\" report"
 frame=$(printf '%s\n' "$output" | grep -E -m1 "^ +#[0-9]+ 0x[0-9a-f]+ in .*/${mutated##*/}:[0-9]+")
 [ -n "$frame" ] || fail "the sanitizer's stack names no line of ${mutated##*/}"

@@ -41,11 +41,11 @@ for preset in "${presets[@]}"; do
   if [ "$preset" = no-mpi ]; then
     grep -q 'MPI: none found' "$log" || { fail "$preset" "cmake found an MPI all the same"; continue; }
     out=$("$build_dir/lesson_19" --quick 2>&1) || { printf '%s\n' "$out" | tail -5; fail "$preset" "lesson 19 --quick failed"; continue; }
-    printf '%s\n' "$out" | grep -q 'This build has no MPI' ||
+    grep -q 'This build has no MPI' <<<"$out" ||
       { fail "$preset" "lesson 19 did not say that this build has no MPI"; continue; }
     err=$("$build_dir/tools/train_gpt" --ranks 2 --max-iters 1 --out "$log_dir/nompi-run" 2>&1 >/dev/null)
     rc=$?
-    if [ $rc = 0 ] || [ "$(printf '%s\n' "$err" | wc -l)" != 1 ] || ! printf '%s' "$err" | grep -q 'no MPI'; then
+    if [ $rc = 0 ] || [ "$(printf '%s\n' "$err" | wc -l)" != 1 ] || ! grep -q 'no MPI' <<<"$err"; then
       printf '%s\n' "$err" | head -5
       fail "$preset" "train_gpt --ranks 2 did not refuse in one line (exit $rc)"; continue
     fi

@@ -154,10 +154,15 @@ TEST_CASE("log-sum-exps near 1000 merge without overflow") {
     INFO("subtract the larger log-sum-exp before exponentiating: e^(1000 − 1000) and e^(999 − 1000)");
     CHECK(std::isfinite(m.lse(0)));
     // epsilon(1e-7) on ≈ 1000 allows 1e-7·(1 + 1000.3) ≈ 1e-4; the float result has ½ulp(1000)
-    // ≈ 3.1e-5 from its last addition: 3.3× under. The weight 0.731: ≲ 4u·0.73 ≈ 1.8e-7
-    // (u = 2^-24), under 1e-6·1.73. e^lse_a + e^lse_b overflows: inf.
+    // = 2^-15 ≈ 3.05e-5 from its last addition: 3.3× under. e^lse_a + e^lse_b overflows: inf.
     CHECK(m.lse(0) == doctest::Approx(1000.3132617).epsilon(1e-7));
-    CHECK(m.out(0, 0) == doctest::Approx(0.7310586).epsilon(1e-6));  // 1 / (1 + e^−1)
+    // The weight 0.731 = 1/(1 + e^−1). Taken as e^(lse_a − lse), as the contract writes it, it
+    // inherits lse's rounding: lse_a − lse is exact (Sterbenz), so the weight is off by
+    // e^δ − 1 ≈ δ ≤ 3.05e-5 relatively, 0.731·3.05e-5 ≈ 2.2e-5 absolutely, plus ~4u (u = 2^-24)
+    // from exp, product and sum. epsilon(2e-5) allows 2e-5·(1 + 0.731) ≈ 3.5e-5, 1.5× over
+    // that. (Weighting by e^(lse_a − m)/(…) instead avoids lse's rounding: ~4u.) A merge that
+    // overflows gives inf or NaN; a wrong weight is off by 0.04 or more.
+    CHECK(m.out(0, 0) == doctest::Approx(0.7310586).epsilon(2e-5));
 }
 
 TEST_CASE("rows of very different log-sum-exps are each merged with their own maximum") {
@@ -177,6 +182,44 @@ TEST_CASE("rows of very different log-sum-exps are each merged with their own ma
     CHECK(m.lse(0) == doctest::Approx(std::log(4.0)).epsilon(1e-6));
     CHECK(m.lse(1) == doctest::Approx(-200.0 + std::log(4.0)).epsilon(1e-6));
     CHECK(m.lse(2) == doctest::Approx(200.0 + std::log(4.0)).epsilon(1e-6));
+}
+
+TEST_CASE("property: for log-sum-exps of any sign and size, the merge is finite, symmetric and exact to its rounding") {
+    // Every pair of log-sum-exps from {0, ±1, ±100, ±1000, ±10^4}, each side in either order.
+    // Whatever the gap, only e^(−|lse_a − lse_b|) ≤ 1 need be computed: a merge that takes
+    // e^(lse_b − lse_a) (relative to one side) overflows for a gap of 89 or more, and its
+    // swapped call does not. Bounds, with u = 2^-24: lse is m + ln(1 + e^−gap), the log term in
+    // [0, ln 2] to ~4u, then one rounding of ≤ ½ulp(lse) ≤ u·|lse|; out is a weighted mean
+    // whose weights carry lse's rounding at most (the contract's e^(lse_a − lse) form, off by
+    // ≤ u·|lse| relatively) and ~8u of their own, times |o_a| + |o_b|. Float64 is the reference.
+    const std::vector<double> sizes = {0, 1, -1, 100, -100, 1000, -1000, 1e4, -1e4};
+    const double u = std::ldexp(1.0, -24);
+    const float oa[2] = {1.0f, -2.0f}, ob[2] = {-3.0f, 0.5f};
+    for (double la : sizes) {
+        for (double lb : sizes) {
+            const PartialAttention a{Tensor2({{oa[0], oa[1]}}), Tensor1({static_cast<float>(la)})};
+            const PartialAttention b{Tensor2({{ob[0], ob[1]}}), Tensor1({static_cast<float>(lb)})};
+            const double m = std::max(la, lb);
+            const double lse = m + std::log(std::exp(la - m) + std::exp(lb - m));
+            const double wa = std::exp(la - lse), wb = std::exp(lb - lse);
+            const double tol_lse = u * std::abs(lse) + 4 * u;
+            for (int order = 0; order < 2; ++order) {
+                const PartialAttention merged = order == 0 ? merge_partial(a, b) : merge_partial(b, a);
+                INFO("lse_a = " << (order == 0 ? la : lb) << ", lse_b = " << (order == 0 ? lb : la)
+                     << ": expected lse " << lse << ", got " << merged.lse(0)
+                     << "; out [" << merged.out(0, 0) << ", " << merged.out(0, 1) << "]");
+                INFO("take out the larger log-sum-exp, whichever side it is on: then no exponential exceeds 1");
+                REQUIRE(std::isfinite(merged.lse(0)));
+                CHECK(std::abs(merged.lse(0) - lse) <= tol_lse);
+                for (int d = 0; d < 2; ++d) {
+                    const double expected = wa * oa[d] + wb * ob[d];
+                    const double tol = (u * std::abs(lse) + 8 * u) * (std::abs(oa[d]) + std::abs(ob[d]));
+                    REQUIRE(std::isfinite(merged.out(0, d)));
+                    CHECK(std::abs(merged.out(0, d) - expected) <= tol);
+                }
+            }
+        }
+    }
 }
 
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
