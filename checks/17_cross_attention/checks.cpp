@@ -10,6 +10,7 @@
 #include <xtensor/xview.hpp>
 
 #include <cmath>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -33,6 +34,14 @@ std::string drawn(const M& m) {
     return s;
 }
 std::string drawn3(const Mask<3>& m, std::size_t b) { return drawn(Mask<2>(xt::view(m, b))); }
+// The first row of a (1, 1, T) tensor as text.
+std::string row_text(const Tensor3& t) {
+    std::ostringstream o;
+    o << '[';
+    for (std::size_t j = 0; j < t.shape()[2]; ++j) o << (j ? ", " : "") << t(0, 0, j);
+    o << ']';
+    return o.str();
+}
 }  // namespace
 
 TEST_CASE("the masks of a batch of two, worked by hand") {
@@ -139,6 +148,50 @@ TEST_CASE("huge allowed scores neither overflow nor lose the answer") {
     CHECK(w(0, 0, 0) == doctest::Approx(e / (e + 1)).epsilon(1e-6));
     CHECK(w(0, 0, 1) == doctest::Approx(1 / (e + 1)).epsilon(1e-6));
     CHECK(w(0, 0, 2) == 0.0f);
+}
+
+TEST_CASE("property: any offset, any masked positions, any masked values: the weights are the allowed keys' softmax") {
+    // Rows c + d_j with d = (−2, 0, −1, −4, −3) for offsets c from −10^6 to 10^6 (c + d_j and
+    // their differences are exact in float there), under masks hiding leading, trailing,
+    // interleaved keys, all but one, or all; the hidden keys hold 10^30, −10^30, 0, c + 1000
+    // or c. The weights must be the softmax of the allowed d_j (float64 reference) and exactly
+    // 0 elsewhere, whatever the hidden keys hold. A maximum that starts at 0 or at key 0's
+    // score (hidden or not) gives e^(s − m) = 0 everywhere, 0/0. Bound, u = 2^-24: s − m is
+    // exact, e^x ≤ 2u, the sum of ≤ 5 terms γ_4 and the division u: ≤ 7u·w; 9u·w is asked.
+    const float d[5] = {-2, 0, -1, -4, -3};
+    const float offsets[] = {0, 200, -200, 1000, -1000, 1e4f, -1e4f, 1e6f, -1e6f};
+    const bool masks[6][5] = {{true, true, true, true, true},   {false, true, true, true, true},
+                              {true, true, true, false, false}, {false, true, false, true, false},
+                              {false, false, true, false, false}, {false, false, false, false, false}};
+    const double u = std::ldexp(1.0, -24);
+    for (float c : offsets)
+        for (const auto& allowed : masks)
+            for (float hidden : {1e30f, -1e30f, 0.0f, c + 1000.0f, c}) {
+                Tensor3 s = xt::zeros<float>({1, 1, 5});
+                Mask<3> m = xt::zeros<bool>({1, 1, 5});
+                double z = 0.0;
+                double dmax = -1e300;
+                for (std::size_t j = 0; j < 5; ++j) {
+                    m(0, 0, j) = allowed[j];
+                    s(0, 0, j) = allowed[j] ? c + d[j] : hidden;
+                    if (allowed[j]) dmax = std::max(dmax, static_cast<double>(d[j]));
+                }
+                for (std::size_t j = 0; j < 5; ++j)
+                    if (allowed[j]) z += std::exp(d[j] - dmax);
+                const Tensor3 w = masked_softmax(s, m);
+                INFO("scores " << row_text(s) << ", mask " << drawn3(m, 0) << " (x: allowed); weights "
+                     << row_text(w));
+                INFO("the maximum is over the allowed keys only, and starts at −∞, not at 0 or at key 0");
+                for (std::size_t j = 0; j < 5; ++j) {
+                    CAPTURE(j);
+                    const double expected = allowed[j] ? std::exp(d[j] - dmax) / z : 0.0;
+                    REQUIRE(std::isfinite(w(0, 0, j)));
+                    if (allowed[j])
+                        CHECK(std::abs(w(0, 0, j) - expected) <= 9 * u * expected);
+                    else
+                        CHECK(w(0, 0, j) == 0.0f);
+                }
+            }
 }
 
 TEST_CASE("the loss is the mean over the real positions only, worked by hand") {
