@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 using attn::Tensor1;
@@ -126,6 +127,41 @@ TEST_CASE("only row pos is written and rows after pos are never read") {
     const Tensor1 b = append_and_attend(keys2, values2, 2, q, k, v);
     CHECK_CLOSE(a, b, 0.0);  // the same rows 0..2, the same arithmetic: exact
     CHECK_CLOSE(keys, expected_keys, 0.0);
+}
+
+TEST_CASE("property: rows after pos may hold anything, for a query of either sign and any position") {
+    // The future rows hold keys along +q or −q (scores of ±10^3·|q|²/√hs and ±10^6·…, huge
+    // whatever q's sign), 10^30, +∞ or NaN, and values of NaN or 10^30: the output must be
+    // exactly the output with zeros there, at every position of the cache. A maximum taken
+    // over the whole capacity sees the huge future scores (e^(s − m) = 0 for every real key,
+    // 0/0); a sum over it reads the NaNs. Exact: rows 0..pos and the arithmetic are the same.
+    const std::size_t capacity = 6, hs = 4;
+    attn::Rng rng(14);
+    for (int pos = 0; pos < static_cast<int>(capacity); ++pos)
+        for (float sign : {1.0f, -1.0f}) {
+            const Tensor1 q = sign * rng.normal_tensor<1>({hs}), k = rng.normal_tensor<1>({hs}),
+                          v = rng.normal_tensor<1>({hs});
+            Tensor2 keys = rng.normal_tensor<2>({capacity, hs}), values = rng.normal_tensor<2>({capacity, hs});
+            Tensor2 clean_keys = keys, clean_values = values;
+            for (std::size_t j = static_cast<std::size_t>(pos) + 1; j < capacity; ++j)
+                for (std::size_t i = 0; i < hs; ++i) clean_keys(j, i) = clean_values(j, i) = 0.0f;
+            const Tensor1 expected = append_and_attend(clean_keys, clean_values, pos, q, k, v);
+            const float nan = std::numeric_limits<float>::quiet_NaN();
+            const float fills[] = {1e3f, 1e6f, -1e6f, 1e30f, std::numeric_limits<float>::infinity(), nan};
+            for (float fill : fills) {
+                Tensor2 kc = keys, vc = values;
+                for (std::size_t j = static_cast<std::size_t>(pos) + 1; j < capacity; ++j)
+                    for (std::size_t i = 0; i < hs; ++i) {
+                        // 10^3 and ±10^6 along q: a huge positive (or negative) score for any q
+                        kc(j, i) = std::abs(fill) < 1e7f ? fill * q(i) : fill;
+                        vc(j, i) = fill == 1e30f ? 1e30f : nan;
+                    }
+                CAPTURE(pos);
+                CAPTURE(fill);
+                INFO("rows after pos are tokens not yet seen: no score, maximum or sum may read them");
+                CHECK_CLOSE(append_and_attend(kc, vc, pos, q, k, v), expected, 0.0);
+            }
+        }
 }
 
 TEST_CASE("step by step it reproduces full causal attention of one head") {
