@@ -217,12 +217,47 @@ TEST_CASE("LayerNorm's input gradient sums to zero over each row") {
     CHECK_CLOSE(g.dbias, xt::sum(dout, {0}), 1e-5);
 }
 
+TEST_CASE("property: LayerNorm's gradients do not change when a row is shifted, by 1 or by 10^4") {
+    // LayerNorm sees only x − mean, so shifting a row by c changes none of its gradients. Rows
+    // of C = 4 quarter-valued entries (|x| ≤ 4) shifted by c up to ±10^4: x + c, the partial
+    // sums (|Σ| < 2^15 + 16) and the mean (÷ 4) are exact in float, so x − mean is too, and a
+    // two-pass solution computes the same numbers for every c. A solution whose rounding
+    // grows with |c| (Welford's running mean, a mean times a rounded 1/C) carries ~u·|c| in
+    // x − mean, times rstd ≲ 1 and ≤ C terms of |w·dout| ≤ 3 in dx, dweight: the bound asked
+    // is 8u·(|c| + 4)·C·3, ≈ 0.06 at 10^4 against O(1) gradients (u = 2^-24). The variance as
+    // E[x²] − mean² loses everything there: x² ≈ 10^8 is stored to ±4, the variance is noise.
+    const std::size_t N = 3, C = 4;
+    const Tensor2 x0 = {{-1.5f, 0.25f, 2.0f, 3.75f}, {4.0f, -4.0f, 0.5f, -0.75f}, {1.0f, 1.25f, -2.5f, 0.0f}};
+    const Tensor1 weight = {0.5f, -1.5f, 1.0f, 2.0f};
+    const Tensor2 dout = {{1.0f, -0.5f, 0.25f, 1.5f}, {-1.0f, 0.75f, 1.25f, -0.5f}, {0.5f, 1.0f, -1.5f, 0.25f}};
+    const auto base = exercise::layernorm_backward(dout, x0, weight);
+    const double u = std::ldexp(1.0, -24);
+    for (float c : {1.0f, -3.0f, 100.0f, -1000.0f, 1e4f, -1e4f}) {
+        Tensor2 x = x0;
+        for (std::size_t i = 0; i < N; ++i)
+            for (std::size_t j = 0; j < C; ++j) x(i, j) += c;
+        const auto g = exercise::layernorm_backward(dout, x, weight);
+        const double tol = 8 * u * (std::abs(c) + 4) * C * 3;
+        CAPTURE(c);
+        INFO("the gradients of x + c must be those of x: compute the variance as the mean of "
+             "(x − mean)², not as E[x²] − mean², which loses everything when the row is far from 0");
+        CHECK_CLOSE(g.dx, base.dx, tol);
+        CHECK_CLOSE(g.dweight, base.dweight, tol);
+        CHECK_CLOSE(g.dbias, base.dbias, tol);
+    }
+}
+
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
     attn::Rng rng(14);
     const Tensor2 a = rng.normal_tensor<2>({4, 3}), w = rng.normal_tensor<2>({4, 4});
     CHECK_THROWS_AS(exercise::attention_backward(a, a, rng.normal_tensor<2>({4, 2}), a, w),
                     std::invalid_argument);
     CHECK_THROWS_AS(exercise::attention_backward(a, a, a, a, rng.normal_tensor<2>({4, 3})),
+                    std::invalid_argument);
+    INFO("v must be (T, hs) as q is; dout must be the output's shape, (T, hs)");
+    CHECK_THROWS_AS(exercise::attention_backward(a, a, a, rng.normal_tensor<2>({4, 5}), w),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(exercise::attention_backward(rng.normal_tensor<2>({4, 2}), a, a, a, w),
                     std::invalid_argument);
     CHECK_THROWS_AS(exercise::layernorm_backward(a, a, rng.normal_tensor<1>({4})),
                     std::invalid_argument);
