@@ -3,6 +3,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -11,13 +12,28 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 using attn::Tensor3;
 using exercise::softmax_last_axis;
 
 namespace {
 constexpr float inf = std::numeric_limits<float>::infinity();
+
+// A logit of any finite size, or masked: ±(1.000 … 9.999)·10^e for e from −6 to 37, 0, or −∞.
+// Drawn at full range from the first case (RapidCheck otherwise grows its ranges with the
+// case number), and shrunk towards small magnitudes when a case fails.
+rc::Gen<float> any_logit() {
+    return rc::gen::resize(rc::kNominalSize, rc::gen::oneOf(
+        rc::gen::map(rc::gen::tuple(rc::gen::inRange(1000, 10000), rc::gen::inRange(-6, 38),
+                                    rc::gen::arbitrary<bool>()),
+                     [](const std::tuple<int, int, bool>& t) {
+                         const double x = std::get<0>(t) / 1000.0 * std::pow(10.0, std::get<1>(t));
+                         return static_cast<float>(std::get<2>(t) ? -x : x);
+                     }),
+        rc::gen::just(0.0f), rc::gen::just(-inf)));
 }
+}  // namespace
 
 TEST_CASE("softmax of small rows matches values worked by hand") {
     // Row 0: e^0, e^1, e^2 over 1 + e + e² (calculator). Row 1: e^0 and e^ln3 = 3 over 4.
@@ -116,6 +132,31 @@ TEST_CASE("a fully masked row becomes zeros and masked entries get exactly 0") {
     CHECK_CLOSE(xt::view(p, 1, 2), xt::zeros<float>({4}), 0.0);
     for (std::size_t j = 1; j < 4; ++j) CHECK(p(0, 0, j) == 0.0f);
     CHECK(p(0, 0, 0) == 1.0f);
+}
+
+TEST_CASE("property: rows of logits of any size and sign, and masked ones, give the softmax") {
+    // Rows of 1 to 6 logits, each ±10^−6 … 10^38, 0 or −∞ (masked), against the softmax in
+    // float64 of the same floats (zeros for a row with no finite logit). Bound, u = 2^-24:
+    // z_j − m rounds by ≤ u·|z_j − m|, so e^(z_j − m) is off by that relatively, and
+    // u·d·e^−d ≤ u/e absolutely; exp's own ≤ 2u, the sum of ≤ 6 terms γ_5 and the division u:
+    // |w − ref| ≤ 9u·ref + u. A sentinel standing for −∞ (a maximum started at −1e30, "fully
+    // masked" when it is still −1e30) turns rows below it into zeros.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("softmax_last_axis of one row equals its float64 softmax", [u] {
+        const auto row = *rc::gen::container<std::vector<float>>(
+            *rc::gen::inRange<std::size_t>(1, 7), any_logit());
+        Tensor3 logits = xt::zeros<float>({std::size_t{1}, std::size_t{1}, row.size()});
+        for (std::size_t j = 0; j < row.size(); ++j) logits(0, 0, j) = row[j];
+        const Tensor3 w = softmax_last_axis(logits);
+        double m = -inf, z = 0.0;
+        for (float x : row) m = std::max(m, static_cast<double>(x));
+        if (m > -inf)
+            for (float x : row) z += std::exp(static_cast<double>(x) - m);
+        for (std::size_t j = 0; j < row.size(); ++j) {
+            const double ref = m > -inf ? std::exp(static_cast<double>(row[j]) - m) / z : 0.0;
+            RC_ASSERT(std::abs(w(0, 0, j) - ref) <= 9 * u * ref + u);
+        }
+    });
 }
 
 TEST_CASE("NaN, plus infinity and an empty last axis are rejected with std::invalid_argument") {

@@ -1,0 +1,69 @@
+#pragma once
+/// @file
+/// Property checks: RapidCheck inside a doctest case.
+///
+/// A property is a function of generated inputs that must hold for every one of them, such
+/// as "a softmax does not change when every score of a row moves by the same amount".
+/// RapidCheck draws the inputs (from a fixed seed, so every run tries the same ones) and,
+/// when one breaks the property, shrinks it to the smallest input that still does; the check
+/// then fails with that input. RC_ASSERT states what must hold inside the property.
+
+#include <doctest/doctest.h>
+#include <rapidcheck.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <utility>
+
+namespace attn {
+
+namespace detail {
+// Listens to nothing: RapidCheck's own listener would print to stderr during a learner's run.
+class QuietListener final : public rc::detail::TestListener {
+public:
+    void onTestCaseFinished(const rc::detail::CaseDescription&) override {}
+    void onShrinkTried(const rc::detail::CaseDescription&, bool) override {}
+    void onTestFinished(const rc::detail::TestMetadata&, const rc::detail::TestResult&) override {}
+};
+}  // namespace detail
+
+/// Checks `property` on `cases` generated inputs (seed 2026, or ATTN_PROPERTY_SEED), as one
+/// doctest check: a failure reports the smallest breaking input RapidCheck found and the
+/// seed that reproduces it.
+template <class Property>
+void check_property(const std::string& description, Property&& property, int cases = 200) {
+    {
+        // RapidCheck announces its global configuration on stderr when it first loads it
+        // ("Using configuration: seed=…"): load it once with stderr muted.
+        static const bool loaded = [] {
+            std::ostringstream sink;
+            std::streambuf* saved = std::cerr.rdbuf(sink.rdbuf());
+            rc::detail::configuration();
+            std::cerr.rdbuf(saved);
+            return true;
+        }();
+        (void)loaded;
+    }
+    rc::detail::TestParams params;
+    const char* seed = std::getenv("ATTN_PROPERTY_SEED");
+    params.seed = seed ? std::strtoull(seed, nullptr, 10) : 2026;
+    params.maxSuccess = cases;
+    rc::detail::TestMetadata metadata;
+    metadata.id = metadata.description = description;
+    detail::QuietListener listener;
+    const rc::detail::TestResult result = rc::detail::checkTestable(
+        std::forward<Property>(property), metadata, params, listener);
+    if (result.template is<rc::detail::SuccessResult>()) {
+        CHECK_MESSAGE(true, description);
+        return;
+    }
+    std::ostringstream report;
+    rc::detail::printResultMessage(result, report);
+    FAIL_CHECK("property: " << description << "\n" << report.str() << "\n(seed " << params.seed
+                            << "; ATTN_PROPERTY_SEED=N tries other inputs)");
+}
+
+}  // namespace attn
