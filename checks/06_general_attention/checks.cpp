@@ -1,9 +1,10 @@
 // Checks for exercise 06: scaled dot-product attention over any batch axes, with a mask.
-#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 #include "attn/sdpa.hpp"
 
@@ -11,7 +12,9 @@
 #include <xtensor/xview.hpp>
 
 #include <cmath>
+#include <limits>
 #include <string>
+#include <vector>
 
 using attn::Tensor2;
 using attn::Tensor3;
@@ -157,6 +160,52 @@ TEST_CASE("more queries than keys, values wider than keys, one key, and scores p
             CHECK_CLOSE(got.out, out, 1e-4);
         }
     }
+}
+
+TEST_CASE("property: scores of any size and sign, any hidden keys: the weights are the float64 softmax of the scores") {
+    // One query, d_k = 1, 1 to 5 keys: a score is then the single float product q·k (the
+    // scale is 1), anything from ±10^−6 to ±10^38, and the reference is the float64 softmax
+    // of those float scores over the allowed keys (zeros when none is), out = Σ w·v. Bounds
+    // as lesson 04's (u = 2^-24): |w − ref| ≤ (T_k + 3)u·ref + u, and out within that times
+    // |v| plus T_k·u·Σ ref·|v| for its own sum. A finite sentinel for "hidden" (−1e9 filled
+    // in, a row "fully hidden" when its maximum is ≤ −1e9) zeroes rows whose scores are all
+    // below it, which are ordinary rows.
+    const double u = std::ldexp(1.0, -24);
+    const auto factor = rc::gen::resize(rc::kNominalSize, rc::gen::map(
+        rc::gen::tuple(rc::gen::inRange(1000, 10000), rc::gen::inRange(-3, 19), rc::gen::arbitrary<bool>()),
+        [](const std::tuple<int, int, bool>& t) {
+            const double x = std::get<0>(t) / 1000.0 * std::pow(10.0, std::get<1>(t));
+            return static_cast<float>(std::get<2>(t) ? -x : x);
+        }));
+    attn::check_property("attention's weights and output for one query over keys of any score", [&] {
+        const std::size_t Tk = *rc::gen::inRange<std::size_t>(1, 6);
+        const float qv = *factor;
+        const auto keys = *rc::gen::container<std::vector<float>>(Tk, factor);
+        const auto allowed = *rc::gen::container<std::vector<bool>>(Tk, rc::gen::arbitrary<bool>());
+        Tensor2 q = {{qv}}, k = xt::zeros<float>({Tk, std::size_t{1}}), v = xt::zeros<float>({Tk, std::size_t{1}});
+        attn::Mask<2> mask = xt::zeros<bool>({std::size_t{1}, Tk});
+        std::vector<double> score(Tk);
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::size_t j = 0; j < Tk; ++j) {
+            k(j, 0) = keys[j];
+            v(j, 0) = static_cast<float>(j) - 2.0f;
+            mask(0, j) = allowed[j];
+            score[j] = static_cast<double>(qv * keys[j]);  // the float product, as attention computes it
+            if (allowed[j]) m = std::max(m, score[j]);
+        }
+        const auto a = attention<2>(q, k, v, &mask);
+        double z = 0.0, out = 0.0, out_tol = 0.0;
+        for (std::size_t j = 0; j < Tk; ++j)
+            if (allowed[j]) z += std::exp(score[j] - m);
+        for (std::size_t j = 0; j < Tk; ++j) {
+            const double ref = allowed[j] && z > 0 ? std::exp(score[j] - m) / z : 0.0;
+            const double tol = (static_cast<double>(Tk) + 3) * u * ref + u;
+            RC_ASSERT(std::abs(a.weights(0, j) - ref) <= tol);
+            out += ref * v(j, 0);
+            out_tol += tol * std::abs(v(j, 0)) + static_cast<double>(Tk) * u * ref * std::abs(v(j, 0));
+        }
+        RC_ASSERT(std::abs(a.out(0, 0) - out) <= out_tol);
+    });
 }
 
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {

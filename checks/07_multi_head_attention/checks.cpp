@@ -1,8 +1,8 @@
 // Checks for exercise 07: splitting into heads, merging them, and the multi-head forward pass.
-#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/fixtures.hpp"
 #include "attn/linalg.hpp"
 #include "attn/npy.hpp"
 #include "attn/random.hpp"

@@ -1,9 +1,9 @@
 // Checks for exercise 09: one transformer block's forward pass.
-#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
 #include "attn/checkpoint.hpp"
+#include "attn/fixtures.hpp"
 #include "attn/gpt.hpp"
 #include "attn/gpt_layers.hpp"
 #include "attn/npy.hpp"

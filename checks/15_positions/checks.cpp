@@ -1,8 +1,8 @@
 // Checks for exercise 15: RoPE's rotation and its backward.
-#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
 #include "attn/random.hpp"
 

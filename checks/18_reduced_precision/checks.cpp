@@ -1,9 +1,9 @@
 // Checks for exercise 18: float32 to bfloat16, and a softmax with 16-bit scores and float32
 // statistics.
-#include "attn/fixtures.hpp"
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
 #include "attn/random.hpp"
 
