@@ -77,8 +77,16 @@ TEST_CASE("each token is projected on its own") {
             CAPTURE(t);
             const bool changed = b == 1 && t == 3;
             const auto diff = xt::amax(xt::abs(xt::view(after.q, b, t) - xt::view(before.q, b, t)))();
-            if (changed) CHECK(diff > 0.0f);
-            else CHECK(diff == 0.0f);
+            if (changed) {
+                INFO("token (1, 3) was changed by +10 in every channel, but its q did not move: "
+                     "is q computed from x at all, and is each token's row written?");
+                CHECK(diff > 0.0f);
+            } else {
+                INFO("only token (1, 3) was changed, yet the q of token (" << b << ", " << t << ") moved by " << diff
+                     << ": each token's q must depend on that token's x alone (a loop over the wrong axis, "
+                        "or one token's row written into another's)");
+                CHECK(diff == 0.0f);
+            }
         }
     }
 }

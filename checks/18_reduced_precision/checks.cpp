@@ -11,6 +11,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <sstream>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -132,8 +133,10 @@ TEST_CASE("every conversion agrees with PyTorch's on 3700 values chosen to be ha
         const std::size_t i = static_cast<std::size_t>(first_wrong);
         const float x = float_of((static_cast<std::uint32_t>(high[i]) << 16) | static_cast<std::uint32_t>(low[i]));
         const std::uint32_t bits = (static_cast<std::uint32_t>(high[i]) << 16) | static_cast<std::uint32_t>(low[i]);
-        INFO("first difference: the float with bits 0x" << std::hex << bits << " ("
-             << x << "): PyTorch gives 0x" << torch[i] << ", yours 0x" << float_to_bfloat16(x));
+        std::ostringstream where;  // doctest's message stream takes no std::hex
+        where << "first difference: the float with bits 0x" << std::hex << bits << " (" << std::defaultfloat
+              << x << "): PyTorch gives 0x" << torch[i] << ", yours 0x" << float_to_bfloat16(x);
+        INFO(where.str());
         CHECK(wrong == 0);
     }
 }

@@ -9,8 +9,13 @@
 #include <xtensor/xarray.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
+#include <iomanip>
+#include <sstream>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 namespace attn::check {
 
@@ -78,3 +83,27 @@ Comparison compare(const A& actual_expr, const E& expected_expr, double toleranc
         REQUIRE_MESSAGE(attn_cmp_.ok, #actual " differs from " #expected ": ",          \
                         attn_cmp_.report);                                              \
     } while (false)
+
+namespace doctest {
+/// std::vector in a check's message: [a, b, c] (doctest prints {?} for containers), 16-bit
+/// words as hex (they are bfloat16 or float16 bit patterns), the first 16 of a long one.
+template <class T>
+struct StringMaker<std::vector<T>> {
+    static String convert(const std::vector<T>& v) {
+        std::ostringstream o;
+        o << '[';
+        const std::size_t shown = v.size() > 16 ? 16 : v.size();
+        for (std::size_t i = 0; i < shown; ++i) {
+            if (i) o << ", ";
+            if constexpr (std::is_same_v<T, std::uint16_t>)
+                o << "0x" << std::hex << std::setw(4) << std::setfill('0') << v[i] << std::dec;
+            else
+                o << v[i];
+        }
+        if (shown < v.size()) o << ", … (" << v.size() << " in all)";
+        o << ']';
+        return String(o.str().c_str());
+    }
+};
+
+}  // namespace doctest
