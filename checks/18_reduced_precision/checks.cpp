@@ -5,16 +5,17 @@
 #include "attn/check.hpp"
 #include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cfloat>
 #include <cmath>
-#include <sstream>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <sstream>
 #include <vector>
 
 using exercise::float_to_bfloat16;
@@ -139,6 +140,46 @@ TEST_CASE("every conversion agrees with PyTorch's on 3700 values chosen to be ha
         INFO(where.str());
         CHECK(wrong == 0);
     }
+}
+
+TEST_CASE("property: every float rounds to the nearer of the two bfloat16s around it, a tie to the even one") {
+    // Any 32-bit pattern: its top half drawn uniformly or from the edges (0, ±1, the largest
+    // finite bfloat16, infinity, a NaN's exponent), its low half uniformly or from the
+    // rounding edges (0, 1, just under, at and over half a step, all ones), so that ties,
+    // carries into infinity and NaNs whose payload sits in the low half come up. The reference is worked independently: the two
+    // bfloat16 candidates are the float's top 16 bits and the pattern one above (for a
+    // positive float: the next one away from zero), their values compared with x in double,
+    // where every float and both candidates are exact. The pattern above the largest finite
+    // bfloat16 is infinity and counts as 2^128 (IEEE's rule: from half a step past the
+    // largest, round to infinity). A NaN must stay a NaN of the same sign.
+    attn::check_property("float_to_bfloat16 of any float is its nearest bfloat16", [] {
+        const auto hi = *rc::gen::oneOf(rc::gen::arbitrary<std::uint16_t>(),
+                                        rc::gen::element<std::uint16_t>(0x0000, 0x8000, 0x3f80, 0xbf80, 0x7f7f, 0xff7f,
+                                                                        0x7f80, 0xff80, 0x0001, 0x007f));
+        const auto lo = *rc::gen::oneOf(rc::gen::arbitrary<std::uint16_t>(),
+                                        rc::gen::element<std::uint16_t>(0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff));
+        const std::uint32_t bits = (static_cast<std::uint32_t>(hi) << 16) | lo;
+        const float x = float_of(bits);
+        const std::uint16_t got = float_to_bfloat16(x);
+        if (std::isnan(x)) {
+            RC_ASSERT(is_nan(got));
+            RC_ASSERT((got & 0x8000u) == ((bits >> 16) & 0x8000u));
+            return;
+        }
+        const std::uint16_t low = static_cast<std::uint16_t>(bits >> 16);
+        const std::uint16_t high = static_cast<std::uint16_t>(low + 1);  // one step away from 0
+        auto value = [](std::uint16_t b) {
+            if ((b & 0x7fffu) == 0x7f80u) return std::copysign(std::ldexp(1.0, 128), (b & 0x8000u) ? -1.0 : 1.0);
+            return static_cast<double>(value_of(b));
+        };
+        std::uint16_t expected = low;
+        if (!std::isinf(x) && (bits & 0xffffu) != 0) {
+            const double d_low = std::abs(static_cast<double>(x) - value(low)),
+                         d_high = std::abs(value(high) - static_cast<double>(x));
+            expected = d_high < d_low || (d_high == d_low && (low & 1u)) ? high : low;
+        }
+        RC_ASSERT(got == expected);
+    }, 2000);
 }
 
 TEST_CASE("softmax of [1, 2, 3] and of [0, 0], worked and checked against PyTorch") {
