@@ -4,6 +4,7 @@
 #include "attn/check.hpp"
 #include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -12,6 +13,7 @@
 #include <cmath>
 #include <filesystem>
 #include <stdexcept>
+#include <vector>
 
 using attn::Tensor2;
 using exercise::rope_rotate;
@@ -150,6 +152,42 @@ TEST_CASE("a query and a key score the same when both move by the same offset") 
     CHECK(far == doctest::Approx(near).epsilon(1e-5));
     // a different offset gives a different score
     CHECK(sum_of_products(rope_rotate(q, 9), rope_rotate(k, 6)) != doctest::Approx(near).epsilon(1e-3));
+}
+
+TEST_CASE("property: at any positions up to 10^5, a score depends only on the offset, and backward undoes forward") {
+    // q at position m and k at n, then both moved by c, for m, n, c up to 10^5 and head sizes
+    // 2 … 16, entries small integers: RoPE's whole point is that q·k sees only m − n. The
+    // dots are summed in double here. Bound (u = 2^-24): each rotated value is the exact
+    // rotation rounded once (θ, cos, sin in double), or after a few float operations on
+    // float cos and sin: within 6u of its size; the rotation keeps norms, so each dot is
+    // within 12u·|q|·|k| and the two within 24u·|q||k|. An angle in float is off by up to
+    // 0.004 rad at 10^5 and moves a dot by ~10^-3·|q||k|. rope_rotate_backward turns the other
+    // way: applied to rope_rotate(x, p) it gives x back within 12u·|x| per row.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("q·k after RoPE depends on the offset only, and backward inverts forward", [u] {
+        const std::size_t hs = 2 * *rc::gen::inRange<std::size_t>(1, 9);
+        const int m = *rc::gen::inRange(0, 100001), n = *rc::gen::inRange(0, 100001),
+                  c = *rc::gen::inRange(0, 100001);
+        Tensor2 q = xt::zeros<float>({std::size_t{1}, hs}), k = xt::zeros<float>({std::size_t{1}, hs});
+        double qq = 0.0, kk = 0.0;
+        for (std::size_t i = 0; i < hs; ++i) {
+            q(0, i) = static_cast<float>(*rc::gen::inRange(-4, 5));
+            k(0, i) = static_cast<float>(*rc::gen::inRange(-4, 5));
+            qq += q(0, i) * q(0, i);
+            kk += k(0, i) * k(0, i);
+        }
+        auto dot = [hs](const Tensor2& a, const Tensor2& b) {
+            double d = 0.0;
+            for (std::size_t i = 0; i < hs; ++i) d += static_cast<double>(a(0, i)) * b(0, i);
+            return d;
+        };
+        const double near = dot(rope_rotate(q, m), rope_rotate(k, n)),
+                     far = dot(rope_rotate(q, m + c), rope_rotate(k, n + c));
+        RC_ASSERT(std::abs(near - far) <= 24 * u * std::sqrt(qq * kk) + 1e-30);
+        const Tensor2 back = rope_rotate_backward(rope_rotate(q, m), m);
+        for (std::size_t i = 0; i < hs; ++i)
+            RC_ASSERT(std::abs(back(0, i) - q(0, i)) <= 12 * u * std::sqrt(qq));
+    });
 }
 
 TEST_CASE("an odd head size or a negative position throws std::invalid_argument") {
