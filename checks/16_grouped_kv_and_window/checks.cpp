@@ -2,6 +2,7 @@
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -109,6 +110,33 @@ TEST_CASE("one query head, many in one group, and every T and hs: forward and ba
                 // (0 in the reference's head order). Keeping one head or averaging is O(1) off.
                 CHECK_CLOSE(expand_kv_backward(d, G), dkv, 1e-6);
             }
+}
+
+TEST_CASE("property: for any NH, G, T and hs, each query head reads its group's head, and backward is the transpose") {
+    // G from 1 to 6, NH a multiple of G up to 24, T and hs up to 5; entries small integers,
+    // so every sum is exact in float. For every h: kv_head(h) = h / (NH / G), the groups are
+    // consecutive, of equal size, and cover [0, G); expand_kv copies exactly that head; and
+    // Σ d·expand(kv) = Σ backward(d)·kv (the backward pass is the forward's transpose).
+    attn::check_property("kv_head, expand_kv and its backward agree with the grouping", [] {
+        const int G = *rc::gen::inRange(1, 7);
+        const int NH = G * *rc::gen::inRange(1, 5);
+        const std::size_t T = *rc::gen::inRange<std::size_t>(1, 6), hs = *rc::gen::inRange<std::size_t>(1, 6);
+        const std::size_t g = static_cast<std::size_t>(G), nh = static_cast<std::size_t>(NH);
+        Tensor3 kv = xt::zeros<float>({g, T, hs}), d = xt::zeros<float>({nh, T, hs});
+        for (auto& x : kv) x = static_cast<float>(*rc::gen::inRange(-3, 4));
+        for (auto& x : d) x = static_cast<float>(*rc::gen::inRange(-3, 4));
+        for (int h = 0; h < NH; ++h) RC_ASSERT(kv_head(h, NH, G) == h / (NH / G));
+        const Tensor3 e = expand_kv(kv, NH);
+        RC_ASSERT(e.shape()[0] == nh);
+        for (std::size_t h = 0; h < nh; ++h)
+            RC_ASSERT(xt::view(e, h) == xt::view(kv, h / (nh / g)));
+        const Tensor3 back = expand_kv_backward(d, G);
+        RC_ASSERT(back.shape()[0] == g);
+        double forward = 0.0, backward = 0.0;
+        for (std::size_t i = 0; i < e.size(); ++i) forward += static_cast<double>(d.flat(i)) * e.flat(i);
+        for (std::size_t i = 0; i < back.size(); ++i) backward += static_cast<double>(back.flat(i)) * kv.flat(i);
+        RC_ASSERT(forward == backward);
+    });
 }
 
 TEST_CASE("the shapes follow: (G, T, hs) to (NH, T, hs) and back") {
