@@ -3,6 +3,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -92,6 +93,42 @@ TEST_CASE("no row of a causal mask is fully masked: each token may attend to its
             CHECK(m(i, i));
         }
     }
+}
+
+TEST_CASE("property: for any block size, batch and scores of any value, the mask is j <= i and the fill keeps every allowed score") {
+    // Block sizes 1 … 40, batches 1 … 3, T up to the block size, scores drawn from
+    // ±10^−6 … 10^38, 0 and −∞: causal_mask(n)(i, j) is exactly j ≤ i, and masked_fill
+    // leaves every allowed score as it is (−∞ included) and puts −∞ wherever the mask is
+    // false, whatever the score there was (a large one must not survive as it would with a
+    // −1e9 fill). Every batch item is treated alike.
+    attn::check_property("causal_mask and masked_fill for any size and any scores", [] {
+        const std::size_t n = *rc::gen::inRange<std::size_t>(1, 41);
+        const Mask<2> mask = exercise::causal_mask(n);
+        RC_ASSERT(mask.shape()[0] == n && mask.shape()[1] == n);
+        for (std::size_t i = 0; i < n; ++i)
+            for (std::size_t j = 0; j < n; ++j) RC_ASSERT(mask(i, j) == (j <= i));
+        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), T = *rc::gen::inRange<std::size_t>(1, n + 1);
+        const auto value = rc::gen::resize(rc::kNominalSize, rc::gen::oneOf(
+            rc::gen::map(rc::gen::tuple(rc::gen::inRange(100, 1000), rc::gen::inRange(-6, 38), rc::gen::arbitrary<bool>()),
+                         [](const std::tuple<int, int, bool>& t) {
+                             const double x = std::get<0>(t) / 100.0 * std::pow(10.0, std::get<1>(t));
+                             return static_cast<float>(std::get<2>(t) ? -x : x);
+                         }),
+            rc::gen::just(0.0f), rc::gen::just(-std::numeric_limits<float>::infinity())));
+        Tensor3 scores = xt::zeros<float>({B, T, T});
+        for (auto& x : scores) x = *value;
+        const Mask<2> square = exercise::causal_mask(T);
+        const Tensor3 filled = exercise::masked_fill(scores, square);
+        RC_ASSERT(filled.shape() == scores.shape());
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t i = 0; i < T; ++i)
+                for (std::size_t j = 0; j < T; ++j) {
+                    if (j <= i)
+                        RC_ASSERT(filled(b, i, j) == scores(b, i, j));
+                    else
+                        RC_ASSERT(filled(b, i, j) == -std::numeric_limits<float>::infinity());
+                }
+    });
 }
 
 TEST_CASE("bad input is rejected with std::invalid_argument") {
