@@ -5,6 +5,7 @@
 #include "attn/fixtures.hpp"
 #include "attn/linalg.hpp"
 #include "attn/npy.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 #include "attn/sdpa.hpp"
 
@@ -121,6 +122,26 @@ TEST_CASE("a later token cannot change an earlier output") {
     const Tensor3 after = multi_head_attention(x, c_attn, c_proj, 2);
     CHECK_CLOSE(xt::view(after, 0, xt::range(0, 4)), xt::view(before, 0, xt::range(0, 4)), 0.0);
     CHECK(xt::amax(xt::abs(xt::view(after, 0, 4) - xt::view(before, 0, 4)))() > 0.0f);
+}
+
+TEST_CASE("property: for any B, T, NH and hs, head h holds channels h·hs … (h+1)·hs − 1 and merge_heads undoes split_heads") {
+    // B and T from 1 to 4, NH from 1 to 6, hs from 1 to 5, entries distinct (their flat
+    // index), so a channel in the wrong place is seen: split_heads(x, NH)(b, h, t, i) must be
+    // x(b, t, h·hs + i), and merge_heads(split_heads(x)) must be x exactly (a copy, no
+    // arithmetic).
+    attn::check_property("split_heads and merge_heads for any shape", [] {
+        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 5), T = *rc::gen::inRange<std::size_t>(1, 5),
+                          NH = *rc::gen::inRange<std::size_t>(1, 7), hs = *rc::gen::inRange<std::size_t>(1, 6);
+        Tensor3 x = xt::zeros<float>({B, T, NH * hs});
+        for (std::size_t i = 0; i < x.size(); ++i) x.flat(i) = static_cast<float>(i);
+        const Tensor4 y = split_heads(x, NH);
+        RC_ASSERT(y.shape()[0] == B && y.shape()[1] == NH && y.shape()[2] == T && y.shape()[3] == hs);
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t h = 0; h < NH; ++h)
+                for (std::size_t t = 0; t < T; ++t)
+                    for (std::size_t i = 0; i < hs; ++i) RC_ASSERT(y(b, h, t, i) == x(b, t, h * hs + i));
+        RC_ASSERT(merge_heads(y) == x);
+    });
 }
 
 TEST_CASE("a number of heads that does not divide C is a clear error") {
