@@ -3,6 +3,7 @@
 
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -85,6 +86,33 @@ TEST_CASE("scaled scores of unit-variance queries and keys have standard deviati
     // without the scaling it would be √256 = 16. (Statistical: Approx allows 0.05·(1 + 1)
     // = 0.1 absolute, ~16 sampling errors; /hs gives 1/16, /√T_q gives 2, ×√hs 256.)
     CHECK(spread == doctest::Approx(1.0).epsilon(0.05));
+}
+
+TEST_CASE("property: for any B, T_q, T_k and d_k, each score is q_i·k_j / √d_k of its own sequence") {
+    // B from 1 to 3, T_q and T_k from 1 to 6, d_k from 1 to 16, entries small integers: the
+    // dot product is then exact in float, and the scaled score is it divided by √d_k with at
+    // most two roundings (1/√d_k, then the product; or √d_k, then the quotient), each ≤ u
+    // relative (u = 2^-24), after √d_k's own: ≤ 4u·|ref| from the float64 reference. A score
+    // taken from another sequence, k·qᵀ for q·kᵀ, or another scale (none, d_k, T, times √d_k)
+    // is off by far more.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("scaled_scores equals q·kᵀ/√d_k for any shapes", [u] {
+        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), Tq = *rc::gen::inRange<std::size_t>(1, 7),
+                          Tk = *rc::gen::inRange<std::size_t>(1, 7), d = *rc::gen::inRange<std::size_t>(1, 17);
+        Tensor3 q = xt::zeros<float>({B, Tq, d}), k = xt::zeros<float>({B, Tk, d});
+        for (auto& x : q) x = static_cast<float>(*rc::gen::inRange(-4, 5));
+        for (auto& x : k) x = static_cast<float>(*rc::gen::inRange(-4, 5));
+        const Tensor3 s = scaled_scores(q, k);
+        RC_ASSERT(s.shape()[0] == B && s.shape()[1] == Tq && s.shape()[2] == Tk);
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t i = 0; i < Tq; ++i)
+                for (std::size_t j = 0; j < Tk; ++j) {
+                    double dot = 0.0;
+                    for (std::size_t c = 0; c < d; ++c) dot += static_cast<double>(q(b, i, c)) * k(b, j, c);
+                    const double ref = dot / std::sqrt(static_cast<double>(d));
+                    RC_ASSERT(std::abs(s(b, i, j) - ref) <= 4 * u * std::abs(ref));
+                }
+    });
 }
 
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
