@@ -4,6 +4,7 @@
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
 #include "attn/head_fixtures.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -140,3 +141,32 @@ TEST_CASE("bad input is rejected with std::invalid_argument") {
         CHECK_THROWS_AS(head_forward(x, w, w, other, tril), std::invalid_argument);
     }
 }
+
+TEST_CASE("property: for any sizes, changing one token moves no earlier token's output and no other sequence's") {
+    // B from 1 to 3, T from 1 to 8, C and hs from 1 to 8, inputs N(0, σ) with σ from 10^−3
+    // to 10^2; then token (b', t') changes by a drawn amount. Causal attention reads only
+    // positions ≤ t, and each sequence only itself, so every output at (b, t) with b ≠ b' or
+    // t < t' must stay exactly as it was: the same numbers go through the same operations
+    // (a hidden key's weight is exactly 0 whatever its score). Reading a later key, or
+    // another sequence, moves them.
+    attn::check_property("head_forward is causal and keeps sequences apart", [] {
+        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), T = *rc::gen::inRange<std::size_t>(1, 9),
+                          C = *rc::gen::inRange<std::size_t>(1, 9), hs = *rc::gen::inRange<std::size_t>(1, 9);
+        const float sigma = std::pow(10.0f, static_cast<float>(*rc::gen::inRange(-3, 3)));
+        attn::Rng rng(*rc::gen::inRange<std::uint64_t>(0, 1000000));
+        Tensor3 x = rng.normal_tensor<3>({B, T, C}, 0.0f, sigma);
+        const Tensor2 wk = rng.normal_tensor<2>({hs, C}), wq = rng.normal_tensor<2>({hs, C}),
+                      wv = rng.normal_tensor<2>({hs, C});
+        const attn::Mask<2> tril = attn::causal_mask(T);
+        const Tensor3 before = head_forward(x, wk, wq, wv, tril);
+        const std::size_t b1 = *rc::gen::inRange<std::size_t>(0, B), t1 = *rc::gen::inRange<std::size_t>(0, T);
+        const float delta = sigma * static_cast<float>(*rc::gen::inRange(1, 100));
+        for (std::size_t c = 0; c < C; ++c) x(b1, t1, c) += c % 2 ? delta : -delta;
+        const Tensor3 after = head_forward(x, wk, wq, wv, tril);
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t t = 0; t < T; ++t)
+                if (b != b1 || t < t1)
+                    for (std::size_t i = 0; i < hs; ++i) RC_ASSERT(after(b, t, i) == before(b, t, i));
+    });
+}
+
