@@ -3,6 +3,7 @@
 
 #include "attn/check.hpp"
 #include "attn/gpt.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -233,3 +234,54 @@ TEST_CASE("bad input is rejected with std::invalid_argument") {
     INFO("a negative weight decay would grow every weight: the contract asks for λ ≥ 0");
     CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
 }
+
+TEST_CASE("property: any settings, step and magnitudes give torch.optim.AdamW's update") {
+    // Up to 6 parameters with θ, m from ±10^−6 … 10^3, v ≥ 0 and g from ±10^−6 … 10^15 (so
+    // g² stays finite) or 0, steps 1 … 10^4, β₁ ∈ {0, 0.5, 0.9}, β₂ ∈ {0.9, 0.99, 0.999},
+    // ε ∈ {1e-8, 1e-6}, η ∈ {1e-4, 1e-2}, λ ∈ {0, 0.1}, with or without decay; the reference
+    // is the formula in float64 on the same float inputs. Bounds (u = 2^-24): m and v are two
+    // products and a sum, ≤ 3u of |β₁m| + |(1 − β₁)g| (and of v's terms). 1 − βᵗ in float loses
+    // relatively u·βᵗ/(1 − βᵗ) = u·κ per rounding of βᵗ (pow's and the constant's): the step
+    // r = m̂/(√v̂ + ε) is within (12 + 3κ₁ + 2κ₂)u of itself, and θ within 3u·|θ| + that·η|r|.
+    const double u = std::ldexp(1.0, -24);
+    const auto magnitude = [](int lo, int hi) {
+        return rc::gen::resize(rc::kNominalSize, rc::gen::map(
+            rc::gen::tuple(rc::gen::inRange(100, 1000), rc::gen::inRange(lo, hi), rc::gen::arbitrary<bool>()),
+            [](const std::tuple<int, int, bool>& t) {
+                const double x = std::get<0>(t) / 100.0 * std::pow(10.0, std::get<1>(t));
+                return static_cast<float>(std::get<2>(t) ? -x : x);
+            }));
+    };
+    attn::check_property("adamw_step equals the AdamW formula in float64", [&] {
+        const std::size_t n = *rc::gen::inRange<std::size_t>(1, 7);
+        AdamWSettings st;
+        st.beta1 = *rc::gen::element(0.0f, 0.5f, 0.9f);
+        st.beta2 = *rc::gen::element(0.9f, 0.99f, 0.999f);
+        st.eps = *rc::gen::element(1e-8f, 1e-6f);
+        st.lr = *rc::gen::element(1e-4f, 1e-2f);
+        st.weight_decay = *rc::gen::element(0.0f, 0.1f);
+        const bool decay = *rc::gen::arbitrary<bool>();
+        const long step = *rc::gen::inRange(1L, 10001L);
+        Vec theta(n), g(n), m(n), v(n);
+        for (std::size_t i = 0; i < n; ++i) {
+            theta[i] = *magnitude(-6, 4);
+            g[i] = *rc::gen::oneOf(magnitude(-6, 16), rc::gen::just(0.0f));  // a zero gradient still moves m, v and θ
+            m[i] = *magnitude(-6, 4);
+            v[i] = std::abs(*magnitude(-6, 4));
+        }
+        const Vec theta0 = theta, m0 = m, v0 = v;
+        adamw_step(theta, g, m, v, step, st, decay);
+        const double b1 = st.beta1, b2 = st.beta2, b1t = std::pow(b1, step), b2t = std::pow(b2, step);
+        const double k1 = b1t / (1 - b1t), k2 = b2t / (1 - b2t);
+        for (std::size_t i = 0; i < n; ++i) {
+            const double mr = b1 * m0[i] + (1 - b1) * g[i], vr = b2 * v0[i] + (1 - b2) * double(g[i]) * g[i];
+            RC_ASSERT(std::abs(m[i] - mr) <= 3 * u * (std::abs(b1 * m0[i]) + std::abs((1 - b1) * g[i])));
+            RC_ASSERT(std::abs(v[i] - vr) <= 3 * u * (b2 * v0[i] + (1 - b2) * double(g[i]) * g[i]));
+            const double r = (mr / (1 - b1t)) / (std::sqrt(vr / (1 - b2t)) + st.eps);
+            const double th = theta0[i] * (decay ? 1 - double(st.lr) * st.weight_decay : 1.0) - double(st.lr) * r;
+            const double tol = 3 * u * std::abs(theta0[i]) + (12 + 3 * k1 + 2 * k2) * u * st.lr * std::abs(r);
+            RC_ASSERT(std::abs(theta[i] - th) <= tol);
+        }
+    });
+}
+
