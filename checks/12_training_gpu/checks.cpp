@@ -2,6 +2,8 @@
 // (each launch twice, threads in two orders, so that a race shows as a failure).
 #include "exercise.hpp"
 
+#include "attn/property.hpp"
+
 #include <cuda_runtime.h>
 #include <doctest/doctest.h>
 
@@ -180,3 +182,33 @@ TEST_CASE("rows that are not a multiple of T, no rows at all, or negative sizes 
     CHECK_THROWS_AS(causal_softmax(p, p, 4, -4), std::invalid_argument);
     cudaFree(p);
 }
+
+TEST_CASE("property: any T up to 70 and scores of any size: each row is its float64 causal softmax") {
+    // T from 1 to 70 (lanes, warps and the boundaries between them), one or two sequences of
+    // rows, scores ±(1 … 10)·10^e for e from −3 to 30, hidden keys (j > i) holding anything
+    // as well; the output buffer starts as garbage. Bound (u = 2^-24), as lesson 04's: s − m
+    // rounds by ≤ u·|s − m| and u·d·e^−d ≤ u/e; exp ≤ 2u, a sum of ≤ T terms in any order
+    // γ_(T−1), the division u: |w − ref| ≤ (T + 3)u·ref + u. Hidden keys exactly 0.
+    const double u = std::ldexp(1.0, -24);
+    const auto score = rc::gen::resize(rc::kNominalSize, rc::gen::map(
+        rc::gen::tuple(rc::gen::inRange(100, 1001), rc::gen::inRange(-3, 31), rc::gen::arbitrary<bool>()),
+        [](const std::tuple<int, int, bool>& t) {
+            const double x = std::get<0>(t) / 100.0 * std::pow(10.0, std::get<1>(t));
+            return static_cast<float>(std::get<2>(t) ? -x : x);
+        }));
+    attn::check_property("causal_softmax equals the float64 causal softmax", [&] {
+        const int T = *rc::gen::inRange(1, 71), rows = T * *rc::gen::inRange(1, 3);
+        const auto s = *rc::gen::container<std::vector<float>>(static_cast<std::size_t>(rows) * T, score);
+        const std::vector<float> w = run(s, rows, T);
+        const std::vector<double> ref = reference(s, rows, T);
+        for (int r = 0; r < rows; ++r)
+            for (int j = 0; j < T; ++j) {
+                const std::size_t n = static_cast<std::size_t>(r) * T + j;
+                if (j > r % T)
+                    RC_ASSERT(w[n] == 0.0f);
+                else
+                    RC_ASSERT(std::abs(w[n] - ref[n]) <= (T + 3) * u * ref[n] + u);
+            }
+    }, 60);
+}
+
