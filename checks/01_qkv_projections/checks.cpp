@@ -3,6 +3,7 @@
 
 #include "attn/check.hpp"
 #include "attn/linear.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -146,3 +147,40 @@ TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
         CHECK_THROWS_AS(project_qkv(x, w, rng.normal_tensor<2>({5, 6}), w), std::invalid_argument);
     }
 }
+
+TEST_CASE("property: for any B, T, C, hs and hs_v, each token's q, k and v are its own x times the weights") {
+    // B, T from 1 to 4, C, hs and hs_v from 1 to 8, entries small integers: every product and
+    // sum is exact in float, so q(b, t, i) must equal Σ_c x(b, t, c)·W_q(i, c) exactly, and
+    // likewise k with W_k and v with W_v. A transposed weight, a weight used for the wrong
+    // projection, another token's x or another sequence's gives other numbers.
+    attn::check_property("project_qkv equals x·Wᵀ for any shapes", [] {
+        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 5), T = *rc::gen::inRange<std::size_t>(1, 5),
+                          C = *rc::gen::inRange<std::size_t>(1, 9), hs = *rc::gen::inRange<std::size_t>(1, 9),
+                          hs_v = *rc::gen::inRange<std::size_t>(1, 9);
+        Tensor3 x = xt::zeros<float>({B, T, C});
+        Tensor2 wq = xt::zeros<float>({hs, C}), wk = xt::zeros<float>({hs, C}), wv = xt::zeros<float>({hs_v, C});
+        for (auto* t : {&wq, &wk, &wv})
+            for (auto& e : *t) e = static_cast<float>(*rc::gen::inRange(-3, 4));
+        for (auto& e : x) e = static_cast<float>(*rc::gen::inRange(-3, 4));
+        const auto qkv = project_qkv(x, wq, wk, wv);
+        RC_ASSERT(qkv.v.shape()[2] == hs_v);
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t t = 0; t < T; ++t) {
+                for (std::size_t i = 0; i < hs; ++i) {
+                    float q = 0.0f, k = 0.0f;
+                    for (std::size_t c = 0; c < C; ++c) {
+                        q += x(b, t, c) * wq(i, c);
+                        k += x(b, t, c) * wk(i, c);
+                    }
+                    RC_ASSERT(qkv.q(b, t, i) == q);
+                    RC_ASSERT(qkv.k(b, t, i) == k);
+                }
+                for (std::size_t i = 0; i < hs_v; ++i) {
+                    float v = 0.0f;
+                    for (std::size_t c = 0; c < C; ++c) v += x(b, t, c) * wv(i, c);
+                    RC_ASSERT(qkv.v(b, t, i) == v);
+                }
+            }
+    });
+}
+
