@@ -2,6 +2,7 @@
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 #include "attn/sdpa.hpp"
 
@@ -9,6 +10,7 @@
 #include <xtensor/xview.hpp>
 
 #include <cmath>
+#include <vector>
 
 using attn::Tensor1;
 using attn::Tensor3;
@@ -153,3 +155,51 @@ TEST_CASE("weights that are not probabilities are rejected with std::invalid_arg
         CHECK_THROWS_AS(mean_entropy_per_head(Tensor4({{{{0.2f, 0.2f}}}})), std::invalid_argument);
     }
 }
+
+TEST_CASE("property: any distributions, with zeros and weights down to 1e-5: each row's entropy and each head's mean") {
+    // B, NH, T_q from 1 to 3 and T_k from 1 to 40; row j's weights are drawn counts (0 to 5,
+    // or 10^−4) divided by their sum in float, so rows hold zeros and weights down to ~10^−5
+    // and sum to 1 within T_k·u. The reference is −Σ p ln p in float64 on those floats.
+    // Bound (u = 2^-24): each term p·ln p within ~3u of itself (ln's 1ulp, the product, a
+    // float conversion), the sum of ≤ T_k terms γ_(T_k): ≤ (T_k + 4)u·Σ|p ln p| + 10^−12; the
+    // head's mean adds one more sum and a division: (T_k + 8 + B·T_q)u on its terms.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("attention_entropy and mean_entropy_per_head equal −Σ p ln p", [u] {
+        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), NH = *rc::gen::inRange<std::size_t>(1, 4),
+                          Tq = *rc::gen::inRange<std::size_t>(1, 4), Tk = *rc::gen::inRange<std::size_t>(1, 41);
+        const auto count = rc::gen::oneOf(rc::gen::map(rc::gen::inRange(0, 6), [](int c) { return static_cast<float>(c); }),
+                                          rc::gen::just(1e-4f));
+        Tensor4 w = xt::zeros<float>({B, NH, Tq, Tk});
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t h = 0; h < NH; ++h)
+                for (std::size_t i = 0; i < Tq; ++i) {
+                    std::vector<float> c(Tk);
+                    float total = 0.0f;
+                    for (auto& x : c) total += x = *count;
+                    if (total == 0.0f) total = c[0] = 1.0f;
+                    for (std::size_t j = 0; j < Tk; ++j) w(b, h, i, j) = c[j] / total;
+                }
+        const Tensor3 H = attention_entropy(w);
+        const Tensor1 mean = mean_entropy_per_head(w);
+        const double n_rows = static_cast<double>(B * Tq), tk = static_cast<double>(Tk);
+        for (std::size_t h = 0; h < NH; ++h) {
+            double head = 0.0, head_abs = 0.0;
+            for (std::size_t b = 0; b < B; ++b)
+                for (std::size_t i = 0; i < Tq; ++i) {
+                    double e = 0.0, e_abs = 0.0;
+                    for (std::size_t j = 0; j < Tk; ++j) {
+                        const double p = w(b, h, i, j);
+                        if (p > 0) {
+                            e -= p * std::log(p);
+                            e_abs += std::abs(p * std::log(p));
+                        }
+                    }
+                    RC_ASSERT(std::abs(H(b, h, i) - e) <= (tk + 4) * u * e_abs + 1e-12);
+                    head += e;
+                    head_abs += e_abs;
+                }
+            RC_ASSERT(std::abs(mean(h) - head / n_rows) <= (tk + 8 + n_rows) * u * head_abs / n_rows + 1e-12);
+        }
+    });
+}
+
