@@ -7,6 +7,7 @@
 #include "attn/gpt.hpp"
 #include "attn/gpt_layers.hpp"
 #include "attn/npy.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -235,6 +236,37 @@ TEST_CASE("one head, heads of one channel, one token and one sequence: the libra
                         as_tensor(a.residual3.data(), B, T, 8), parity_tol);
         }
     }
+}
+
+TEST_CASE("property: for any heads, widths, biases and input scales, a token moves no earlier position and no other sequence") {
+    // 1, 2 or 4 heads of 1 to 4 channels, with or without biases, B from 1 to 3, T from 1 to
+    // 8, inputs N(0, σ) with σ from 10^−2 to 10^2, then one token (b', t') changed. A block is
+    // causal and keeps sequences apart, so each output at (b, t) with b ≠ b' or t < t' must
+    // stay exactly as it was (the same numbers through the same operations; LayerNorm and
+    // the MLP work on one position at a time).
+    attn::check_property("block_forward is causal and keeps sequences apart", [] {
+        attn::GPTConfig config;
+        config.vocab_size = 5;
+        config.block_size = 8;
+        config.n_layer = 1;
+        config.n_head = *rc::gen::element(1, 2, 4);
+        config.n_embd = config.n_head * *rc::gen::inRange(1, 5);
+        config.bias = *rc::gen::arbitrary<bool>();
+        attn::GPT m(config, *rc::gen::inRange<std::uint64_t>(1, 1000));
+        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), T = *rc::gen::inRange<std::size_t>(1, 9),
+                          C = static_cast<std::size_t>(config.n_embd);
+        const float sigma = std::pow(10.0f, static_cast<float>(*rc::gen::inRange(-2, 3)));
+        attn::Rng rng(*rc::gen::inRange<std::uint64_t>(0, 1000000));
+        Tensor3 x = rng.normal_tensor<3>({B, T, C}, 0.0f, sigma);
+        const Tensor3 before = block_forward(x, layer(m, 0), config.n_head);
+        const std::size_t b1 = *rc::gen::inRange<std::size_t>(0, B), t1 = *rc::gen::inRange<std::size_t>(0, T);
+        for (std::size_t c = 0; c < C; ++c) x(b1, t1, c) += sigma * (c % 2 ? 3.0f : -2.0f);
+        const Tensor3 after = block_forward(x, layer(m, 0), config.n_head);
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t t = 0; t < T; ++t)
+                if (b != b1 || t < t1)
+                    for (std::size_t c = 0; c < C; ++c) RC_ASSERT(after(b, t, c) == before(b, t, c));
+    });
 }
 
 TEST_CASE("a head count that does not divide the width is refused, naming both") {
