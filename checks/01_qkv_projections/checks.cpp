@@ -1,4 +1,7 @@
 // Checks for exercise 01: the query, key and value projections.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - for any B, T, C, hs and hs_v, each token's q, k and v are its own x times the weights
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

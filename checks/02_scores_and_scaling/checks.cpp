@@ -1,4 +1,7 @@
 // Checks for exercise 02: scaled attention scores.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - for any B, T_q, T_k and d_k, each score is q_i·k_j / √d_k of its own sequence
 #include "exercise.hpp"
 
 #include "attn/attention.hpp"

@@ -1,4 +1,7 @@
 // Checks for exercise 03: the causal mask and the masked fill.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - for any block size, batch and scores of any value, the mask is j <= i and the fill keeps every allowed score
 #include "exercise.hpp"
 
 #include "attn/attention.hpp"

@@ -1,4 +1,7 @@
 // Checks for exercise 04: the stable softmax over the last axis.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - rows of logits of any size and sign, and masked ones, give the softmax
 #include "exercise.hpp"
 
 #include "attn/attention.hpp"

@@ -1,4 +1,7 @@
 // Checks for exercise 05: the forward pass of one head, in evaluation mode.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - for any sizes, changing one token moves no earlier token's output and no other sequence's
 #include "exercise.hpp"
 
 #include "attn/attention.hpp"

@@ -1,4 +1,7 @@
 // Checks for exercise 06: scaled dot-product attention over any batch axes, with a mask.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - scores of any size and sign, any hidden keys: the weights are the float64 softmax of the scores
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

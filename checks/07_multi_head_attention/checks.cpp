@@ -1,4 +1,7 @@
 // Checks for exercise 07: splitting into heads, merging them, and the multi-head forward pass.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - for any B, T, NH and hs, head h holds channels h·hs … (h+1)·hs − 1 and merge_heads undoes split_heads
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

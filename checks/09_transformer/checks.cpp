@@ -1,4 +1,7 @@
 // Checks for exercise 09: one transformer block's forward pass.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - for any heads, widths, biases and input scales, a token moves no earlier position and no other sequence
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

@@ -1,4 +1,7 @@
 // Checks for exercise 10: backpropagation through attention and LayerNorm.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - LayerNorm's gradients do not change when a row is shifted, by 1 or by 10^4
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

@@ -1,4 +1,7 @@
 // Checks for exercise 11: the AdamW step.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - any settings, step and magnitudes give torch.optim.AdamW's update
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

@@ -1,5 +1,8 @@
 // Checks for exercise 12: the row-wise causal softmax kernel, run in the CUDA simulator
 // (each launch twice, threads in two orders, so that a race shows as a failure).
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - any T up to 70 and scores of any size: each row is its float64 causal softmax
 #include "exercise.hpp"
 
 #include "attn/property.hpp"

@@ -1,4 +1,7 @@
 // Checks for exercise 13: the online-softmax update.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - any row of scores, cut into tiles anywhere, gives softmax(s)·V and its log-sum-exp
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

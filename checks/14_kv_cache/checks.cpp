@@ -1,4 +1,7 @@
 // Checks for exercise 14: appending to the cache and attending over it.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - rows after pos may hold anything, for a query of either sign and any position
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

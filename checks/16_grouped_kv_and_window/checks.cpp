@@ -1,4 +1,7 @@
 // Checks for exercise 16: grouped-query attention's head mapping and its backward.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - for any NH, G, T and hs, each query head reads its group's head, and backward is the transpose
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

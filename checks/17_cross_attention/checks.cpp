@@ -1,5 +1,8 @@
 // Checks for exercise 17: the masks of a padded encoder–decoder batch, the masked softmax
 // and the loss over the real positions.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - any offset, any masked positions, any masked values: the weights are the allowed keys' softmax
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

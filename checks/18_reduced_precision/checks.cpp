@@ -1,5 +1,8 @@
 // Checks for exercise 18: float32 to bfloat16, and a softmax with 16-bit scores and float32
 // statistics.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - every float rounds to the nearer of the two bfloat16s around it, a tie to the even one
 #include "exercise.hpp"
 
 #include "attn/check.hpp"

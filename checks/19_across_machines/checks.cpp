@@ -1,4 +1,7 @@
 // Checks for exercise 19: merging two partial attentions by their log-sum-exps.
+//
+// Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
+// - for log-sum-exps of any sign and size, the merge is finite, symmetric and exact to its rounding
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
