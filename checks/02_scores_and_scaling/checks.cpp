@@ -92,12 +92,12 @@ TEST_CASE("scaled scores of unit-variance queries and keys have standard deviati
 }
 
 TEST_CASE("property: for any B, T_q, T_k and d_k, each score is q_i·k_j / √d_k of its own sequence") {
-    // B from 1 to 3, T_q and T_k from 1 to 6, d_k from 1 to 16, entries small integers: the
-    // dot product is then exact in float, and the scaled score is it divided by √d_k with at
-    // most two roundings (1/√d_k, then the product; or √d_k, then the quotient), each ≤ u
-    // relative (u = 2^-24), after √d_k's own: ≤ 4u·|ref| from the float64 reference. A score
-    // taken from another sequence, k·qᵀ for q·kᵀ, or another scale (none, d_k, T, times √d_k)
-    // is off by far more.
+    // B from 1 to 3, T_q and T_k from 1 to 6, d_k from 1 to 16, entries small integers,
+    // against the float64 q·k/√d_k. Bound (u = 2^-24): a solution may scale the dot product
+    // (exact here) or q first (then each term is rounded once, ≤ u); either way √d_k or
+    // 1/√d_k rounds once or twice (≤ 2u), and a sum of d_k rounded terms adds γ_(d_k): within
+    // (d_k + 3)u·Σ_c |q_c k_c|/√d_k. A score taken from another sequence, k·qᵀ for q·kᵀ, or
+    // another scale (none, d_k, T, times √d_k) is off by far more.
     const double u = std::ldexp(1.0, -24);
     attn::check_property("scaled_scores equals q·kᵀ/√d_k for any shapes", [u] {
         const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), Tq = *rc::gen::inRange<std::size_t>(1, 7),
@@ -110,10 +110,13 @@ TEST_CASE("property: for any B, T_q, T_k and d_k, each score is q_i·k_j / √d_
         for (std::size_t b = 0; b < B; ++b)
             for (std::size_t i = 0; i < Tq; ++i)
                 for (std::size_t j = 0; j < Tk; ++j) {
-                    double dot = 0.0;
-                    for (std::size_t c = 0; c < d; ++c) dot += static_cast<double>(q(b, i, c)) * k(b, j, c);
-                    const double ref = dot / std::sqrt(static_cast<double>(d));
-                    RC_ASSERT(std::abs(s(b, i, j) - ref) <= 4 * u * std::abs(ref));
+                    double dot = 0.0, size = 0.0;
+                    for (std::size_t c = 0; c < d; ++c) {
+                        dot += static_cast<double>(q(b, i, c)) * k(b, j, c);
+                        size += std::abs(static_cast<double>(q(b, i, c)) * k(b, j, c));
+                    }
+                    const double root = std::sqrt(static_cast<double>(d)), ref = dot / root;
+                    RC_ASSERT(std::abs(s(b, i, j) - ref) <= (static_cast<double>(d) + 3) * u * size / root);
                 }
     });
 }
