@@ -70,6 +70,10 @@ void check_attention_gradients(attn::Rng& rng, std::size_t T, std::size_t hs, fl
             v = rng.normal_tensor<2>({T, hs});
     const Tensor2 dout = rng.normal_tensor<2>({T, hs});
     const auto g = exercise::attention_backward(dout, q, k, v, head_forward(q, k, v).w);
+    // Read as raw arrays below: the shapes first (each gradient is its input's shape).
+    REQUIRE(attn::shape_of(g.dq) == attn::shape_of(q));
+    REQUIRE(attn::shape_of(g.dk) == attn::shape_of(k));
+    REQUIRE(attn::shape_of(g.dv) == attn::shape_of(v));
     auto loss = [&] { return weighted(head_forward(q, k, v).out, dout); };
     const double eq = fd_error(q, g.dq, loss), ek = fd_error(k, g.dk, loss),
                  ev = fd_error(v, g.dv, loss);
@@ -88,6 +92,12 @@ void check_layernorm_gradients(attn::Rng& rng, std::size_t N, std::size_t C, flo
     Tensor1 weight = rng.normal_tensor<1>({C}), bias = rng.normal_tensor<1>({C});
     const Tensor2 dout = rng.normal_tensor<2>({N, C});
     const auto g = exercise::layernorm_backward(dout, x, weight);
+    // The finite differences read the gradients as raw arrays: their shapes first, so that a
+    // wrong one (Tensor1({C}) is one element holding C) fails here instead of being read past.
+    INFO("dx must be x's shape, dweight and dbias (C) = (" << C << ")");
+    REQUIRE(attn::shape_of(g.dx) == attn::shape_of(x));
+    REQUIRE(attn::shape_of(g.dweight) == attn::shape_of(weight));
+    REQUIRE(attn::shape_of(g.dbias) == attn::shape_of(bias));
     Tensor2 y({N, C});
     std::vector<float> mean(N), rstd(N);
     auto loss = [&] {
