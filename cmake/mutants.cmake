@@ -18,16 +18,58 @@
 # applies to the solution exactly (no fuzz) stops the build, naming itself: the catalogue
 # cannot drift away from the solution it mutates.
 #
-# A mistake that writes out of bounds has a second line, `sanitizer: <the error AddressSanitizer
-# reports>` (such as heap-buffer-overflow). In the sanitizer builds (ATTN_SANITIZE, presets
-# `sanitize` and `check-debug`) only those mutants are built, and the test "NN mutant <name>:
-# the sanitizer names the line" (labels `mutants`, `sanitizer`, `lessonNN`) passes when the
-# program ends within the time limit with that report, a stack frame in the mistaken file,
-# and the name of the check that was running: what `./workbook check` shows the learner.
+# A header line `says: <text>` is text the failing checks must print for it (the message
+# that names the mistake; tools/expect_mutant_caught.sh).
+#
+# A mistake that writes out of bounds has a header line `sanitizer: <the error reported>`:
+# AddressSanitizer's name for it (such as heap-buffer-overflow), or `xtensor index out of
+# bounds` for an index past an axis that xtensor's own check finds first (the write may stay
+# inside the buffer, where only that check sees it). In the sanitizer builds (ATTN_SANITIZE,
+# presets `sanitize` and `check-debug`, both with xtensor's index checks) only those mutants
+# are built, and the test "NN mutant <name>: the sanitizer names the line" (labels `mutants`,
+# `sanitizer`, `lessonNN`) passes when the program ends within the time limit with that
+# report, a stack frame in the mistaken file, and the name of the check that was running:
+# what `./workbook check` shows the learner, whether the checks crash, fail or pass.
 #
 # Only the mutant's own file is compiled (without the course's -Werror: realistic mistakes
 # leave unused variables); the checks object and doctest's main are shared with check_NN.
 option(ATTN_MUTANTS "Build the catalogue of learner mistakes and test that the checks catch each" ON)
+
+# One catalogue entry, checks/NN_slug/<kind>s/<entry>.diff, built as a program: the solution
+# with the diff applied (build/<kind>s/NN_slug/<entry>.cpp) linked with the exercise's checks,
+# as the target <kind>_NN_<entry>. Sets `nn`, `entry`, `patched` (the patched file) and
+# `target` in the caller; `target` is empty when the exercise has no checks.
+function(_course_patched_program source kind comment)
+  get_filename_component(catalogue "${source}" DIRECTORY)
+  get_filename_component(exercise_dir "${catalogue}" DIRECTORY)
+  get_filename_component(name "${exercise_dir}" NAME)
+  get_filename_component(entry "${source}" NAME_WE)
+  string(SUBSTRING "${name}" 0 2 nn)
+  set(patched "${CMAKE_BINARY_DIR}/${kind}s/${name}/${entry}.cpp")
+  set(nn "${nn}" PARENT_SCOPE)
+  set(entry "${entry}" PARENT_SCOPE)
+  set(patched "${patched}" PARENT_SCOPE)
+  set(target "" PARENT_SCOPE)
+  if(NOT TARGET checks_${nn}_obj)
+    message(WARNING "${source}: exercise ${nn} has no checks to run this ${kind} against")
+    return()
+  endif()
+  string(MAKE_C_IDENTIFIER "${kind}_${nn}_${entry}" program)
+  set(solution "${PROJECT_SOURCE_DIR}/solutions/${name}/solution.cpp")
+  file(RELATIVE_PATH shown "${PROJECT_SOURCE_DIR}" "${source}")
+  add_custom_command(
+    OUTPUT "${patched}"
+    COMMAND "${CMAKE_COMMAND}" -E make_directory "${CMAKE_BINARY_DIR}/${kind}s/${name}"
+    COMMAND "${CMAKE_COMMAND}" -DPATCH=${ATTN_PATCH} -DSOLUTION=${solution} -DDIFF=${source}
+            -DOUTPUT=${patched} -DSHOWN=${shown} -P "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
+    DEPENDS "${solution}" "${source}" "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
+    COMMENT "${kind} ${nn} ${entry}: ${comment}"
+    VERBATIM)
+  add_executable(${program} "${patched}")
+  target_link_libraries(${program} PRIVATE checks_${nn}_obj check_support_main)
+  target_precompile_headers(${program} REUSE_FROM check_support_main)
+  set(target "${program}" PARENT_SCOPE)
+endfunction()
 
 function(course_mutants)
   if(NOT ATTN_MUTANTS AND NOT ATTN_SANITIZE)
@@ -43,37 +85,19 @@ function(course_mutants)
        "${PROJECT_SOURCE_DIR}/checks/[0-9][0-9]_*/mutants/*.diff")
   list(SORT mutant_sources)
   foreach(source IN LISTS mutant_sources)
-    get_filename_component(mutants_dir "${source}" DIRECTORY)
-    get_filename_component(exercise_dir "${mutants_dir}" DIRECTORY)
-    get_filename_component(name "${exercise_dir}" NAME)
-    get_filename_component(mutant "${source}" NAME_WE)
-    string(SUBSTRING "${name}" 0 2 nn)
     file(STRINGS "${source}" sanitizer_report LIMIT_COUNT 1 REGEX "^sanitizer: ")
     set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS "${source}")
     if(ATTN_SANITIZE AND NOT sanitizer_report)
       continue()  # the sanitizer builds test only the mistakes that write out of bounds
     endif()
-    if(NOT TARGET checks_${nn}_obj)
-      message(WARNING "${source}: exercise ${nn} has no checks to catch this mistake")
+    _course_patched_program("${source}" mutant "the solution with one mistake")
+    if(NOT target)
       continue()
     endif()
-    string(MAKE_C_IDENTIFIER "mutant_${nn}_${mutant}" target)
-    set(solution "${PROJECT_SOURCE_DIR}/solutions/${name}/solution.cpp")
-    set(mutated "${CMAKE_BINARY_DIR}/mutants/${name}/${mutant}.cpp")
-    file(RELATIVE_PATH shown "${PROJECT_SOURCE_DIR}" "${source}")
-    add_custom_command(
-      OUTPUT "${mutated}"
-      COMMAND "${CMAKE_COMMAND}" -E make_directory "${CMAKE_BINARY_DIR}/mutants/${name}"
-      COMMAND "${CMAKE_COMMAND}" -DPATCH=${ATTN_PATCH} -DSOLUTION=${solution} -DDIFF=${source}
-              -DOUTPUT=${mutated} -DSHOWN=${shown} -P "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
-      DEPENDS "${solution}" "${source}" "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
-      COMMENT "mutant ${nn} ${mutant}: the solution with one mistake"
-      VERBATIM)
-    add_executable(${target} "${mutated}")
-    # Not attn_warnings: a realistic mistake may leave a variable unused, and -Werror would
-    # turn that into a build failure rather than a mistake for the checks to catch.
-    target_link_libraries(${target} PRIVATE checks_${nn}_obj check_support_main)
-    target_precompile_headers(${target} REUSE_FROM check_support_main)
+    set(mutant "${entry}")
+    set(mutated "${patched}")
+    # (Not linked with attn_warnings, as variants are: a realistic mistake may leave a
+    # variable unused, and -Werror would make that a build failure, not a mistake caught.)
     if(ATTN_SANITIZE)
       string(REGEX REPLACE "^sanitizer: *" "" sanitizer_report "${sanitizer_report}")
       add_test(NAME "${nn} mutant ${mutant}: the sanitizer names the line"
@@ -107,30 +131,12 @@ function(course_variants)
        "${PROJECT_SOURCE_DIR}/checks/[0-9][0-9]_*/variants/*.diff")
   list(SORT variant_sources)
   foreach(source IN LISTS variant_sources)
-    get_filename_component(variants_dir "${source}" DIRECTORY)
-    get_filename_component(exercise_dir "${variants_dir}" DIRECTORY)
-    get_filename_component(name "${exercise_dir}" NAME)
-    get_filename_component(variant "${source}" NAME_WE)
-    string(SUBSTRING "${name}" 0 2 nn)
-    if(NOT TARGET checks_${nn}_obj)
-      message(WARNING "${source}: exercise ${nn} has no checks to run this variant against")
+    _course_patched_program("${source}" variant "a correct solution written another way")
+    if(NOT target)
       continue()
     endif()
-    string(MAKE_C_IDENTIFIER "variant_${nn}_${variant}" target)
-    set(solution "${PROJECT_SOURCE_DIR}/solutions/${name}/solution.cpp")
-    set(varied "${CMAKE_BINARY_DIR}/variants/${name}/${variant}.cpp")
-    file(RELATIVE_PATH shown "${PROJECT_SOURCE_DIR}" "${source}")
-    add_custom_command(
-      OUTPUT "${varied}"
-      COMMAND "${CMAKE_COMMAND}" -E make_directory "${CMAKE_BINARY_DIR}/variants/${name}"
-      COMMAND "${CMAKE_COMMAND}" -DPATCH=${ATTN_PATCH} -DSOLUTION=${solution} -DDIFF=${source}
-              -DOUTPUT=${varied} -DSHOWN=${shown} -P "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
-      DEPENDS "${solution}" "${source}" "${PROJECT_SOURCE_DIR}/cmake/apply_mutant.cmake"
-      COMMENT "variant ${nn} ${variant}: a correct solution written another way"
-      VERBATIM)
-    add_executable(${target} "${varied}")
-    target_link_libraries(${target} PRIVATE checks_${nn}_obj check_support_main attn_warnings)
-    target_precompile_headers(${target} REUSE_FROM check_support_main)
+    set(variant "${entry}")
+    target_link_libraries(${target} PRIVATE attn_warnings)
     add_test(NAME "${nn} variant ${variant} passes"
              COMMAND "${PROJECT_SOURCE_DIR}/tools/expect_variant_passes.sh"
                      $<TARGET_FILE:${target}> "${source}")

@@ -6,13 +6,13 @@
 # a report naming the check that was running; fails, naming the mistake, when every check
 # passes (the checks would let it through), when a crash names no check, or when the program
 # is still running after the time limit (a learner would see `./workbook check` hang).
+# Each `says: <text>` line among the diff's header lines is text the checks' output must
+# contain when they catch it: the message that tells the learner which mistake it is.
 set -u
 program=$1 source=$2
-limit=${ATTN_CHECK_TIME_LIMIT:-30}
-mistake=$(sed -n '1s|^mistake: *||p' "$source")
-[ -n "$mistake" ] || { echo "$source: the first line must be 'mistake: <what is wrong>'"; exit 1; }
-output=$(timeout -k 5 "$limit" "$program" --no-intro --no-version 2>&1)
-status=$?
+. "${BASH_SOURCE[0]%/*}/run_catalogue_entry.sh"
+run_catalogue_entry mistake "$program" "$source"
+mistake=$title
 if [ $status = 0 ]; then
   echo "every check passes on ${source##*/checks/}: \"$mistake\" is not caught"
   exit 1
@@ -35,6 +35,13 @@ if [ $status -gt 128 ]; then
 fi
 failed=$(printf '%s\n' "$output" | sed -n 's/^\[doctest\] test cases:.*| *\([0-9]*\) failed.*/\1/p')
 if [ "${failed:-0}" -gt 0 ]; then
+  while IFS= read -r said; do
+    if ! grep -q -F -- "$said" <<<"$output"; then
+      printf '%s\n' "$output" | grep -E -A4 ': ERROR: ' | head -20
+      echo "caught on ${source##*/checks/}, but no failure says \"$said\""
+      exit 1
+    fi
+  done < <(sed -n '/^--- /q; s/^says: *//p' "$source")
   echo "caught by $failed failing check(s): $mistake"
   exit 0
 fi

@@ -7,11 +7,9 @@
 # learner who wrote it looking for a mistake that is not there.
 set -u
 program=$1 source=$2
-limit=${ATTN_CHECK_TIME_LIMIT:-30}
-variant=$(sed -n '1s|^variant: *||p' "$source")
-[ -n "$variant" ] || { echo "$source: the first line must be 'variant: <how it is written>'"; exit 1; }
-output=$(timeout -k 5 "$limit" "$program" --no-intro --no-version 2>&1)
-status=$?
+. "${BASH_SOURCE[0]%/*}/run_catalogue_entry.sh"
+run_catalogue_entry variant "$program" "$source"
+variant=$title
 if [ $status = 0 ]; then
   echo "every check passes on ${source##*/checks/}: $variant"
   exit 0

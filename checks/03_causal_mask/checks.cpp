@@ -111,13 +111,7 @@ TEST_CASE("property: for any block size, batch and scores of any value, the mask
         for (std::size_t i = 0; i < n; ++i)
             for (std::size_t j = 0; j < n; ++j) RC_ASSERT(mask(i, j) == (j <= i));
         const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), T = *rc::gen::inRange<std::size_t>(1, n + 1);
-        const auto value = rc::gen::resize(rc::kNominalSize, rc::gen::oneOf(
-            rc::gen::map(rc::gen::tuple(rc::gen::inRange(100, 1000), rc::gen::inRange(-6, 38), rc::gen::arbitrary<bool>()),
-                         [](const std::tuple<int, int, bool>& t) {
-                             const double x = std::get<0>(t) / 100.0 * std::pow(10.0, std::get<1>(t));
-                             return static_cast<float>(std::get<2>(t) ? -x : x);
-                         }),
-            rc::gen::just(0.0f), rc::gen::just(-std::numeric_limits<float>::infinity())));
+        const auto value = attn::scores_or_masked(attn::magnitudes(-6, 38));
         Tensor3 scores = xt::zeros<float>({B, T, T});
         for (auto& x : scores) x = *value;
         const Mask<2> square = exercise::causal_mask(T);

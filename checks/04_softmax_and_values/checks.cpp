@@ -24,18 +24,7 @@ namespace {
 constexpr float inf = std::numeric_limits<float>::infinity();
 
 // A logit of any finite size, or masked: ±(1.000 … 9.999)·10^e for e from −6 to 37, 0, or −∞.
-// Drawn at full range from the first case (RapidCheck otherwise grows its ranges with the
-// case number), and shrunk towards small magnitudes when a case fails.
-rc::Gen<float> any_logit() {
-    return rc::gen::resize(rc::kNominalSize, rc::gen::oneOf(
-        rc::gen::map(rc::gen::tuple(rc::gen::inRange(1000, 10000), rc::gen::inRange(-6, 38),
-                                    rc::gen::arbitrary<bool>()),
-                     [](const std::tuple<int, int, bool>& t) {
-                         const double x = std::get<0>(t) / 1000.0 * std::pow(10.0, std::get<1>(t));
-                         return static_cast<float>(std::get<2>(t) ? -x : x);
-                     }),
-        rc::gen::just(0.0f), rc::gen::just(-inf)));
-}
+rc::Gen<float> any_logit() { return attn::scores_or_masked(attn::magnitudes(-6, 38, 1000)); }
 }  // namespace
 
 TEST_CASE("softmax of small rows matches values worked by hand") {

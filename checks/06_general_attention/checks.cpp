@@ -174,12 +174,7 @@ TEST_CASE("property: scores of any size and sign, any hidden keys: the weights a
     // in, a row "fully hidden" when its maximum is ≤ −1e9) zeroes rows whose scores are all
     // below it, which are ordinary rows.
     const double u = std::ldexp(1.0, -24);
-    const auto factor = rc::gen::resize(rc::kNominalSize, rc::gen::map(
-        rc::gen::tuple(rc::gen::inRange(1000, 10000), rc::gen::inRange(-3, 19), rc::gen::arbitrary<bool>()),
-        [](const std::tuple<int, int, bool>& t) {
-            const double x = std::get<0>(t) / 1000.0 * std::pow(10.0, std::get<1>(t));
-            return static_cast<float>(std::get<2>(t) ? -x : x);
-        }));
+    const auto factor = attn::magnitudes(-3, 19, 1000);
     attn::check_property("attention's weights and output for one query over keys of any score", [&] {
         const std::size_t Tk = *rc::gen::inRange<std::size_t>(1, 6);
         const float qv = *factor;

@@ -15,6 +15,10 @@
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
 
+#include <cmath>
+#include <optional>
+#include <string>
+
 using attn::Tensor2;
 using attn::Tensor3;
 using attn::Tensor4;
@@ -40,11 +44,48 @@ TEST_CASE("merge_heads undoes split_heads") {
 }
 
 namespace {
+// The usual mistakes in the forward pass, each a way of computing it wrongly that
+// heads_one_by_one can reproduce, so that a failing check can say which one the learner's
+// output matches (the outputs differ at a location, which alone does not tell them apart).
+enum class Mistake {
+    none,
+    no_output_projection,  // the merged heads returned without c_proj
+    c_proj_not_transposed, // merged · c_proj instead of merged · c_projᵀ
+    q_and_k_swapped,       // q from the key third of c_attn, k from the query third
+    v_from_k,              // v from the key third
+    thirds_interleaved,    // row 3j, 3j+1, 3j+2 of c_attn taken as q, k and v's row j
+    no_mask,               // every token sees the whole sequence
+    scale_by_C,            // scores scaled by 1/√C instead of 1/√hs
+};
+
+const char* describe(Mistake m) {
+    switch (m) {
+        case Mistake::none: return "";
+        case Mistake::no_output_projection:
+            return "the heads merged but not projected: the last step is merged · c_projᵀ";
+        case Mistake::c_proj_not_transposed:
+            return "merged · c_proj: nn.Linear's weight is (out, in), so the product is merged · c_projᵀ";
+        case Mistake::q_and_k_swapped:
+            return "q and k swapped: the rows of c_attn are q's C rows, then k's, then v's";
+        case Mistake::v_from_k:
+            return "v taken from k's third of c_attn: v's rows are rows 2C … 3C − 1";
+        case Mistake::thirds_interleaved:
+            return "c_attn read as interleaved rows (q, k, v, q, k, v, …): it holds q's C rows, "
+                   "then k's, then v's";
+        case Mistake::no_mask:
+            return "no causal mask: token t must not see tokens after t";
+        case Mistake::scale_by_C:
+            return "the scores scaled by 1/√C: each head's scores are scaled by 1/√hs, hs = C / NH";
+    }
+    return "";
+}
+
 // Multi-head attention written as NH separate heads: head h projects x with its own rows of
 // c_attn (its slices of the query, key and value thirds), attends causally, and the heads'
-// outputs side by side go through c_proj. (B, T, C) in, (B, T, C) out.
+// outputs side by side go through c_proj. (B, T, C) in, (B, T, C) out. Given a Mistake, it
+// makes that one.
 Tensor3 heads_one_by_one(const Tensor3& x, const Tensor2& c_attn, const Tensor2& c_proj,
-                         std::size_t NH) {
+                         std::size_t NH, Mistake mistake = Mistake::none) {
     const std::size_t B = x.shape()[0], T = x.shape()[1], C = x.shape()[2], hs = C / NH;
     Tensor3 out({B, T, C});
     for (std::size_t b = 0; b < B; ++b) {
@@ -52,18 +93,48 @@ Tensor3 heads_one_by_one(const Tensor3& x, const Tensor2& c_attn, const Tensor2&
         Tensor2 concatenated({T, C});
         for (std::size_t h = 0; h < NH; ++h) {
             auto rows = [&](std::size_t part) {
+                if (mistake == Mistake::thirds_interleaved)
+                    return Tensor2(xt::view(c_attn, xt::range(3 * h * hs + part, 3 * (h + 1) * hs, 3),
+                                            xt::all()));
                 return Tensor2(xt::view(c_attn, xt::range(part * C + h * hs, part * C + (h + 1) * hs),
                                         xt::all()));
             };
+            const bool swap = mistake == Mistake::q_and_k_swapped;
+            const std::size_t v_part = mistake == Mistake::v_from_k ? 1 : 2;
+            const Tensor2 mask_all = xt::ones<float>({T, T});
+            std::optional<float> scale;
+            if (mistake == Mistake::scale_by_C) scale = 1.0f / std::sqrt(static_cast<float>(C));
+            const Tensor2 q = attn::matmul_transposed(xb, rows(swap ? 1 : 0));
+            const Tensor2 k = attn::matmul_transposed(xb, rows(swap ? 0 : 1));
+            const Tensor2 v = attn::matmul_transposed(xb, rows(v_part));
             xt::view(concatenated, xt::all(), xt::range(h * hs, (h + 1) * hs)) =
-                attn::scaled_dot_product_attention(attn::matmul_transposed(xb, rows(0)),
-                                                   attn::matmul_transposed(xb, rows(1)),
-                                                   attn::matmul_transposed(xb, rows(2)),
-                                                   attn::causal_mask(T));
+                mistake == Mistake::no_mask
+                    ? attn::scaled_dot_product_attention(q, k, v, {}, nullptr, scale)
+                    : attn::scaled_dot_product_attention(q, k, v, attn::causal_mask(T), nullptr, scale);
         }
-        xt::view(out, b) = attn::matmul_transposed(concatenated, c_proj);
+        if (mistake == Mistake::no_output_projection)
+            xt::view(out, b) = concatenated;
+        else if (mistake == Mistake::c_proj_not_transposed)
+            xt::view(out, b) = attn::matmul(concatenated, c_proj);
+        else
+            xt::view(out, b) = attn::matmul_transposed(concatenated, c_proj);
     }
     return out;
+}
+
+// What a forward pass that differs from heads_one_by_one got wrong, when its output is one
+// of the usual mistakes' (within `tol`); otherwise where to look.
+std::string diagnose(const Tensor3& got, const Tensor3& x, const Tensor2& c_attn,
+                     const Tensor2& c_proj, std::size_t NH, double tol) {
+    for (Mistake m : {Mistake::no_output_projection, Mistake::c_proj_not_transposed,
+                      Mistake::q_and_k_swapped, Mistake::v_from_k, Mistake::thirds_interleaved,
+                      Mistake::no_mask, Mistake::scale_by_C})
+        if (attn::check::compare(got, heads_one_by_one(x, c_attn, c_proj, NH, m), tol).ok)
+            return std::string("your output is what this mistake gives: ") + describe(m);
+    return "your output matches none of the usual mistakes (no output projection, c_proj not "
+           "transposed, q and k swapped, v from k's rows, interleaved thirds, no mask, 1/√C): "
+           "compare each stage (qkv = x · c_attnᵀ, its thirds, split_heads, attention with the "
+           "causal mask, merge_heads, · c_projᵀ) with the lesson's steps";
 }
 }  // namespace
 
@@ -79,8 +150,10 @@ TEST_CASE("multi-head attention equals NH single heads on slices of the weights"
     // c_proj (n = 12) the worst case is ~1e-4, the random-sign estimate ≈ 1e-6: 1e-5 rests
     // on it, 10× above. The mistakes (x·W for c_proj, reversed or strided heads, q and k
     // swapped, 1/√C, v from k's third, no mask) move outputs by O(0.1–1).
-    CHECK_CLOSE(multi_head_attention(x, c_attn, c_proj, NH), heads_one_by_one(x, c_attn, c_proj, NH),
-                1e-5);
+    const Tensor3 got = multi_head_attention(x, c_attn, c_proj, NH);
+    const Tensor3 want = heads_one_by_one(x, c_attn, c_proj, NH);
+    INFO(diagnose(got, x, c_attn, c_proj, NH, 1e-5));  // evaluated only when the check fails
+    CHECK_CLOSE(got, want, 1e-5);
 }
 
 TEST_CASE("one head, heads of one channel, one token and one sequence") {
@@ -98,21 +171,25 @@ TEST_CASE("one head, heads of one channel, one token and one sequence") {
                 CAPTURE(T);
                 const Tensor3 x = rng.normal_tensor<3>({B, T, C});
                 // As above (C = 6: n ≤ 6, less): random-sign ≲ 1e-6, 10× under 1e-5.
-                CHECK_CLOSE(multi_head_attention(x, c_attn, c_proj, NH),
-                            heads_one_by_one(x, c_attn, c_proj, NH), 1e-5);
+                const Tensor3 got = multi_head_attention(x, c_attn, c_proj, NH);
+                const Tensor3 want = heads_one_by_one(x, c_attn, c_proj, NH);
+                INFO(diagnose(got, x, c_attn, c_proj, NH, 1e-5));
+                CHECK_CLOSE(got, want, 1e-5);
             }
 }
 
 TEST_CASE("multi-head attention matches PyTorch on nanoGPT's layout") {
     const auto dir = attn::fixtures_dir() / "multi_head";
-    const Tensor3 got = multi_head_attention(attn::load_npy<3>(dir / "nobias_x.npy"),
-                                             attn::load_npy<2>(dir / "nobias_c_attn_weight.npy"),
-                                             attn::load_npy<2>(dir / "nobias_c_proj_weight.npy"),
-                                             4);  // n_head in tests/fixtures/multi_head/versions.json
+    const Tensor3 x = attn::load_npy<3>(dir / "nobias_x.npy");
+    const Tensor2 c_attn = attn::load_npy<2>(dir / "nobias_c_attn_weight.npy");
+    const Tensor2 c_proj = attn::load_npy<2>(dir / "nobias_c_proj_weight.npy");
+    const std::size_t NH = 4;  // n_head in tests/fixtures/multi_head/versions.json
+    const Tensor3 got = multi_head_attention(x, c_attn, c_proj, NH);
     // float32 against a float64 reference through two projections over C = 16 channels and
     // a softmax (tests/test_multi_head.cpp): qkv within γ_17·6.1 ≈ 6.2e-6 at worst and the
     // output ≳ 1e-3 worst through the scores; random-sign ≈ 2e-6 (u = 2^-24): 1e-5 rests on
     // it, 5× above. The mistakes move y (|y| ≤ 1.6) by O(0.1–1).
+    INFO(diagnose(got, x, c_attn, c_proj, NH, 1e-4));
     CHECK_CLOSE(got, attn::load_npy<3>(dir / "nobias_y.npy"), 1e-5);
 }
 

@@ -247,14 +247,7 @@ TEST_CASE("property: any settings, step and magnitudes give torch.optim.AdamW's 
     // relatively u·βᵗ/(1 − βᵗ) = u·κ per rounding of βᵗ (pow's and the constant's): the step
     // r = m̂/(√v̂ + ε) is within (12 + 3κ₁ + 2κ₂)u of itself, and θ within 3u·|θ| + that·η|r|.
     const double u = std::ldexp(1.0, -24);
-    const auto magnitude = [](int lo, int hi) {
-        return rc::gen::resize(rc::kNominalSize, rc::gen::map(
-            rc::gen::tuple(rc::gen::inRange(100, 1000), rc::gen::inRange(lo, hi), rc::gen::arbitrary<bool>()),
-            [](const std::tuple<int, int, bool>& t) {
-                const double x = std::get<0>(t) / 100.0 * std::pow(10.0, std::get<1>(t));
-                return static_cast<float>(std::get<2>(t) ? -x : x);
-            }));
-    };
+    const auto magnitude = [](int lo, int hi) { return attn::magnitudes(lo, hi); };
     attn::check_property("adamw_step equals the AdamW formula in float64", [&] {
         const std::size_t n = *rc::gen::inRange<std::size_t>(1, 7);
         AdamWSettings st;

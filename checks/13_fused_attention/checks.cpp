@@ -219,13 +219,7 @@ TEST_CASE("property: any row of scores, cut into tiles anywhere, gives softmax(s
     // terms add γ_n: |out − ref| ≤ Σ_j (u + (4n + 5)u·p_j)|v_j|, and m + ln l within
     // u·|lse| + (5n + 5)u. Every score −∞: the state must stay empty.
     const double u = std::ldexp(1.0, -24);
-    const auto score = rc::gen::resize(rc::kNominalSize, rc::gen::oneOf(
-        rc::gen::map(rc::gen::tuple(rc::gen::inRange(100, 1001), rc::gen::inRange(-3, 31), rc::gen::arbitrary<bool>()),
-                     [](const std::tuple<int, int, bool>& t) {
-                         const double x = std::get<0>(t) / 100.0 * std::pow(10.0, std::get<1>(t));
-                         return static_cast<float>(std::get<2>(t) ? -x : x);
-                     }),
-        rc::gen::just(0.0f), rc::gen::just(-std::numeric_limits<float>::infinity())));
+    const auto score = attn::scores_or_masked(attn::magnitudes(-3, 31));
     attn::check_property("online_softmax_update over any tiling equals the float64 softmax", [&] {
         const std::size_t n = *rc::gen::inRange<std::size_t>(1, 9);
         const auto s = *rc::gen::container<std::vector<float>>(n, score);

@@ -18,8 +18,31 @@ struct GradCheck {
     double max_abs_grad = 0.0;   ///< largest |numeric|, to judge the error against
 };
 
-/// Perturbs each of the n floats at x by ±h, evaluates `objective` (a double computed from
-/// the float forward pass) and compares (f(x+h) − f(x−h)) / 2h with analytic[i].
+/// Central differences (f(x+h) − f(x−h)) / 2h of `objective` with respect to each of the n
+/// floats at x, the step being the one float rounding actually takes (saved ± h).
+/// @param x the inputs to perturb, n floats; restored on return
+/// @param n the number of inputs
+/// @param h the step
+/// @param objective recomputes the scalar (a double from the float forward pass)
+/// @return the n numeric derivatives
+inline std::vector<double> numeric_gradient(float* x, std::size_t n, float h,
+                                            const std::function<double()>& objective) {
+    std::vector<double> numeric(n);
+    for (std::size_t i = 0; i < n; ++i) {
+        const float saved = x[i];
+        x[i] = saved + h;
+        const double plus = objective();
+        x[i] = saved - h;
+        const double minus = objective();
+        x[i] = saved;
+        const double step = static_cast<double>(saved + h) - static_cast<double>(saved - h);
+        numeric[i] = (plus - minus) / step;
+    }
+    return numeric;
+}
+
+/// Compares analytic[i] with the central difference of `objective` for each of the n
+/// floats at x (numeric_gradient).
 /// @param x the inputs to perturb, n floats; restored on return
 /// @param analytic the gradient to check, n floats
 /// @param n the number of inputs
@@ -29,18 +52,10 @@ struct GradCheck {
 inline GradCheck finite_difference(float* x, const float* analytic, std::size_t n, float h,
                                    const std::function<double()>& objective) {
     GradCheck r;
+    const std::vector<double> numeric = numeric_gradient(x, n, h, objective);
     for (std::size_t i = 0; i < n; ++i) {
-        const float saved = x[i];
-        x[i] = saved + h;
-        const double plus = objective();
-        x[i] = saved - h;
-        const double minus = objective();
-        x[i] = saved;
-        // the step actually taken, after float rounding of saved ± h
-        const double step = static_cast<double>(saved + h) - static_cast<double>(saved - h);
-        const double numeric = (plus - minus) / step;
-        r.max_abs_error = std::max(r.max_abs_error, std::fabs(numeric - analytic[i]));
-        r.max_abs_grad = std::max(r.max_abs_grad, std::fabs(numeric));
+        r.max_abs_error = std::max(r.max_abs_error, std::fabs(numeric[i] - analytic[i]));
+        r.max_abs_grad = std::max(r.max_abs_grad, std::fabs(numeric[i]));
     }
     return r;
 }

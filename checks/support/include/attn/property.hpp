@@ -13,8 +13,11 @@
 #include <doctest/doctest.h>
 #include <rapidcheck.h>
 
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
+#include <tuple>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -79,6 +82,29 @@ void check_property(const std::string& description, Property&& property, int cas
     rc::detail::printResultMessage(result, report);
     FAIL_CHECK("property: " << description << "\n" << report.str() << "\n(seed " << params.seed
                             << "; ATTN_PROPERTY_SEED=N tries other inputs)");
+}
+
+/// Floats of either sign and any magnitude: ±(m / steps)·10^e, m from steps to 10·steps − 1
+/// and e from `lowest` to `highest` − 1 (10^-6 … 10^37 covers every finite float32 scale that
+/// is not denormal). Drawn at full range from the first case (RapidCheck otherwise grows its
+/// ranges with the case number), and shrunk towards small magnitudes when a case fails.
+inline rc::Gen<float> magnitudes(int lowest, int highest, int steps = 100) {
+    return rc::gen::resize(
+        rc::kNominalSize,
+        rc::gen::map(rc::gen::tuple(rc::gen::inRange(steps, 10 * steps), rc::gen::inRange(lowest, highest),
+                                    rc::gen::arbitrary<bool>()),
+                     [steps](const std::tuple<int, int, bool>& t) {
+                         const double x = std::get<0>(t) / static_cast<double>(steps) *
+                                          std::pow(10.0, std::get<1>(t));
+                         return static_cast<float>(std::get<2>(t) ? -x : x);
+                     }));
+}
+
+/// A score as attention sees one: any of `magnitudes`, 0, or −∞ (a masked key).
+inline rc::Gen<float> scores_or_masked(rc::Gen<float> magnitudes) {
+    return rc::gen::resize(rc::kNominalSize,
+                           rc::gen::oneOf(std::move(magnitudes), rc::gen::just(0.0f),
+                                          rc::gen::just(-std::numeric_limits<float>::infinity())));
 }
 
 }  // namespace attn
