@@ -54,6 +54,7 @@ void HalfBuffer::upload(const std::vector<float>& host) {
     std::vector<std::uint16_t> bits(size_);
     for (std::size_t i = 0; i < size_; ++i) bits[i] = to_bits(host[i], format_);
     if (size_ > 0) {
+        CUDA_CHECK(cudaDeviceSynchronize());  // as DeviceBuffer::upload: every stream's work first
         CUDA_CHECK(cudaMemcpy(data_, bits.data(), size_ * sizeof(std::uint16_t), cudaMemcpyHostToDevice));
     }
 }
@@ -61,6 +62,7 @@ void HalfBuffer::upload(const std::vector<float>& host) {
 std::vector<float> HalfBuffer::download() const {
     std::vector<std::uint16_t> bits(size_);
     if (size_ > 0) {
+        CUDA_CHECK(cudaDeviceSynchronize());  // as DeviceBuffer::download: non-blocking streams too
         CUDA_CHECK(cudaMemcpy(bits.data(), data_, size_ * sizeof(std::uint16_t), cudaMemcpyDeviceToHost));
     }
     std::vector<float> host(size_);

@@ -36,6 +36,10 @@ void DeviceBuffer::upload(const std::vector<float>& host) {
                                     " floats for a buffer of " + std::to_string(size_));
     }
     if (size_ > 0) {
+        // cudaMemcpy runs on the legacy stream, which does not wait for non-blocking streams
+        // (CudaGPT's): wait for the whole device first, so that no kernel still reads the old
+        // contents.
+        CUDA_CHECK(cudaDeviceSynchronize());
         CUDA_CHECK(cudaMemcpy(data_, host.data(), size_ * sizeof(float), cudaMemcpyHostToDevice));
     }
 }
@@ -43,15 +47,25 @@ void DeviceBuffer::upload(const std::vector<float>& host) {
 std::vector<float> DeviceBuffer::download() const {
     std::vector<float> host(size_);
     if (size_ > 0) {
+        CUDA_CHECK(cudaDeviceSynchronize());  // every stream's work, non-blocking ones too
         CUDA_CHECK(cudaMemcpy(host.data(), data_, size_ * sizeof(float), cudaMemcpyDeviceToHost));
     }
     return host;
 }
 
 void DeviceBuffer::zero() {
-    if (size_ > 0) CUDA_CHECK(cudaMemset(data_, 0, size_ * sizeof(float)));
+    if (size_ > 0) {
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemset(data_, 0, size_ * sizeof(float)));
+    }
 }
 
 void synchronize() { CUDA_CHECK(cudaDeviceSynchronize()); }
+
+Stream::Stream() { CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+Stream::~Stream() {
+    if (stream_) cudaStreamDestroy(stream_);
+}
+void Stream::synchronize() { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 }  // namespace attn::cuda

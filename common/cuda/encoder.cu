@@ -18,15 +18,17 @@ __global__ void encoder_forward_kernel(float* out, const int* inp, const float* 
 }
 
 // forward: out_bt[c] = wte[inp[bt], c] + ...
-// dwte[v, c] += Σ_{bt: inp[bt] = v} dout[bt, c]. Block (128) × grid (C/128, V): each
+// dwte[v, c] += Σ_{bt: inp[bt] = v} dout[bt, c]. Block (128) × grid (V, C/128): each
 // thread owns one (v, c) and walks every position in order, the ids staged through shared
-// memory 128 at a time. No atomics, so the sum's order and its bits are fixed.
+// memory 128 at a time. No atomics, so the sum's order and its bits are fixed. The token id
+// runs along the grid's x, which allows 2^31 − 1 blocks (y and z allow 65 535: a vocabulary
+// such as GPT-2's 50 257 fits there, Llama 3's 128 256 does not).
 constexpr int encoder_tile = 128;
 __global__ void encoder_backward_wte_kernel(float* dwte, const float* dout, const int* inp,
                                             int BT, int C) {
     __shared__ int ids[encoder_tile];
-    const int v = blockIdx.y;
-    const int c = blockIdx.x * encoder_tile + threadIdx.x;
+    const int v = blockIdx.x;
+    const int c = blockIdx.y * encoder_tile + threadIdx.x;
     float acc = 0.0f;
     for (int start = 0; start < BT; start += encoder_tile) {
         const int n = min(encoder_tile, BT - start);
@@ -62,7 +64,7 @@ void launch_encoder_forward(float* out, const int* inp, const float* wte, const 
 
 void launch_encoder_backward(float* dwte, float* dwpe, const float* dout, const int* inp, int B,
                              int T, int C, int V, cudaStream_t stream) {
-    const dim3 grid(ceil_div(C, encoder_tile), V);
+    const dim3 grid(V, ceil_div(C, encoder_tile));
     ATTN_LAUNCH(encoder_backward_wte_kernel, grid, encoder_tile, 0, stream)(dwte, dout, inp, B * T, C);
     CUDA_CHECK(cudaGetLastError());
     const int block = 256;

@@ -48,11 +48,15 @@ __global__ void finish_norm_kernel(float* norm, const double* partial, int count
     if (threadIdx.x == 0) *norm = static_cast<float>(sqrt(acc));
 }
 
-// As torch.nn.utils.clip_grad_norm_: grads *= max_norm / (norm + 1e-6) when that is < 1.
+// attn::clip_grad_norm's rule: grads *= max_norm / (norm + 1e-6) when that is < 1, the norm
+// finite and max_norm > 0 (the launch is skipped otherwise); a NaN or infinite norm leaves
+// the gradients as they are.
 __global__ void scale_gradients_kernel(float* grads, const float* norm, std::size_t n,
                                        float max_norm) {
-    const float coef = max_norm / (*norm + 1e-6f);
-    if (coef >= 1.0f) return;
+    const float total = *norm;
+    if (!(total <= 3.402823466e38f)) return;  // NaN or +inf: not finite (FLT_MAX)
+    const float coef = max_norm / (total + 1e-6f);
+    if (!(coef < 1.0f)) return;
     for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
          i += static_cast<std::size_t>(gridDim.x) * blockDim.x) {
         grads[i] *= coef;

@@ -4,9 +4,12 @@
 // the test as skipped.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include "attn/checkpoint.hpp"
+#include "attn/cuda/buffer.hpp"
 #include "attn/cuda/device.hpp"
+#include "attn/cuda/gpt_ops.hpp"
 #include "attn/cuda/gpt.hpp"
 #include "attn/gpt.hpp"
+#include "attn/gpt_layers.hpp"
 #include "attn/random.hpp"
 
 #include "attn/cuda/generate.hpp"
@@ -21,7 +24,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -31,13 +36,19 @@ namespace {
 
 // Small enough to run in a blink, large enough that every kernel takes more than one
 // block or warp along each axis: T = 32 rows per head, C = 64 > 32 lanes, 4C = 256.
-GPTConfig small_config(bool bias) {
+// Two layers over the 65-character vocabulary, NH heads, C channels, contexts up to T.
+GPTConfig two_layers(int T, int NH, int C) {
     GPTConfig c;
     c.vocab_size = 65;
-    c.block_size = 32;
+    c.block_size = T;
     c.n_layer = 2;
-    c.n_head = 4;
-    c.n_embd = 64;
+    c.n_head = NH;
+    c.n_embd = C;
+    return c;
+}
+
+GPTConfig small_config(bool bias) {
+    GPTConfig c = two_layers(32, 4, 64);
     c.bias = bias;
     return c;
 }
@@ -138,6 +149,70 @@ TEST_CASE("the GPU model's logits, loss and every gradient match the CPU model's
             }
         }
     }
+}
+
+TEST_CASE("gradient clipping follows one rule on the CPU and the GPU, edge cases included") {
+    // Every kind of gradient (a norm above or below the limit, a NaN, an infinity, all zero)
+    // against every kind of max_norm (below or above the norm, 0, negative, +inf, NaN). The
+    // rule (attn::clip_grad_norm): scaled by max_norm / (norm + 1e-6) only when that is below
+    // one, the norm finite and max_norm > 0; otherwise left exactly as they were.
+    const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+    const std::vector<std::vector<float>> kinds = {
+        {3, 4, 0}, {0.3f, 0.4f, 0}, {3, 4, nan}, {3, inf, 0}, {0, 0, 0}};
+    const std::vector<float> limits = {1, 10, 0, -1, inf, nan};
+    const auto same = [](float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); };
+    // A non-blocking stream: download() must wait for it (the legacy stream's copy would not).
+    cuda::Stream stream;
+    for (const std::vector<float>& g : kinds) {
+        for (float max_norm : limits) {
+            CAPTURE(g[0]);
+            CAPTURE(g[1]);
+            CAPTURE(g[2]);
+            CAPTURE(max_norm);
+            std::vector<float> cpu = g;
+            const float cpu_norm = clip_grad_norm(cpu, max_norm);
+            const float coef = max_norm / (cpu_norm + 1e-6f);
+            const bool scaled = max_norm > 0.0f && std::isfinite(cpu_norm) && coef < 1.0f;
+            for (std::size_t i = 0; i < g.size(); ++i) CHECK(same(cpu[i], scaled ? g[i] * coef : g[i]));
+            cuda::DeviceBuffer grads(g), norm(1), scratch(cuda::clip_scratch_size());
+            cuda::clip_grad_norm(grads.data(), norm.data(), scratch.data(), g.size(), max_norm,
+                                 stream.get());
+            const std::vector<float> gpu = grads.download();
+            CHECK(same(norm.download()[0], cpu_norm));
+            for (std::size_t i = 0; i < g.size(); ++i) CHECK(same(gpu[i], cpu[i]));
+        }
+    }
+}
+
+TEST_CASE("the embedding backward reaches token ids past 65 535, as the CPU's does") {
+    // A grid's y and z stop at 65 535 blocks: token ids must not run along them.
+    const int B = 1, T = 4, C = 4, V = 70000;
+    const std::vector<int> ids = {69999, 65535, 65536, 0};
+    Rng rng(61);
+    std::vector<float> dout(static_cast<std::size_t>(B) * T * C);
+    for (float& x : dout) x = rng.normal();
+    std::vector<float> cpu_dwte(static_cast<std::size_t>(V) * C, 0.0f), cpu_dwpe(static_cast<std::size_t>(T) * C, 0.0f);
+    encoder_backward(cpu_dwte.data(), cpu_dwpe.data(), dout.data(), ids.data(), B, T, C);
+    // The ids travel in a float buffer, bit for bit (DeviceBuffer holds floats).
+    std::vector<float> id_bits(ids.size());
+    std::memcpy(id_bits.data(), ids.data(), ids.size() * sizeof(int));
+    cuda::DeviceBuffer dwte(cpu_dwte.size()), dwpe(cpu_dwpe.size()), d_dout(dout), d_ids(id_bits);
+    dwte.zero();
+    dwpe.zero();
+    cuda::encoder_backward(dwte.data(), dwpe.data(), d_dout.data(),
+                           reinterpret_cast<const int*>(d_ids.data()), B, T, C, V, nullptr);
+    const std::vector<float> gpu_dwte = dwte.download();
+    // One position per id: each row is dout's row exactly, on both.
+    for (int t = 0; t < T; ++t) {
+        CAPTURE(ids[t]);
+        for (int c = 0; c < C; ++c) {
+            const std::size_t at = static_cast<std::size_t>(ids[t]) * C + c;
+            CHECK(cpu_dwte[at] == dout[static_cast<std::size_t>(t) * C + c]);
+            CHECK(gpu_dwte[at] == cpu_dwte[at]);
+        }
+    }
+    CHECK(gpu_dwte == cpu_dwte);
+    CHECK(dwpe.download() == cpu_dwpe);
 }
 
 TEST_CASE("five AdamW steps with clipping on the GPU follow the CPU's losses and weights") {
@@ -260,12 +335,7 @@ namespace {
 // whole 64-row tiles and a partial third, so the causal tile skipping, the diagonal tiles
 // and the ragged edge all take part.
 GPTConfig fused_config(float dropout) {
-    GPTConfig c;
-    c.vocab_size = 65;
-    c.block_size = 160;
-    c.n_layer = 2;
-    c.n_head = 2;
-    c.n_embd = 128;
+    GPTConfig c = two_layers(160, 2, 128);
     c.dropout = dropout;
     return c;
 }

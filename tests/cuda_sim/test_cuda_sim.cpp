@@ -212,3 +212,76 @@ TEST_CASE("in the TF32 math mode the products' inputs are rounded to a 10-bit ma
     cublasDestroy(h);
     cuda_sim::take_failure();
 }
+
+namespace {
+__global__ void fill_with(float* out, float value) { out[threadIdx.x] = value; }
+}  // namespace
+
+TEST_CASE("work on a non-blocking stream runs when the stream is synchronised, as a GPU may run it late") {
+    cudaStream_t stream = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    Buffer<float> out(std::vector<float>(32, 0.0f));
+    float* pinned = nullptr;
+    REQUIRE(cudaMallocHost(&pinned, 32 * sizeof(float)) == cudaSuccess);
+    pinned[0] = -1.0f;
+    ATTN_LAUNCH(fill_with, 1, 32, 0, stream)(out.p, 7.0f);
+    REQUIRE(cudaMemcpyAsync(pinned, out.p, 32 * sizeof(float), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    CHECK(pinned[0] == -1.0f);  // a copy into pinned memory is not done before the stream is
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(pinned[0] == 7.0f);
+
+    // A copy from pageable memory reads it at the call (CUDA stages it); into pageable memory
+    // it returns only when done.
+    std::vector<float> source(32, 3.0f), back(32, 0.0f);
+    REQUIRE(cudaMemcpyAsync(out.p, source.data(), 32 * sizeof(float), cudaMemcpyHostToDevice, stream) == cudaSuccess);
+    source.assign(32, 4.0f);
+    REQUIRE(cudaMemcpyAsync(back.data(), out.p, 32 * sizeof(float), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    CHECK(back[31] == 3.0f);
+
+    // cuBLAS on the stream is queued too, with alpha and beta read at the call.
+    cublasHandle_t handle = nullptr;
+    REQUIRE(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasSetStream(handle, stream) == CUBLAS_STATUS_SUCCESS);
+    Buffer<float> a(std::vector<float>{2.0f}), b(std::vector<float>{5.0f}), c(std::vector<float>{0.0f});
+    float alpha = 1.0f, beta = 0.0f;
+    REQUIRE(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &alpha, a.p, 1, b.p, 1, &beta, c.p, 1) ==
+            CUBLAS_STATUS_SUCCESS);
+    alpha = 100.0f;
+    REQUIRE(cudaMemcpyAsync(pinned, c.p, sizeof(float), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(pinned[0] == 10.0f);
+    cublasDestroy(handle);
+    cudaFreeHost(pinned);
+    cudaStreamDestroy(stream);
+}
+
+TEST_CASE("the legacy stream's copies and kernels that race with a non-blocking stream's queued work are refused") {
+    cudaStream_t stream = nullptr;
+    REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+    Buffer<float> out(32), other(32);
+    ATTN_LAUNCH(fill_with, 1, 32, 0, stream)(out.p, 7.0f);
+    std::vector<float> host(32);
+    // Another allocation: no race.
+    CHECK(cudaMemcpy(host.data(), other.p, 32 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cudaMemcpy(host.data(), out.p, 32 * sizeof(float), cudaMemcpyDeviceToHost) == cudaErrorIllegalState);
+    CHECK(cuda_sim::take_failure().find("queued on a non-blocking stream") != std::string::npos);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(cudaMemcpy(host.data(), out.p, 32 * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(host[0] == 7.0f);
+    cudaStreamDestroy(stream);
+}
+
+TEST_CASE("cuBLAS refuses an output that overlaps an input") {
+    cublasHandle_t handle = nullptr;
+    REQUIRE(cublasCreate(&handle) == CUBLAS_STATUS_SUCCESS);
+    Buffer<float> ab(std::vector<float>(8, 1.0f));
+    const float one = 1.0f, zero = 0.0f;
+    // A and B are floats 0-3 of the buffer: C at floats 2-5 overlaps them.
+    CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, ab.p, 2, ab.p, 2, &zero, ab.p + 2, 2) ==
+          CUBLAS_STATUS_INVALID_VALUE);
+    // Disjoint parts of one allocation are fine: C at floats 4-7.
+    CHECK(cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 2, &one, ab.p, 2, ab.p, 2, &zero, ab.p + 4, 2) ==
+          CUBLAS_STATUS_SUCCESS);
+    CHECK(ab.get()[4] == 2.0f);
+    cublasDestroy(handle);
+}

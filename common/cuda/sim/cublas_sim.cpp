@@ -15,6 +15,7 @@
 #include <cstring>
 #include <string>
 #include <vector>
+#include <utility>
 
 struct cublasContext {
     cudaStream_t stream = nullptr;
@@ -92,31 +93,62 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
         std::fprintf(stderr, "CUDA simulator: %s\n", cuda_sim::cublas_detail().c_str());
         return CUBLAS_STATUS_EXECUTION_FAILED;
     }
-    if (*beta == 0.0f) {  // cuBLAS does not read C then (it may hold NaN)
-        for (int j = 0; j < n; ++j) {
-            for (int i = 0; i < m; ++i) C[static_cast<std::size_t>(j) * ldc + i] = 0.0f;
+    // cuBLAS reads A and B while it writes C: C may not overlap either (cuBLAS documents no
+    // in-place product, and on a GPU the result would depend on the order of the tiles).
+    const auto span = [](const float* p, int rows, int cols, int ld) {
+        const auto start = reinterpret_cast<std::uintptr_t>(p);
+        const std::size_t floats = rows == 0 || cols == 0 ? 0
+                                   : static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) +
+                                         static_cast<std::size_t>(rows);
+        return std::make_pair(start, start + floats * sizeof(float));
+    };
+    const auto c_span = span(C, m, n, ldc);
+    for (const auto& [operand, range] : {std::make_pair("A", span(A, a_rows, a_cols, lda)),
+                                         std::make_pair("B", span(B, b_rows, b_cols, ldb))}) {
+        if (k > 0 && range.first < c_span.second && c_span.first < range.second) {
+            cuda_sim::cublas_detail() = std::string(call) + ": C overlaps " + operand +
+                                        ": cuBLAS reads " + operand +
+                                        " while it writes C, so the output may not alias an input";
+            std::fprintf(stderr, "CUDA simulator: %s\n", cuda_sim::cublas_detail().c_str());
+            return CUBLAS_STATUS_INVALID_VALUE;
         }
     }
-    if (k == 0 || *alpha == 0.0f) {
-        if (*beta != 0.0f && *beta != 1.0f) {
+    const float alpha_value = *alpha, beta_value = *beta;  // host pointers, read at the call
+    const cublasMath_t math = h->math;
+    const cudaError_t queued = cuda_sim::submit(h->stream, call, {A, B, C}, [=] {
+        const float* a = A;
+        const float* b = B;
+        int a_ld = lda, b_ld = ldb;
+        if (beta_value == 0.0f) {  // cuBLAS does not read C then (it may hold NaN)
             for (int j = 0; j < n; ++j) {
-                for (int i = 0; i < m; ++i) C[static_cast<std::size_t>(j) * ldc + i] *= *beta;
+                for (int i = 0; i < m; ++i) C[static_cast<std::size_t>(j) * ldc + i] = 0.0f;
             }
         }
-        return CUBLAS_STATUS_SUCCESS;
+        if (k == 0 || alpha_value == 0.0f) {
+            if (beta_value != 0.0f && beta_value != 1.0f) {
+                for (int j = 0; j < n; ++j) {
+                    for (int i = 0; i < m; ++i) C[static_cast<std::size_t>(j) * ldc + i] *= beta_value;
+                }
+            }
+            return;
+        }
+        std::vector<float> a_tf32, b_tf32;
+        if (math == CUBLAS_TF32_TENSOR_OP_MATH) {
+            a_tf32 = tf32_copy(A, a_rows, a_cols, lda);
+            b_tf32 = tf32_copy(B, b_rows, b_cols, ldb);
+            a = a_tf32.data();
+            b = b_tf32.data();
+            a_ld = a_rows;
+            b_ld = b_rows;
+        }
+        cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
+                    tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, alpha_value, a, a_ld, b, b_ld,
+                    beta_value == 0.0f ? 0.0f : beta_value, C, ldc);
+    });
+    if (queued != cudaSuccess) {
+        cuda_sim::cublas_detail() = cudaGetErrorString(queued);
+        return CUBLAS_STATUS_EXECUTION_FAILED;
     }
-    std::vector<float> a_tf32, b_tf32;
-    if (h->math == CUBLAS_TF32_TENSOR_OP_MATH) {
-        a_tf32 = tf32_copy(A, a_rows, a_cols, lda);
-        b_tf32 = tf32_copy(B, b_rows, b_cols, ldb);
-        A = a_tf32.data();
-        B = b_tf32.data();
-        lda = a_rows;
-        ldb = b_rows;
-    }
-    cblas_sgemm(CblasColMajor, ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
-                tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, m, n, k, *alpha, A, lda, B, ldb,
-                *beta == 0.0f ? 0.0f : *beta, C, ldc);
     return CUBLAS_STATUS_SUCCESS;
 }
 

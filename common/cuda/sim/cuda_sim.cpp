@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <new>
@@ -33,12 +34,21 @@ thread_local uint3 blockIdx{0, 0, 0};
 thread_local dim3 blockDim;
 thread_local dim3 gridDim;
 
+// Work queued on a non-blocking stream: run when the stream is synchronised.
+struct PendingWork {
+    std::string what;                       // "kernel x", "cudaMemcpyAsync", ...
+    std::vector<std::uintptr_t> allocations;  // the device allocations it uses
+    std::function<void()> run;
+};
 struct CUstream_st {
     unsigned flags;
+    std::deque<PendingWork> pending;
 };
 struct CUevent_st {
     unsigned flags;
     bool recorded = false;
+    bool done = true;                // the stream has reached the record
+    CUstream_st* stream = nullptr;   // where it was last recorded
     std::chrono::steady_clock::time_point when;
 };
 
@@ -348,9 +358,9 @@ bool run_block(Runner& r, uint3 block, bool reverse) {
 // The device: memory, streams, events, the error state.
 
 struct Device {
-    std::mutex mutex;
+    std::recursive_mutex mutex;  // a synchronisation runs queued work, which takes it again
     std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start → bytes
-    std::set<void*> pinned;
+    std::map<std::uintptr_t, std::size_t> pinned;       // cudaMallocHost memory: start → bytes
     std::set<CUstream_st*> streams;
     std::set<CUevent_st*> events;
     std::map<std::uintptr_t, int> max_dynamic_shared;  // kernel → bytes allowed
@@ -412,6 +422,71 @@ cudaError_t check_device_range(const char* call, const char* role, const void* p
     if (bytes == 0 || in_device_memory(p, bytes, &why)) return cudaSuccess;
     return error(cudaErrorInvalidValue, std::string(call) + ": the " + role + " (" +
                                             std::to_string(bytes) + " bytes) " + why);
+}
+
+// The start of the device allocation that holds p, or 0.
+std::uintptr_t allocation_of(const Device& d, const void* p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = d.allocations.upper_bound(a);
+    if (it == d.allocations.begin()) return 0;
+    --it;
+    return a < it->first + std::max<std::size_t>(it->second, 1) ? it->first : 0;
+}
+
+std::vector<std::uintptr_t> allocations_of(const Device& d, const std::vector<const void*>& pointers) {
+    std::vector<std::uintptr_t> out;
+    for (const void* p : pointers)
+        if (const std::uintptr_t a = allocation_of(d, p)) out.push_back(a);
+    return out;
+}
+
+// Whether [p, p + bytes) is cudaMallocHost memory (a copy to or from it can run later).
+bool is_pinned(const Device& d, const void* p, std::size_t bytes) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    auto it = d.pinned.upper_bound(a);
+    if (it == d.pinned.begin()) return false;
+    --it;
+    return a + bytes <= it->first + it->second;
+}
+
+bool queues(const CUstream_st* s) { return s && (s->flags & cudaStreamNonBlocking); }
+
+// Runs the work queued on s, in order. After a kernel fails, the rest is dropped, as a GPU
+// fails every later call.
+void flush(Device& d, CUstream_st* s) {
+    while (!s->pending.empty()) {
+        PendingWork w = std::move(s->pending.front());
+        s->pending.pop_front();
+        if (d.sticky == cudaSuccess) w.run();
+    }
+}
+
+void flush_all(Device& d) {
+    for (CUstream_st* s : d.streams) flush(d, s);
+}
+
+// Work about to run now on the legacy stream (or a blocking one), `what`, using these
+// allocations: "" if no work queued on a non-blocking stream uses any of them, or the
+// race in words. (The legacy stream waits for blocking streams, never for non-blocking
+// ones, so on a GPU the two would run in either order.)
+std::string race_with_queued(const Device& d, const std::string& what,
+                             const std::vector<std::uintptr_t>& allocations) {
+    for (const CUstream_st* s : d.streams)
+        for (const PendingWork& w : s->pending)
+            for (std::uintptr_t a : allocations)
+                if (std::find(w.allocations.begin(), w.allocations.end(), a) != w.allocations.end())
+                    return what + " uses the device allocation of " +
+                           std::to_string(d.allocations.at(a)) + " bytes that " + w.what +
+                           ", queued on a non-blocking stream, also uses: the legacy stream does "
+                           "not wait for a non-blocking stream, so on a GPU the two may run in "
+                           "either order (synchronise that stream first)";
+    return "";
+}
+
+cudaError_t refuse_race(const std::string& race) {
+    error(cudaErrorIllegalState, race);
+    std::fprintf(stderr, "CUDA simulator: %s\n", race.c_str());
+    return cudaErrorIllegalState;
 }
 
 #define SIM_STICKY()                                           \
@@ -575,7 +650,7 @@ void warp_collective(const char* what, void* lane_arg, std::string (*op)(void* c
 
 cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {
     Device& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
     SIM_STICKY();
     if (bytes < 0 || static_cast<std::size_t>(bytes) > optin_shared) {
         return error(cudaErrorInvalidValue,
@@ -587,10 +662,15 @@ cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {
     return cudaSuccess;
 }
 
-void launch(const LaunchConfig& c, void (*body)(void*), void* arg) {
+namespace {
+void execute(const LaunchConfig& c, void (*body)(void*), void* arg);
+}  // namespace
+
+void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_ptr<void> keep,
+            std::vector<const void*> pointers) {
     Device& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
-    const std::string kernel = c.name;
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    const std::string kernel = std::string(c.name) + " (launched at " + where(c.file, c.line) + ")";
     if (d.sticky != cudaSuccess) {
         d.last = d.sticky;
         return;
@@ -633,6 +713,44 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg) {
         error(cudaErrorInvalidResourceHandle, kernel + ": launched on a destroyed stream");
         return;
     }
+    std::vector<std::uintptr_t> allocations = allocations_of(d, pointers);
+    if (queues(c.stream)) {
+        c.stream->pending.push_back({"kernel " + kernel, std::move(allocations),
+                                     [c, body, arg, keep] { execute(c, body, arg); }});
+        return;
+    }
+    const std::string race = race_with_queued(d, "kernel " + kernel, allocations);
+    if (!race.empty()) {
+        refuse_race(race);
+        return;
+    }
+    execute(c, body, arg);
+}
+
+cudaError_t submit(cudaStream_t stream, const std::string& what, std::vector<const void*> pointers,
+                   std::function<void()> op) {
+    Device& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    std::vector<std::uintptr_t> allocations = allocations_of(d, pointers);
+    if (queues(stream)) {
+        stream->pending.push_back({what, std::move(allocations), std::move(op)});
+        return cudaSuccess;
+    }
+    const std::string race = race_with_queued(d, what, allocations);
+    if (!race.empty()) return refuse_race(race);
+    op();
+    return cudaSuccess;
+}
+
+namespace {
+// A launch that passed launch()'s checks, run now.
+void execute(const LaunchConfig& c, void (*body)(void*), void* arg) {
+    Device& d = device();
+    const std::string kernel = std::string(c.name) + " (launched at " + where(c.file, c.line) + ")";
+    const unsigned bd[3] = {c.block.x, c.block.y, c.block.z};
+    const unsigned gd[3] = {c.grid.x, c.grid.y, c.grid.z};
+    const std::size_t threads = static_cast<std::size_t>(bd[0]) * bd[1] * bd[2];
+    if (d.sticky != cudaSuccess) return;
 
     Runner& r = runner();
     if (r.threads.size() != threads) {
@@ -725,12 +843,16 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg) {
         std::fprintf(stderr, "CUDA simulator: %s\n", d.detail.c_str());
     }
 }
+}  // namespace
 
 }  // namespace cuda_sim
 
 using cuda_sim::check_device_range;
 using cuda_sim::device;
 using cuda_sim::error;
+using cuda_sim::flush;
+using cuda_sim::flush_all;
+using cuda_sim::queues;
 
 // ---------------------------------------------------------------------------------------
 // The runtime API.
@@ -785,7 +907,12 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
     return cudaSuccess;
 }
 
-cudaError_t cudaDeviceSynchronize() { return device().sticky; }
+cudaError_t cudaDeviceSynchronize() {
+    auto& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    flush_all(d);
+    return d.sticky;
+}
 
 cudaError_t cudaGetLastError() {
     auto& d = device();
@@ -807,6 +934,7 @@ const char* cudaGetErrorName(cudaError_t err) {
         case cudaErrorInvalidDeviceFunction: return "cudaErrorInvalidDeviceFunction";
         case cudaErrorNoDevice: return "cudaErrorNoDevice";
         case cudaErrorInvalidResourceHandle: return "cudaErrorInvalidResourceHandle";
+        case cudaErrorIllegalState: return "cudaErrorIllegalState";
         case cudaErrorNotReady: return "cudaErrorNotReady";
         case cudaErrorLaunchFailure: return "cudaErrorLaunchFailure";
     }
@@ -824,6 +952,7 @@ const char* cudaGetErrorString(cudaError_t err) {
         case cudaErrorInvalidDeviceFunction: text = "invalid device function"; break;
         case cudaErrorNoDevice: text = "no CUDA-capable device is detected"; break;
         case cudaErrorInvalidResourceHandle: text = "invalid resource handle"; break;
+        case cudaErrorIllegalState: text = "the operation cannot be performed in the present state"; break;
         case cudaErrorNotReady: text = "device not ready"; break;
         case cudaErrorLaunchFailure: text = "unspecified launch failure"; break;
     }
@@ -837,7 +966,7 @@ const char* cudaGetErrorString(cudaError_t err) {
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
     std::size_t used = 0;
     for (const auto& a : d.allocations) used += a.second;
     cudaDeviceProp p;
@@ -850,7 +979,7 @@ cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total) {
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
     // Exactly `bytes` long, so that AddressSanitizer catches an access one past the end.
     void* p = ::operator new(bytes ? bytes : 1, std::align_val_t(256), std::nothrow);
     if (!p) return error(cudaErrorMemoryAllocation, "cudaMalloc: " + std::to_string(bytes) + " bytes");
@@ -863,7 +992,8 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
     if (!ptr) return cudaSuccess;
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    flush_all(d);  // cudaFree waits for the device's work
     const auto it = d.allocations.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (it == d.allocations.end()) {
         return error(cudaErrorInvalidValue, "cudaFree: not a pointer from cudaMalloc");
@@ -876,10 +1006,10 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
     void* p = std::malloc(bytes ? bytes : 1);
     if (!p) return error(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
-    d.pinned.insert(p);
+    d.pinned[reinterpret_cast<std::uintptr_t>(p)] = bytes;
     *ptr = p;
     return cudaSuccess;
 }
@@ -887,36 +1017,79 @@ cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
 cudaError_t cudaFreeHost(void* ptr) {
     if (!ptr) return cudaSuccess;
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
-    if (!d.pinned.erase(ptr)) {
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    flush_all(d);  // cudaFreeHost waits for the device's work
+    if (!d.pinned.erase(reinterpret_cast<std::uintptr_t>(ptr))) {
         return error(cudaErrorInvalidValue, "cudaFreeHost: not a pointer from cudaMallocHost");
     }
     std::free(ptr);
     return d.sticky;
 }
 
-cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-    SIM_STICKY();
-    auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+namespace {
+// The checks of a copy, and the device allocations it uses; "" or the error's return.
+cudaError_t check_copy(const char* call, void* dst, const void* src, std::size_t bytes,
+                       cudaMemcpyKind kind, std::vector<const void*>* device_sides) {
     const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
     const bool src_dev = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
     if (dst_dev) {
-        if (const cudaError_t e = check_device_range("cudaMemcpy", "destination", dst, bytes)) return e;
+        if (const cudaError_t e = check_device_range(call, "destination", dst, bytes)) return e;
+        device_sides->push_back(dst);
     }
     if (src_dev) {
-        if (const cudaError_t e = check_device_range("cudaMemcpy", "source", src, bytes)) return e;
+        if (const cudaError_t e = check_device_range(call, "source", src, bytes)) return e;
+        device_sides->push_back(src);
     }
+    return cudaSuccess;
+}
+}  // namespace
+
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                       const char* file, int line) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    std::vector<const void*> device_sides;
+    if (const cudaError_t e = check_copy("cudaMemcpy", dst, src, bytes, kind, &device_sides)) return e;
+    const std::string race =
+        cuda_sim::race_with_queued(d, "cudaMemcpy at " + cuda_sim::where(file, line),
+                                   cuda_sim::allocations_of(d, device_sides));
+    if (!race.empty()) return cuda_sim::refuse_race(race);
     if (bytes) std::memmove(dst, src, bytes);
     return cudaSuccess;
 }
 
+// On a non-blocking stream the copy is queued, as a GPU's is, with CUDA's exceptions for
+// pageable host memory: a copy from it reads the host bytes at the call (CUDA stages them),
+// a copy to it returns only once the stream has run up to and including the copy.
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t stream) {
-    if (stream && !device().streams.count(stream)) {
+                            cudaStream_t stream, const char* file, int line) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    if (stream && !d.streams.count(stream)) {
         return error(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: a destroyed stream");
     }
-    return cudaMemcpy(dst, src, bytes, kind);
+    if (!queues(stream)) return cudaMemcpy(dst, src, bytes, kind, file, line);
+    const std::string what = "cudaMemcpyAsync at " + cuda_sim::where(file, line);
+    std::vector<const void*> device_sides;
+    if (const cudaError_t e = check_copy("cudaMemcpyAsync", dst, src, bytes, kind, &device_sides)) return e;
+    if (bytes == 0) return cudaSuccess;
+    auto allocations = cuda_sim::allocations_of(d, device_sides);
+    if (kind == cudaMemcpyHostToDevice && !cuda_sim::is_pinned(d, src, bytes)) {
+        auto staged = std::make_shared<std::vector<unsigned char>>(
+            static_cast<const unsigned char*>(src), static_cast<const unsigned char*>(src) + bytes);
+        stream->pending.push_back({what, std::move(allocations),
+                                   [dst, staged] { std::memcpy(dst, staged->data(), staged->size()); }});
+    } else if (kind == cudaMemcpyDeviceToHost && !cuda_sim::is_pinned(d, dst, bytes)) {
+        flush(d, stream);
+        SIM_STICKY();
+        std::memmove(dst, src, bytes);
+    } else {
+        stream->pending.push_back({what, std::move(allocations),
+                                   [dst, src, bytes] { std::memmove(dst, src, bytes); }});
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
@@ -936,67 +1109,95 @@ cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::si
 cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
                               std::size_t width, std::size_t height, cudaMemcpyKind kind,
                               cudaStream_t stream) {
-    if (stream && !device().streams.count(stream)) {
-        return error(cudaErrorInvalidResourceHandle, "cudaMemcpy2DAsync: a destroyed stream");
+    if (width > dpitch || width > spitch) {
+        return error(cudaErrorInvalidValue, "cudaMemcpy2DAsync: width " + std::to_string(width) +
+                                                " is wider than a pitch");
     }
-    return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+    for (std::size_t row = 0; row < height; ++row) {
+        const cudaError_t e = cudaMemcpyAsync(static_cast<char*>(dst) + row * dpitch,
+                                              static_cast<const char*>(src) + row * spitch, width,
+                                              kind, stream);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }
 
-cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes) {
+cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes, const char* file, int line) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
     if (const cudaError_t e = check_device_range("cudaMemset", "destination", ptr, bytes)) return e;
+    const std::string race = cuda_sim::race_with_queued(d, "cudaMemset at " + cuda_sim::where(file, line),
+                                                        cuda_sim::allocations_of(d, {ptr}));
+    if (!race.empty()) return cuda_sim::refuse_race(race);
     if (bytes) std::memset(ptr, value, bytes);
     return cudaSuccess;
 }
 
-cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream) {
-    if (stream && !device().streams.count(stream)) {
+cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream,
+                            const char* file, int line) {
+    SIM_STICKY();
+    auto& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    if (stream && !d.streams.count(stream)) {
         return error(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: a destroyed stream");
     }
-    return cudaMemset(ptr, value, bytes);
+    if (!queues(stream)) return cudaMemset(ptr, value, bytes, file, line);
+    if (const cudaError_t e = check_device_range("cudaMemsetAsync", "destination", ptr, bytes)) return e;
+    if (bytes)
+        stream->pending.push_back({"cudaMemsetAsync at " + cuda_sim::where(file, line),
+                                   cuda_sim::allocations_of(d, {ptr}),
+                                   [ptr, value, bytes] { std::memset(ptr, value, bytes); }});
+    return cudaSuccess;
 }
 
 cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWithFlags(stream, 0); }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
-    *stream = new CUstream_st{flags};
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    *stream = new CUstream_st{flags, {}};
     d.streams.insert(*stream);
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
-    if (!d.streams.erase(stream)) {
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    if (!d.streams.count(stream)) {
         return error(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a live stream");
     }
+    flush(d, stream);  // its work still completes
+    d.streams.erase(stream);
+    for (CUevent_st* e : d.events)
+        if (e->stream == stream) e->stream = nullptr;
     delete stream;
     return cudaSuccess;
 }
-// Every call runs to completion when it is made: a stream is always idle.
+// Runs the work queued on the stream (the legacy stream and blocking streams run theirs
+// when it is enqueued).
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     SIM_STICKY();
-    if (stream && !device().streams.count(stream)) {
+    auto& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    if (stream && !d.streams.count(stream)) {
         return error(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a live stream");
     }
-    return cudaSuccess;
+    if (stream) flush(d, stream);
+    return d.sticky;
 }
 
 cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlags(event, 0); }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
-    *event = new CUevent_st{flags, false, {}};
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    *event = new CUevent_st{flags, false, true, nullptr, {}};
     d.events.insert(*event);
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
     auto& d = device();
-    std::lock_guard<std::mutex> lock(d.mutex);
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
     if (!d.events.erase(event)) {
         return error(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not a live event");
     }
@@ -1010,15 +1211,30 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
         return error(cudaErrorInvalidResourceHandle, "cudaEventRecord: not a live event or stream");
     }
     event->recorded = true;
+    if (queues(stream)) {  // reached when the stream's work before it has run
+        event->done = false;
+        event->stream = stream;
+        stream->pending.push_back({"cudaEventRecord", {}, [event] {
+                                       if (!device().events.count(event)) return;
+                                       event->done = true;
+                                       event->when = std::chrono::steady_clock::now();
+                                   }});
+        return cudaSuccess;
+    }
+    event->recorded = event->done = true;
+    event->stream = nullptr;
     event->when = std::chrono::steady_clock::now();
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     SIM_STICKY();
-    if (!device().events.count(event)) {
+    auto& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    if (!d.events.count(event)) {
         return error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not a live event");
     }
-    return cudaSuccess;
+    if (!event->done && event->stream) flush(d, event->stream);
+    return d.sticky;
 }
 cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) {
     SIM_STICKY();
@@ -1030,6 +1246,10 @@ cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t end) 
     }
     if (!start->recorded || !end->recorded) {
         return error(cudaErrorInvalidResourceHandle, "cudaEventElapsedTime: an event not recorded");
+    }
+    if (!start->done || !end->done) {
+        return error(cudaErrorNotReady, "cudaEventElapsedTime: an event its stream has not "
+                                        "reached yet (cudaEventSynchronize it first)");
     }
     *ms = std::chrono::duration<float, std::milli>(end->when - start->when).count();
     return cudaSuccess;

@@ -20,22 +20,33 @@
 //     memory (ATTN_DYNAMIC_SHARED) is a per-launch buffer of the requested size.
 //   - Device memory is host memory from the allocator, filled with 0xff bytes (NaN floats)
 //     when allocated, as a GPU leaves it uninitialised; AddressSanitizer sees every access.
+//   - Streams: the legacy stream and blocking streams run each call when it is made; a
+//     non-blocking stream queues its kernels, copies, memsets, event records and cuBLAS
+//     calls and runs them when it is synchronised (cudaStreamSynchronize, an event on it,
+//     cudaDeviceSynchronize, cudaFree), as a GPU may run them late. A copy, memset or kernel
+//     on the legacy stream that touches an allocation such queued work uses is refused
+//     (cudaErrorIllegalState, naming both): the legacy stream does not wait for it.
 //   - Race check (CUDA_SIM_RACECHECK=1): a launch runs twice, threads and blocks in forward
 //     then in reverse order, from the same device memory; any byte of device memory that
 //     differs between the two runs is a race (or an atomic whose order matters). Each
 //     kernel is checked on its first two launches at each grid and block shape.
 //
 // What it cannot show: speed, occupancy, the memory model between threads that are not
-// ordered by a barrier (it runs them one at a time), bank conflicts, the real cuBLAS.
+// ordered by a barrier (it runs them one at a time), bank conflicts, the real cuBLAS; the
+// full list, and the catalogue of mistakes it refuses, is in README.md beside this file.
 #pragma once
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
+#include <vector>
 
 // ---------------------------------------------------------------------------------------
 // The device language.
@@ -178,6 +189,7 @@ enum cudaError_t {
     cudaErrorInvalidDeviceFunction = 98,
     cudaErrorNoDevice = 100,
     cudaErrorInvalidResourceHandle = 400,
+    cudaErrorIllegalState = 401,
     cudaErrorNotReady = 600,
     cudaErrorLaunchFailure = 719,
 };
@@ -237,16 +249,21 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes);
 cudaError_t cudaFree(void* ptr);
 cudaError_t cudaMallocHost(void** ptr, std::size_t bytes);
 cudaError_t cudaFreeHost(void* ptr);
-cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind);
+// (file and line: where the call is, for the simulator's messages; callers pass neither.)
+cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
+                       const char* file = __builtin_FILE(), int line = __builtin_LINE());
 cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
-                            cudaStream_t stream = nullptr);
+                            cudaStream_t stream = nullptr, const char* file = __builtin_FILE(),
+                            int line = __builtin_LINE());
 cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
                          std::size_t width, std::size_t height, cudaMemcpyKind kind);
 cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
                               std::size_t width, std::size_t height, cudaMemcpyKind kind,
                               cudaStream_t stream = nullptr);
-cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes);
-cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream = nullptr);
+cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes, const char* file = __builtin_FILE(),
+                       int line = __builtin_LINE());
+cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_t stream = nullptr,
+                            const char* file = __builtin_FILE(), int line = __builtin_LINE());
 template <class T>
 cudaError_t cudaMalloc(T** ptr, std::size_t bytes) {
     return cudaMalloc(reinterpret_cast<void**>(ptr), bytes);
@@ -300,10 +317,29 @@ struct LaunchConfig {
     dim3 grid, block;
     std::size_t shared_bytes;
     cudaStream_t stream;
+    const char* file;  // where it was launched
+    int line;
 };
 
-// Runs `body(arg)` as every thread of every block (the one non-template entry point).
-void launch(const LaunchConfig& config, void (*body)(void*), void* arg);
+// Runs `body(arg)` as every thread of every block (the one non-template entry point): now,
+// or, on a non-blocking stream, when the stream is synchronised (`keep` holds `arg` alive
+// until then). `pointers` are the launch's pointer arguments: the device allocations they
+// point into count as in use by the launch until it has run.
+void launch(const LaunchConfig& config, void (*body)(void*), void* arg, std::shared_ptr<void> keep,
+            std::vector<const void*> pointers);
+
+// Work on `stream` that is not a kernel (cuBLAS's): `op` runs now on the legacy stream or a
+// blocking stream, queued on a non-blocking one, as launch() does; `what` names it and
+// `pointers` are the device memory it uses. Returns cudaErrorIllegalState, without running
+// it, when it would race with work still queued on a non-blocking stream.
+cudaError_t submit(cudaStream_t stream, const std::string& what, std::vector<const void*> pointers,
+                   std::function<void()> op);
+
+template <class T>
+void add_pointer(std::vector<const void*>& out, const T& value) {
+    if constexpr (std::is_pointer_v<T> && std::is_object_v<std::remove_pointer_t<T>>)
+        out.push_back(static_cast<const void*>(value));
+}
 
 template <class F>
 class Launcher {
@@ -314,11 +350,15 @@ public:
         struct Call {
             F f;
             std::tuple<A...> args;
-        } call{f_, std::tuple<A...>(args...)};
+        };
+        auto call = std::make_shared<Call>(Call{f_, std::tuple<A...>(args...)});
+        std::vector<const void*> pointers;
+        (add_pointer(pointers, args), ...);
+        void* arg = call.get();
         launch(config_, [](void* p) {
             auto* c = static_cast<Call*>(p);
             std::apply(c->f, c->args);  // by value: each thread gets its own copies
-        }, &call);
+        }, arg, std::move(call), std::move(pointers));
     }
 
 private:
@@ -328,9 +368,10 @@ private:
 
 template <class Kernel, class F>
 Launcher<F> make_launcher(const char* name, Kernel* kernel, F f, dim3 grid, dim3 block,
-                          std::size_t shared_bytes, cudaStream_t stream) {
+                          std::size_t shared_bytes, cudaStream_t stream,
+                          const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     return Launcher<F>({name, reinterpret_cast<std::uintptr_t>(kernel), grid, block, shared_bytes,
-                        stream},
+                        stream, file, line},
                        f);
 }
 

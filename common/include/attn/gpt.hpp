@@ -373,9 +373,14 @@ struct AdamW {
 };
 
 /// Scales the gradients so that their global L2 norm is at most `max_norm`, as
-/// `torch.nn.utils.clip_grad_norm_` (which divides by norm + 1e-6).
+/// `torch.nn.utils.clip_grad_norm_` (which divides by norm + 1e-6): each gradient times
+/// max_norm / (norm + 1e-6) when that is below one. Where torch and this differ, this rule
+/// holds on the CPU and the GPU alike (attn::cuda::clip_grad_norm): `max_norm` ≤ 0 or NaN
+/// measures without clipping (torch zeroes the gradients at 0 and flips them below), and a
+/// NaN or infinite norm leaves the gradients as they are (torch scales them by NaN); the
+/// norm returned says which happened.
 /// @param model the model whose gradients are clipped
-/// @param max_norm the largest allowed norm
+/// @param max_norm the largest allowed norm (≤ 0: measure only)
 /// @return the norm before clipping
 float clip_grad_norm(GPT& model, float max_norm);
 

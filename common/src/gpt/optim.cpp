@@ -46,7 +46,7 @@ float clip_grad_norm(std::vector<float>& grads, float max_norm) {
     for (float g : grads) sum_sq += static_cast<double>(g) * g;
     const float norm = static_cast<float>(std::sqrt(sum_sq));
     const float coef = max_norm / (norm + 1e-6f);
-    if (coef < 1.0f) {
+    if (max_norm > 0.0f && std::isfinite(norm) && coef < 1.0f) {
         for (float& g : grads) g *= coef;
     }
     return norm;

@@ -8,7 +8,27 @@
 #include <cstddef>
 #include <vector>
 
+struct CUstream_st;
+
 namespace attn::cuda {
+
+/// A non-blocking CUDA stream, owned: created by the constructor, destroyed (after its work
+/// has finished) by the destructor. Work on it does not wait for the legacy stream, nor the
+/// legacy stream for it: DeviceBuffer's copies wait for the whole device for that reason.
+class Stream {
+public:
+    /// @throws std::runtime_error with CUDA's error text if the stream cannot be created
+    Stream();
+    ~Stream();
+    Stream(const Stream&) = delete;
+    Stream& operator=(const Stream&) = delete;
+    CUstream_st* get() const { return stream_; }  ///< the handle, for the library's calls
+    /// Waits for the work queued on this stream; throws std::runtime_error if it failed.
+    void synchronize();
+
+private:
+    CUstream_st* stream_ = nullptr;
+};
 
 /// `n` floats of device memory, owned: freed by the destructor. Movable, not copyable.
 class DeviceBuffer {
@@ -28,11 +48,14 @@ public:
     const float* data() const { return data_; }      ///< the device pointer
     std::size_t size() const { return size_; }       ///< number of floats
 
-    /// Copies `host` (which must have size() elements) to the device.
+    /// Copies `host` (which must have size() elements) to the device, after all work queued
+    /// on the device, on every stream, has finished.
     void upload(const std::vector<float>& host);
-    /// Copies the buffer to a new host vector (waits for the device).
+    /// Copies the buffer to a new host vector, after all work queued on the device, on every
+    /// stream (non-blocking ones too, which the legacy stream's copy would not wait for), has
+    /// finished.
     std::vector<float> download() const;
-    /// Sets every float to 0.0f.
+    /// Sets every float to 0.0f, after all queued work has finished.
     void zero();
 
 private:

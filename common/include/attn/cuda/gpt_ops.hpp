@@ -69,7 +69,8 @@ void encoder_forward(float* out, const int* inp, const float* wte, const float* 
 
 /// Backward of encoder_forward, as attn::encoder_backward. Deterministic: each (token, channel)
 /// of `dwte` is summed by one thread in position order, no atomics. Its cost grows with
-/// V·B·T, which suits the course's character vocabularies (V ≈ 65), not GPT-2's 50257.
+/// V·B·T, which suits the course's character vocabularies (V ≈ 65), not GPT-2's 50257 (any
+/// V works: the token ids run along the grid's x axis, not y, which stops at 65 535).
 /// @param dwte (V, C) accumulated @param dwpe (block_size, C) accumulated @param dout (B, T, C)
 /// @param inp (B, T) @param B batch @param T time @param C channels @param V vocabulary size
 /// @param stream the stream
@@ -261,8 +262,9 @@ void adamw_update(float* params, const float* grads, float* m, float* v, std::si
                   stream_t stream);
 
 /// The global L2 norm of `n` gradients into `norm` on the device (summed in double, in a
-/// fixed order), then, as attn::clip_grad_norm, the gradients scaled by
-/// max_norm / (norm + 1e-6) when that is below one. No host synchronisation.
+/// fixed order), then, by attn::clip_grad_norm's rule, the gradients scaled by
+/// max_norm / (norm + 1e-6) when that is below one, the norm is finite and max_norm > 0.
+/// No host synchronisation.
 /// @param grads (n) scaled in place @param norm (1) receives the norm before clipping
 /// @param scratch clip_scratch_size() doubles' worth of floats
 /// @param n elements @param max_norm the largest allowed norm (≤ 0: measure, do not clip)

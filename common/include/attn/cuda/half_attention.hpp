@@ -47,9 +47,11 @@ public:
     std::size_t size() const { return size_; }           ///< number of values
     Precision format() const { return format_; }         ///< bf16 or fp16
 
-    /// Copies `host` (size() values), rounded to the format, to the device.
+    /// Copies `host` (size() values), rounded to the format, to the device, after all work
+    /// queued on the device, on every stream, has finished.
     void upload(const std::vector<float>& host);
-    /// The values as floats (exact), after waiting for the device.
+    /// The values as floats (exact), after all work queued on the device, on every stream
+    /// (non-blocking ones too), has finished.
     std::vector<float> download() const;
 
 private:

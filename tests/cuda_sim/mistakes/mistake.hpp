@@ -1,0 +1,42 @@
+// The catalogue of hardware mistakes (tests/cuda_sim/mistakes/): small kernels and host code
+// that a real GPU would fail, hang on or race on, each of which the CUDA simulator must
+// refuse. Every file holds one mistake:
+//
+//   // rule: <the rule of CUDA it breaks>
+//   // refused: <text the simulator's refusal must contain>
+//   #include "mistake.hpp"
+//   MISTAKE(name) { ...; return said(cudaDeviceSynchronize()); }
+//
+// The body returns what the simulator said ("" when it let the mistake through). CMake reads
+// the two header lines and adds the test "cudasim mistake <name>: <rule>" (label cudasim),
+// which runs `cuda_sim_mistakes <name>` and passes when the mistake is refused with that text.
+#pragma once
+
+#include "cuda_sim.hpp"
+#include "launch.cuh"
+
+#include <map>
+#include <string>
+
+namespace mistakes {
+
+using Body = std::string (*)();
+std::map<std::string, Body>& registry();
+
+struct Register {
+    Register(const char* name, Body body) { registry()[name] = body; }
+};
+
+// What the simulator said of a CUDA call: "" for success, else CUDA's error text with the
+// simulator's detail.
+inline std::string said(cudaError_t e) { return e == cudaSuccess ? "" : cudaGetErrorString(e); }
+inline std::string said(cublasStatus_t s) {
+    return s == CUBLAS_STATUS_SUCCESS ? "" : cublasGetStatusString(s);
+}
+
+}  // namespace mistakes
+
+#define MISTAKE(name)                                                   \
+    static std::string mistake_##name();                               \
+    static const ::mistakes::Register register_##name(#name, mistake_##name); \
+    static std::string mistake_##name()
