@@ -3,8 +3,13 @@
 
 #include <doctest/doctest.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
+#include <string>
 
 using namespace attn;
 namespace fs = std::filesystem;
@@ -34,6 +39,55 @@ TEST_CASE("a directory written atomically replaces the old one only when complet
     std::size_t entries = 0;
     for (const auto& e : fs::directory_iterator(dir.parent_path())) entries += (void(e), 1);
     CHECK(entries == 1);  // no temporary directory left behind
+    fs::remove_all(dir.parent_path());
+}
+
+TEST_CASE("a save killed at any point leaves a whole checkpoint, old or new, and the next save cleans up") {
+    // A child process saves "two" over "one" and is killed (SIGKILL) at one point of the
+    // save (ATTN_CHECKPOINT_FAULT); the folder must then hold "one" or "two" whole, at once or
+    // after recover_directory(), as every loader calls it. With the atomic exchange and with
+    // the two renames a file system without it takes (ATTN_CHECKPOINT_NO_EXCHANGE).
+    struct Case {
+        const char* point;
+        bool exchange;
+        const char* expected;  // what the folder holds afterwards
+        bool killed;           // whether the save reaches that point at all
+    };
+    const Case cases[] = {
+        {"written", true, "one", true},        {"synced", true, "one", true},
+        {"stepped-aside", true, "two", false},  // not on the exchange's path: the save completes
+        {"swapped", true, "two", true},         {"written", false, "one", true},
+        {"synced", false, "one", true},         {"stepped-aside", false, "two", true},
+        {"swapped", false, "two", true},
+    };
+    const fs::path dir = attn_test::scratch("attn_test_atomic_kill") / "checkpoint";
+    for (const Case& c : cases) {
+        CAPTURE(c.point);
+        CAPTURE(c.exchange);
+        fs::remove_all(dir.parent_path());
+        write_directory_atomically(dir, [](const fs::path& d) { std::ofstream(d / "a.txt") << "one"; });
+        const pid_t child = ::fork();
+        REQUIRE(child >= 0);
+        if (child == 0) {
+            ::setenv("ATTN_CHECKPOINT_FAULT", (std::string(c.point) + ":1").c_str(), 1);
+            if (!c.exchange) ::setenv("ATTN_CHECKPOINT_NO_EXCHANGE", "1", 1);
+            write_directory_atomically(dir, [](const fs::path& d) { std::ofstream(d / "a.txt") << "two"; });
+            ::_exit(0);
+        }
+        int status = 0;
+        REQUIRE(::waitpid(child, &status, 0) == child);
+        CHECK(WIFSIGNALED(status) == c.killed);
+        recover_directory(dir);
+        CHECK(read(dir / "a.txt") == c.expected);
+        // The next save goes through and leaves nothing beside the checkpoint.
+        write_directory_atomically(dir, [](const fs::path& d) { std::ofstream(d / "a.txt") << "three"; });
+        CHECK(read(dir / "a.txt") == "three");
+        std::size_t entries = 0, inside = 0;
+        for (const auto& e : fs::directory_iterator(dir.parent_path())) entries += (void(e), 1);
+        for (const auto& e : fs::directory_iterator(dir)) inside += (void(e), 1);
+        CHECK(entries == 1);
+        CHECK(inside == 1);  // a.txt alone: the completion marker is gone
+    }
     fs::remove_all(dir.parent_path());
 }
 

@@ -41,6 +41,8 @@ expect_one_line "starting from a folder that holds no weights" "${tiny[@]}" --in
 expect_one_line "a temperature of zero" "${tiny[@]}" --max-iters 2 --sample 10 --temperature 0
 expect_one_line "a prompt outside the vocabulary" "${tiny[@]}" --max-iters 2 --sample 10 --prompt "QX"
 expect_one_line "top-k above the vocabulary size" "${tiny[@]}" --max-iters 2 --sample 10 --top-k 1000
+RANK=1 WORLD_SIZE=2 expect_one_line "torchrun's RANK and WORLD_SIZE without an MPI launcher" "${tiny[@]}" --max-iters 2
+LOCAL_RANK=0 expect_one_line "torchrun's LOCAL_RANK alone" "${tiny[@]}" --max-iters 2
 expect_one_line "a learning rate that makes the loss infinite" "${tiny[@]}" --learning-rate 1e30 --sample 0
 rm -rf "$tmp/run"  # the diverged run's step-0 checkpoint
 # A good run; a second run into its folder is refused and leaves it as it was, --overwrite

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -88,6 +89,21 @@ struct Job {
     bool started_by_mpirun = false;
 };
 
+// torchrun's convention (RANK, WORLD_SIZE, LOCAL_RANK in the environment) with no MPI
+// launcher around this process: each process would train the whole batch alone, and all of
+// them would write one metrics.jsonl. What to run instead, or "" when none of it is set.
+std::string torchrun_without_mpi() {
+    for (const char* launcher : {"OMPI_COMM_WORLD_SIZE", "PMIX_RANK", "PMI_RANK", "PMI_SIZE"})
+        if (std::getenv(launcher)) return "";
+    const char* world = std::getenv("WORLD_SIZE");
+    if (!world && !std::getenv("RANK") && !std::getenv("LOCAL_RANK")) return "";
+    const std::string n = world && *world ? world : "N";
+    return "RANK/WORLD_SIZE/LOCAL_RANK are set (torchrun's convention), but this program's ranks "
+           "are MPI processes: train_gpt --ranks " + n + " ... starts them on this machine, "
+           "mpirun -n " + n + " train_gpt ... on several (or unset RANK, WORLD_SIZE and "
+           "LOCAL_RANK to train in one process)";
+}
+
 // The corpus: --data, or the course's own (tiny shakespeare, in data/).
 fs::path corpus_of(const Flags& f) { return f.data.empty() ? course_corpus() : fs::path(f.data); }
 
@@ -102,8 +118,10 @@ void refuse_to_replace_a_run(const Flags& f) {
                                 "replaces it");
 }
 
-// A run folder (holding checkpoint/) or a checkpoint folder itself.
+// A run folder (holding checkpoint/) or a checkpoint folder itself; a checkpoint whose last
+// save was killed between its renames is put back first (recover_directory).
 fs::path checkpoint_of(const fs::path& dir) {
+    recover_directory(dir.filename() == "checkpoint" ? dir : dir / "checkpoint");
     return fs::exists(dir / "checkpoint" / "trainer.json") ? dir / "checkpoint" : dir;
 }
 
@@ -620,6 +638,10 @@ int main(int argc, char** argv) {
     }
 #endif
     std::ostream& errors = job.rank == 0 ? std::cerr : std::cout;  // rank 0 speaks for the job
+    if (const std::string torchrun = torchrun_without_mpi(); !torchrun.empty()) {
+        std::cerr << "train_gpt: error: " << torchrun << "\n";
+        return exit_usage;
+    }
     Flags f;
     CLI::App app{"Trains the course's GPT on a character corpus, on the CPU or a CUDA GPU (nanoGPT's recipes)."};
     auto* recipe = app.add_option("--recipe", f.recipe,

@@ -561,6 +561,7 @@ std::uint64_t Trainer::state_fingerprint() const {
 }
 
 Trainer Trainer::load(const fs::path& dir, TextDataset data) {
+    recover_directory(dir);  // a save killed between its renames left it beside
     if (!fs::is_directory(dir)) {
         throw CheckpointError(dir.string() + ": no such checkpoint directory");
     }

@@ -11,13 +11,24 @@
 
 namespace attn {
 
-/// Writes a directory so that it is never seen half-written: `write` fills a temporary
-/// directory beside `target`, which then replaces `target` by renames. If `write` throws or
-/// the process dies, `target` is left as it was.
+/// Writes a directory so that no kill, at any moment, loses it: `write` fills a temporary
+/// directory beside `target` (`.NAME.tmp-PID`), whose files are then synced to disk, and
+/// which then takes `target`'s place in one atomic exchange (renameat2's RENAME_EXCHANGE),
+/// or, on a file system without it, by two renames (the old version stepped aside as
+/// `.NAME.old-PID` first). If `write` throws, `target` is left as it was; if the process
+/// dies, `target` holds the old or the new version, or recover_directory() puts one back.
+/// Temporaries an earlier killed save left are cleaned here.
 /// @param target  the directory to create or replace
 /// @param write   fills the directory it is given
 void write_directory_atomically(const std::filesystem::path& target,
                                 const std::function<void(const std::filesystem::path&)>& write);
+
+/// After a save was killed between its two renames (see write_directory_atomically), puts
+/// the newest whole version it left back as `target`: the new one if it had been written
+/// and synced, else the old one. Does nothing when `target` exists.
+/// @param target the directory a save was writing
+/// @return whether a version was put back
+bool recover_directory(const std::filesystem::path& target);
 
 /// Turns Ctrl-C (SIGINT) and SIGTERM into a request to stop that a loop polls, so that a
 /// training run can save a checkpoint and exit cleanly. A second Ctrl-C stops at once.
