@@ -3,6 +3,7 @@
 #include "attn/fixtures.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/gpt.hpp"
+#include "attn/trainer.hpp"
 #include "attn/npy.hpp"
 
 #include "attn/gradcheck.hpp"
@@ -97,6 +98,38 @@ TEST_CASE("the whole model's gradient agrees with finite differences, with dropo
             MESSAGE("dropout " << dropout << ", bias " << bias << ": " << config.num_parameters()
                                << " parameters, max |analytic - numeric| = " << r.max_abs_error
                                << " (largest gradient " << r.max_abs_grad << ")");
+        }
+    }
+}
+
+TEST_CASE("the parameter count is the sum of the model's tensors, with and without biases") {
+    // By hand, for the course's CPU recipe (V = 65, block 64, 4 layers of C = 128, no biases):
+    // wte 65·128 + wpe 64·128 + 4·(ln_1 128 + c_attn 3·128² + c_proj 128² + ln_2 128 + the
+    // MLP's 8·128²) + ln_f 128 = 8 320 + 8 192 + 4·196 864 + 128 = 804 096. A count that
+    // gives LayerNorm biases to a model without biases says 805 120.
+    GPTConfig cpu = TrainConfig::named("cpu").model_config(65);
+    REQUIRE_FALSE(cpu.bias);
+    CHECK(cpu.num_parameters() == 804096);
+    // Every recipe, with and without biases, every position scheme and key/value grouping:
+    // the count is what the model allocates and what its state dict's tensors hold.
+    for (const char* recipe : {"tiny", "cpu", "shakespeare"}) {
+        for (bool bias : {false, true}) {
+            for (Position position : {Position::learned, Position::rope, Position::alibi}) {
+                for (int G : {0, 1, 2}) {
+                    GPTConfig c = TrainConfig::named(recipe).model_config(65);
+                    c.bias = bias;
+                    c.position = position;
+                    c.n_kv_head = G;
+                    CAPTURE(recipe);
+                    CAPTURE(bias);
+                    CAPTURE(G);
+                    const GPT model(c, 1);
+                    std::size_t in_tensors = 0;
+                    for (const ParameterInfo& p : model.parameter_table()) in_tensors += p.size;
+                    CHECK(c.num_parameters() == in_tensors);
+                    CHECK(model.parameters().size() == in_tensors);
+                }
+            }
         }
     }
 }

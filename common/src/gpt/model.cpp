@@ -87,8 +87,10 @@ void GPTConfig::validate() const {
 std::size_t GPTConfig::num_parameters() const {
     const size_t V = vocab_size, C = n_embd, L = n_layer, Tb = block_size;
     const size_t QKV = static_cast<size_t>(qkv_channels());  // 3C for multi-head attention
-    size_t per_layer = 2 * C + QKV * C + C * C + 2 * C + 4 * C * C + 4 * C * C;
-    if (bias) per_layer += QKV + C + 4 * C + C;
+    // ln_1 and ln_2 weights, c_attn, attn.c_proj, mlp.c_fc, mlp.c_proj
+    size_t per_layer = C + QKV * C + C * C + C + 4 * C * C + 4 * C * C;
+    // with biases: ln_1's and ln_2's too, and each Linear's (a bias-free model has neither)
+    if (bias) per_layer += 2 * C + QKV + C + 4 * C + C;
     const size_t wpe = position == Position::learned ? Tb * C : 0;
     return V * C + wpe + L * per_layer + C + (bias ? C : 0);
 }
