@@ -7,12 +7,25 @@
 // P to shared memory → O += P V. Causal: key tiles wholly after the last query are never
 // visited. It writes O and each row's log-sum-exp, never the (T, T) matrix.
 //
-// Backward (flash_backward_kernel): one block per (key tile, head), FlashAttention-2's
-// order. The block keeps K, V and its dK, dV accumulators and walks the query tiles that
-// can see it: recompute P = e^(S − lse) from the saved log-sum-exp, dP = dO Vᵀ,
-// dS = P ∘ (dP − D) with D_i = dO_i · O_i (flash_delta_kernel), then dV += Pᵀ dO,
-// dK += dSᵀ Q and dQ += dS K; every key tile adds to dQ, so the tiles run one launch each, in
-// order (no atomics: dQ is bit-for-bit reproducible).
+// Backward: FlashAttention-2's order, on one of two schedules (FlashBackwardSchedule).
+// flash_backward_dkdv_kernel: one block per (key tile, head) keeps K, V and its dK, dV
+// accumulators and walks the query tiles that can see it: recompute P = e^(S − lse) from
+// the saved log-sum-exp, dP = dO Vᵀ, dS = P ∘ (dP − D) with D_i = dO_i · O_i
+// (flash_delta_kernel), then dV += Pᵀ dO and dK += dSᵀ Q.
+//   key_tiles: the block also adds dQ += dS K for its key tile to dQ's rows; every key tile
+//   adds to the same rows, so the tiles run one launch each, in order, B·NH blocks a launch.
+//   two_grids: one launch of (key tiles × B·NH) blocks for dK, dV, then
+//   flash_backward_dq_kernel, one block per (query tile, head), which walks the key tiles
+//   its queries see and recomputes P and dS for dQ += dS K: seven tile products instead of
+//   five, the order of the Triton tutorial's fused attention (triton-lang.org, "Fused
+//   Attention": _attn_bwd_dkdv, _attn_bwd_dq), for a grid that fills the SMs when B·NH
+//   alone leaves most of them idle.
+// Either way every output element is written by one block, summed in a fixed order: no
+// atomics, the same bits on every run. Measured on an H200 (132 SMs; the logs are in
+// tools/cuda/measured/2026-11-26-h200-second/): at hs 128, T = 4096, B·NH = 64, fwd+bwd
+// 54.4 ms with two_grids against 69.7 ms with key_tiles; at B·NH ≥ 128, two_grids was
+// slower (hs 128, T = 2048: 28.0 against 21.1 ms; the recipe's training step 19.8 against
+// 18.8 ms), hence automatic: two_grids only when B·NH is under half the SMs.
 //
 // Dropout on the weights (training): the forward blends V with the dropped, rescaled
 // weights while l sums the undropped ones, so lse stays that of the softmax; the backward
@@ -61,6 +74,11 @@ template <int HS>
 constexpr int backward_smem_floats() {
     return 2 * kBc * (HS + 1) + 2 * kBr * (HS + 1) + 2 * kBr * (kBc + 1) + 2 * kBr;
     // K, V, Q, dO, P, dS, lse, D
+}
+template <int HS>
+constexpr int backward_dq_smem_floats() {
+    return 2 * kBc * (HS + 1) + 2 * kBr * (HS + 1) + kBr * (kBc + 1) + 2 * kBr;
+    // K, V, Q, dO, dS, lse, D
 }
 
 // Copies `valid` rows of HS values (row-major, contiguous) from global memory into a
@@ -264,12 +282,87 @@ static __global__ void flash_delta_kernel(float* delta, const float* dout, const
     if (lane == 0) delta[row] = sum;
 }
 
+// One (query tile, key tile) pair of the backward pass, from the tiles in shared memory:
+// s = q_i · k_j and dp = dO_i · v_j for queries i = q0+ty+16r, keys j = k0+tx+16c;
+// P = e^(scale·s − lse) (recomputed, masked entries 0); with dropout's factor z the blend
+// used P ∘ z, so dV takes P ∘ z and dP is dO Vᵀ ∘ z; scale · dS = scale · P (dP − D).
+// Writes P ∘ z to P_s (when P_s is not null) and scale · dS to dS_s.
 template <int HS>
+__device__ void backward_tile_scores(float* P_s, float* dS_s, const float* Q_s, const float* dO_s,
+                                     const float* K_s, const float* V_s, const float* lse_s,
+                                     const float* D_s, int q0, int k0, int T, bool causal,
+                                     float scale, float drop_p, float keep_scale,
+                                     std::uint64_t seed, long long head) {
+    constexpr int ld = HS + 1, ldp = kBc + 1;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    float s[kRows][kCols], dp[kRows][kCols];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) s[r][c] = dp[r][c] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < HS; ++d) {
+        float qd[kRows], od[kRows], kd[kCols], vd[kCols];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+            qd[r] = Q_s[(ty + kThreads * r) * ld + d];
+            od[r] = dO_s[(ty + kThreads * r) * ld + d];
+        }
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+            kd[c] = K_s[(tx + kThreads * c) * ld + d];
+            vd[c] = V_s[(tx + kThreads * c) * ld + d];
+        }
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int c = 0; c < kCols; ++c) {
+                s[r][c] = fmaf(qd[r], kd[c], s[r][c]);
+                dp[r][c] = fmaf(od[r], vd[c], dp[r][c]);
+            }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        const int row = ty + kThreads * r, i = q0 + row;
+#pragma unroll
+        for (int c = 0; c < kCols; ++c) {
+            const int col = tx + kThreads * c, j = k0 + col;
+            const bool visible = i < T && j < T && (!causal || j <= i);
+            const float p = visible ? expf(s[r][c] * scale - lse_s[row]) : 0.0f;
+            const float z = visible ? keep_factor(drop_p, keep_scale, seed, head, T, i, j) : 0.0f;
+            if (P_s) P_s[row * ldp + col] = p * z;
+            dS_s[row * ldp + col] = scale * p * (dp[r][c] * z - D_s[row]);
+        }
+    }
+}
+
+// Loads the query-side tiles of query tile q0: Q, dO, and each row's lse and D.
+template <int HS>
+__device__ void load_query_side(float* Q_s, float* dO_s, float* lse_s, float* D_s, const float* q,
+                                const float* dout, const float* lse, const float* delta,
+                                long long head, long long base, int T, int q0) {
+    constexpr int ld = HS + 1;
+    const int tid = threadIdx.y * kThreads + threadIdx.x;
+    const int q_valid = min(kBr, T - q0);
+    load_tile<HS>(Q_s, ld, q + base + static_cast<long long>(q0) * HS, q_valid, kBr);
+    load_tile<HS>(dO_s, ld, dout + base + static_cast<long long>(q0) * HS, q_valid, kBr);
+    for (int r = tid; r < kBr; r += kThreads * kThreads) {
+        lse_s[r] = r < q_valid ? lse[head * T + q0 + r] : 0.0f;
+        D_s[r] = r < q_valid ? delta[head * T + q0 + r] : 0.0f;
+    }
+}
+
+// dK and dV: one block per (key tile, head), blockIdx = (key tile, b·NH + h). The block
+// keeps K, V and its dK, dV accumulators and walks the query tiles that can see it.
+// kAddDq (the key-tile schedule): the block also adds its key tile's share of dQ to the rows
+// in global memory; one launch per key tile (key_tile), in order, so the shares add up in
+// the same order on every run. Otherwise blockIdx.x is the key tile and dQ is left alone.
+template <int HS, bool kAddDq>
 static __global__ void __launch_bounds__(kThreads* kThreads)
-    flash_backward_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                          const float* k, const float* v, const float* lse, const float* delta,
-                          int T, bool causal, float scale, float drop_p, std::uint64_t seed,
-                          int key_tile) {
+    flash_backward_dkdv_kernel(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                               const float* k, const float* v, const float* lse,
+                               const float* delta, int T, bool causal, float scale,
+                               float drop_p, std::uint64_t seed, int key_tile) {
     constexpr int D = HS / kThreads;
     constexpr int ld = HS + 1, ldp = kBc + 1;
     ATTN_DYNAMIC_SHARED(float, smem);
@@ -283,9 +376,9 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
     float* D_s = lse_s + kBr;         // (kBr)
 
     const int tx = threadIdx.x, ty = threadIdx.y;
-    const int tid = ty * kThreads + tx;
     const float keep_scale = drop_p > 0.0f ? 1.0f / (1.0f - drop_p) : 1.0f;
-    const int kt = key_tile;  // one key tile per launch, every head at once (blockIdx.y)
+    // Key tile 0 is seen by every query tile (the heaviest under a causal mask): it starts first.
+    const int kt = kAddDq ? key_tile : static_cast<int>(blockIdx.x);
     const long long head = blockIdx.y;
     const long long base = head * T * HS;
     const int k0 = kt * kBc;
@@ -304,59 +397,11 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
     // Causal: query tiles that end before this key tile's first key cannot see it.
     for (int qt = causal ? k0 / kBr : 0; qt < q_tiles; ++qt) {
         const int q0 = qt * kBr;
-        const int q_valid = min(kBr, T - q0);
         __syncthreads();  // everyone is done with the previous Q, dO, P, dS (and K, V loaded)
-        load_tile<HS>(Q_s, ld, q + base + static_cast<long long>(q0) * HS, q_valid, kBr);
-        load_tile<HS>(dO_s, ld, dout + base + static_cast<long long>(q0) * HS, q_valid, kBr);
-        for (int r = tid; r < kBr; r += kThreads * kThreads) {
-            lse_s[r] = r < q_valid ? lse[head * T + q0 + r] : 0.0f;
-            D_s[r] = r < q_valid ? delta[head * T + q0 + r] : 0.0f;
-        }
+        load_query_side<HS>(Q_s, dO_s, lse_s, D_s, q, dout, lse, delta, head, base, T, q0);
         __syncthreads();
-
-        // s = q_i · k_j and dp = dO_i · v_j for queries i = q0+ty+16r, keys j = k0+tx+16c.
-        float s[kRows][kCols], dp[kRows][kCols];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r)
-#pragma unroll
-            for (int c = 0; c < kCols; ++c) s[r][c] = dp[r][c] = 0.0f;
-#pragma unroll 4
-        for (int d = 0; d < HS; ++d) {
-            float qd[kRows], od[kRows], kd[kCols], vd[kCols];
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) {
-                qd[r] = Q_s[(ty + kThreads * r) * ld + d];
-                od[r] = dO_s[(ty + kThreads * r) * ld + d];
-            }
-#pragma unroll
-            for (int c = 0; c < kCols; ++c) {
-                kd[c] = K_s[(tx + kThreads * c) * ld + d];
-                vd[c] = V_s[(tx + kThreads * c) * ld + d];
-            }
-#pragma unroll
-            for (int r = 0; r < kRows; ++r)
-#pragma unroll
-                for (int c = 0; c < kCols; ++c) {
-                    s[r][c] = fmaf(qd[r], kd[c], s[r][c]);
-                    dp[r][c] = fmaf(od[r], vd[c], dp[r][c]);
-                }
-        }
-        // P = e^(scale·s − lse) (recomputed, masked entries 0); with dropout's factor z,
-        // the blend used P ∘ z, so dV takes P ∘ z and dP is dO Vᵀ ∘ z;
-        // scale · dS = scale · P (dP − D).
-#pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            const int row = ty + kThreads * r, i = q0 + row;
-#pragma unroll
-            for (int c = 0; c < kCols; ++c) {
-                const int col = tx + kThreads * c, j = k0 + col;
-                const bool visible = i < T && j < T && (!causal || j <= i);
-                const float p = visible ? expf(s[r][c] * scale - lse_s[row]) : 0.0f;
-                const float z = visible ? keep_factor(drop_p, keep_scale, seed, head, T, i, j) : 0.0f;
-                P_s[row * ldp + col] = p * z;
-                dS_s[row * ldp + col] = scale * p * (dp[r][c] * z - D_s[row]);
-            }
-        }
+        backward_tile_scores<HS>(P_s, dS_s, Q_s, dO_s, K_s, V_s, lse_s, D_s, q0, k0, T, causal,
+                                 scale, drop_p, keep_scale, seed, head);
         __syncthreads();  // P and dS complete
 
         // dV[j][d] += Σ_i P[i][j] dO[i][d],  dK[j][d] += Σ_i dS[i][j] Q[i][d]
@@ -381,11 +426,102 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
                     dk_acc[r][c] = fmaf(dsi[r], qi[c], dk_acc[r][c]);
                 }
         }
+        if constexpr (kAddDq) {
+            // dQ[i][d] += Σ_j dS[i][j] K[j][d], this key tile's share, added to the rows
+            // that the launches of the key tiles before it added to.
+            float dq_part[kRows][D];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                for (int c = 0; c < D; ++c) dq_part[r][c] = 0.0f;
+#pragma unroll 4
+            for (int j = 0; j < kBc; ++j) {
+                float dsj[kRows], kj[D];
+#pragma unroll
+                for (int r = 0; r < kRows; ++r) dsj[r] = dS_s[(ty + kThreads * r) * ldp + j];
+#pragma unroll
+                for (int c = 0; c < D; ++c) kj[c] = K_s[j * ld + tx + kThreads * c];
+#pragma unroll
+                for (int r = 0; r < kRows; ++r)
+#pragma unroll
+                    for (int c = 0; c < D; ++c) dq_part[r][c] = fmaf(dsj[r], kj[c], dq_part[r][c]);
+            }
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) {
+                const int i = q0 + ty + kThreads * r;
+                if (i >= T) continue;
+                float* dq_row = dq + base + static_cast<long long>(i) * HS;
+#pragma unroll
+                for (int c = 0; c < D; ++c) dq_row[tx + kThreads * c] += dq_part[r][c];
+            }
+        }
+    }
 
-        // dQ[i][d] += Σ_j dS[i][j] K[j][d] for this key tile's share. The other key tiles
-        // add theirs to the same rows in the launches before and after this one: a fixed
-        // order, so dQ is the same to the bit on every run (atomic adds from concurrent
-        // key tiles would sum in whatever order the blocks finish).
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        const int j = k0 + ty + kThreads * r;
+        if (j >= T) continue;
+        float* dk_row = dk + base + static_cast<long long>(j) * HS;
+        float* dv_row = dv + base + static_cast<long long>(j) * HS;
+#pragma unroll
+        for (int c = 0; c < D; ++c) {
+            dk_row[tx + kThreads * c] = dk_acc[r][c];
+            dv_row[tx + kThreads * c] = dv_acc[r][c];
+        }
+    }
+}
+
+// dQ: one block per (query tile, head). The block keeps Q, dO and its dQ accumulator and
+// walks the key tiles its queries see, recomputing P and dS (the dK/dV kernel computed them
+// too: two of the five tile products are done twice, the price of never adding to one
+// row from two blocks). Each key tile's share is summed on its own and added to the
+// accumulator in key-tile order, so dQ has the same bits on every run.
+template <int HS>
+static __global__ void __launch_bounds__(kThreads* kThreads)
+    flash_backward_dq_kernel(float* dq, const float* dout, const float* q, const float* k,
+                             const float* v, const float* lse, const float* delta, int T,
+                             bool causal, float scale, float drop_p, std::uint64_t seed) {
+    constexpr int D = HS / kThreads;
+    constexpr int ld = HS + 1, ldp = kBc + 1;
+    ATTN_DYNAMIC_SHARED(float, smem);
+    float* K_s = smem;                // (kBc, ld)
+    float* V_s = K_s + kBc * ld;      // (kBc, ld)
+    float* Q_s = V_s + kBc * ld;      // (kBr, ld)
+    float* dO_s = Q_s + kBr * ld;     // (kBr, ld)
+    float* dS_s = dO_s + kBr * ld;    // (kBr, ldp), holds scale · dS
+    float* lse_s = dS_s + kBr * ldp;  // (kBr)
+    float* D_s = lse_s + kBr;         // (kBr)
+
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    const float keep_scale = drop_p > 0.0f ? 1.0f / (1.0f - drop_p) : 1.0f;
+    // The last query tiles see the most keys under a causal mask: they start first.
+    const int qt = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+    const long long head = blockIdx.y;
+    const long long base = head * T * HS;
+    const int q0 = qt * kBr;
+    load_query_side<HS>(Q_s, dO_s, lse_s, D_s, q, dout, lse, delta, head, base, T, q0);
+
+    float dq_acc[kRows][D];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < D; ++c) dq_acc[r][c] = 0.0f;
+
+    const int k_tiles = (T + kBc - 1) / kBc;
+    // Causal: key tiles that start after this tile's last query are all masked.
+    const int k_tile_end = causal ? min(k_tiles, qt + 1) : k_tiles;
+    for (int kt = 0; kt < k_tile_end; ++kt) {
+        const int k0 = kt * kBc;
+        const int k_valid = min(kBc, T - k0);
+        __syncthreads();  // everyone is done with the previous K, V and dS (and Q, dO loaded)
+        load_tile<HS>(K_s, ld, k + base + static_cast<long long>(k0) * HS, k_valid, kBc);
+        load_tile<HS>(V_s, ld, v + base + static_cast<long long>(k0) * HS, k_valid, kBc);
+        __syncthreads();
+        backward_tile_scores<HS>(nullptr, dS_s, Q_s, dO_s, K_s, V_s, lse_s, D_s, q0, k0, T,
+                                 causal, scale, drop_p, keep_scale, seed, head);
+        __syncthreads();  // dS complete
+
+        // dQ[i][d] += Σ_j dS[i][j] K[j][d], this key tile's share summed first.
         float dq_part[kRows][D];
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
@@ -404,26 +540,18 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
                 for (int c = 0; c < D; ++c) dq_part[r][c] = fmaf(dsj[r], kj[c], dq_part[r][c]);
         }
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-            const int i = q0 + ty + kThreads * r;
-            if (i >= T) continue;
-            float* dq_row = dq + base + static_cast<long long>(i) * HS;
+        for (int r = 0; r < kRows; ++r)
 #pragma unroll
-            for (int c = 0; c < D; ++c) dq_row[tx + kThreads * c] += dq_part[r][c];
-        }
+            for (int c = 0; c < D; ++c) dq_acc[r][c] += dq_part[r][c];
     }
 
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
-        const int j = k0 + ty + kThreads * r;
-        if (j >= T) continue;
-        float* dk_row = dk + base + static_cast<long long>(j) * HS;
-        float* dv_row = dv + base + static_cast<long long>(j) * HS;
+        const int i = q0 + ty + kThreads * r;
+        if (i >= T) continue;
+        float* dq_row = dq + base + static_cast<long long>(i) * HS;
 #pragma unroll
-        for (int c = 0; c < D; ++c) {
-            dk_row[tx + kThreads * c] = dk_acc[r][c];
-            dv_row[tx + kThreads * c] = dv_acc[r][c];
-        }
+        for (int c = 0; c < D; ++c) dq_row[tx + kThreads * c] = dq_acc[r][c];
     }
 }
 
@@ -481,30 +609,62 @@ template <int HS>
 void launch_flash_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
                            const float* q, const float* k, const float* v, const float* out,
                            const float* lse, const AttentionShape& s, cudaStream_t stream,
-                           const AttentionDropout& drop) {
+                           const AttentionDropout& drop, FlashBackwardSchedule schedule) {
     constexpr std::size_t bytes = backward_smem_floats<HS>() * sizeof(float);
-    static const bool ready = (allow_shared_memory(flash_backward_kernel<HS>, bytes), true);
-    (void)ready;
+    constexpr std::size_t dq_bytes = backward_dq_smem_floats<HS>() * sizeof(float);
+    const FlashBackwardGrid g = flash_backward_grid(s, schedule);
     const int T = static_cast<int>(s.T);
     const long long rows = static_cast<long long>(s.rows());
     ATTN_LAUNCH(flash_delta_kernel, static_cast<unsigned>((rows + 7) / 8), 256, 0, stream)(delta, dout, out,
                                                                                   rows, HS);
     CUDA_CHECK(cudaGetLastError());
-    CUDA_CHECK(cudaMemsetAsync(dq, 0, s.qkv_size() * sizeof(float), stream));
-    // One launch per key tile, in order, each over every head: the tiles' dQ shares add up
-    // in the same order on every run.
-    const int key_tiles = (T + kBc - 1) / kBc;
-    const dim3 grid(1, static_cast<unsigned>(s.B * s.NH));
     const dim3 block(kThreads, kThreads);
     const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-    for (int kt = 0; kt < key_tiles; ++kt) {
-        ATTN_LAUNCH(flash_backward_kernel<HS>, grid, block, bytes, stream)(
-            dq, dk, dv, dout, q, k, v, lse, delta, T, s.causal, scale, drop.p, drop.seed, kt);
-        CUDA_CHECK(cudaGetLastError());
+// One name each for the launch macro (a template argument list's comma would split it).
+#define flash_backward_key_tiles_kernel flash_backward_dkdv_kernel<HS, true>
+#define flash_backward_two_grids_kernel flash_backward_dkdv_kernel<HS, false>
+    if (g.schedule == FlashBackwardSchedule::key_tiles) {
+        static const bool ready = (allow_shared_memory(flash_backward_dkdv_kernel<HS, true>, bytes), true);
+        (void)ready;
+        CUDA_CHECK(cudaMemsetAsync(dq, 0, s.qkv_size() * sizeof(float), stream));
+        for (unsigned kt = 0; kt < g.key_tiles; ++kt) {
+            ATTN_LAUNCH(flash_backward_key_tiles_kernel, dim3(1, g.heads), block, bytes, stream)(
+                dq, dk, dv, dout, q, k, v, lse, delta, T, s.causal, scale, drop.p, drop.seed,
+                static_cast<int>(kt));
+            CUDA_CHECK(cudaGetLastError());
+        }
+        return;
     }
+    static const bool ready = (allow_shared_memory(flash_backward_dkdv_kernel<HS, false>, bytes),
+                               allow_shared_memory(flash_backward_dq_kernel<HS>, dq_bytes), true);
+    (void)ready;
+    ATTN_LAUNCH(flash_backward_two_grids_kernel, dim3(g.key_tiles, g.heads), block, bytes, stream)(
+        nullptr, dk, dv, dout, q, k, v, lse, delta, T, s.causal, scale, drop.p, drop.seed, 0);
+    CUDA_CHECK(cudaGetLastError());
+    ATTN_LAUNCH(flash_backward_dq_kernel<HS>, dim3(g.query_tiles, g.heads), block, dq_bytes, stream)(
+        dq, dout, q, k, v, lse, delta, T, s.causal, scale, drop.p, drop.seed);
+    CUDA_CHECK(cudaGetLastError());
+#undef flash_backward_key_tiles_kernel
+#undef flash_backward_two_grids_kernel
 }
 
 }  // namespace
+
+FlashBackwardGrid flash_backward_grid(const AttentionShape& s, FlashBackwardSchedule schedule) {
+    FlashBackwardGrid g;
+    g.key_tiles = static_cast<unsigned>((s.T + kBc - 1) / kBc);
+    g.query_tiles = static_cast<unsigned>((s.T + kBr - 1) / kBr);
+    g.heads = static_cast<unsigned>(s.B * s.NH);
+    if (schedule == FlashBackwardSchedule::automatic) {
+        int device = 0, sms = 0;
+        CUDA_CHECK(cudaGetDevice(&device));
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        schedule = 2 * static_cast<long long>(g.heads) < sms ? FlashBackwardSchedule::two_grids
+                                                              : FlashBackwardSchedule::key_tiles;
+    }
+    g.schedule = schedule;
+    return g;
+}
 
 bool flash_attention_supports(std::size_t hs) { return hs == 64 || hs == 128; }
 
@@ -540,11 +700,11 @@ void flash_attention_forward_16bit(HalfBuffer& out, float* lse, const HalfBuffer
 void flash_attention_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
                               const float* q, const float* k, const float* v, const float* out,
                               const float* lse, const AttentionShape& s, void* stream,
-                              const AttentionDropout& dropout) {
+                              const AttentionDropout& dropout, FlashBackwardSchedule schedule) {
     check_flash_arguments(s, {q, k, v, dout}, dropout);
     const auto st = static_cast<cudaStream_t>(stream);
-    if (s.hs == 64) launch_flash_backward<64>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st, dropout);
-    else launch_flash_backward<128>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st, dropout);
+    if (s.hs == 64) launch_flash_backward<64>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st, dropout, schedule);
+    else launch_flash_backward<128>(dq, dk, dv, delta, dout, q, k, v, out, lse, s, st, dropout, schedule);
 }
 
 }  // namespace attn::cuda

@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <string>
 #include <vector>
@@ -84,22 +85,78 @@ bool check_case(const AttentionShape& s, std::uint64_t seed) {
         b->upload(std::vector<float>(b->size(), 1e30f));
     }
     cuda::flash_attention_forward(d_out.data(), lse.data(), d_q.data(), d_k.data(), d_v.data(), s);
-    cuda::flash_attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), delta.data(),
-                                   d_dout.data(), d_q.data(), d_k.data(), d_v.data(),
-                                   d_out.data(), lse.data(), s);
     cuda::synchronize();
-    const auto out_fused = d_out.download(), lse_fused = lse.download(),
-               dq_fused = d_dq.download(), dk_fused = d_dk.download(), dv_fused = d_dv.download();
-
+    const auto out_fused = d_out.download(), lse_fused = lse.download();
     bool ok = report("out", out_plain, out_fused, out_ref);
-    // dq and dk sum scale·dS·k and scale·dS·q, dS = P∘(dP − D): with one key (T = 1) they
-    // are exactly 0, while dP and D (the same dot product dO·v summed in two orders) differ
-    // by float32 rounding. Their rounding floor is relative to dv's size (dv = Pᵀ·dO, the
-    // size of dP's terms), not to their own 0.
+
+    // The backward on both schedules, each twice on poisoned outputs: every element is
+    // written by one block in a fixed order (no atomics), so the second run gives the same
+    // bits. dq and dk sum scale·dS·k and scale·dS·q, dS = P∘(dP − D): with one key (T = 1)
+    // they are exactly 0, while dP and D (the same dot product dO·v summed in two orders)
+    // differ by float32 rounding. Their rounding floor is relative to dv's size (dv = Pᵀ·dO,
+    // the size of dP's terms), not to their own 0.
+    const auto bits_equal = [](const std::vector<float>& a, const std::vector<float>& b) {
+        return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+    };
     const double dv_scale = max_abs(dv_ref.data(), n);
-    ok &= report("dq", dq_plain, dq_fused, dq_ref, std::max(max_abs(dq_ref.data(), n), dv_scale));
-    ok &= report("dk", dk_plain, dk_fused, dk_ref, std::max(max_abs(dk_ref.data(), n), dv_scale));
-    ok &= report("dv", dv_plain, dv_fused, dv_ref);
+    for (const auto schedule : {cuda::FlashBackwardSchedule::key_tiles, cuda::FlashBackwardSchedule::two_grids}) {
+        std::vector<float> first[3];
+        bool same_bits = true;
+        for (int run = 0; run < 2; ++run) {
+            for (DeviceBuffer* b : {&d_dq, &d_dk, &d_dv}) b->upload(std::vector<float>(b->size(), 1e30f));
+            cuda::flash_attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), delta.data(),
+                                           d_dout.data(), d_q.data(), d_k.data(), d_v.data(),
+                                           d_out.data(), lse.data(), s, nullptr, {}, schedule);
+            cuda::synchronize();
+            const std::vector<float> got[3] = {d_dq.download(), d_dk.download(), d_dv.download()};
+            for (int g = 0; g < 3; ++g) {
+                if (run == 0) first[g] = got[g];
+                else same_bits &= bits_equal(got[g], first[g]);
+            }
+        }
+        const cuda::FlashBackwardGrid grid = cuda::flash_backward_grid(s, schedule);
+        if (schedule == cuda::FlashBackwardSchedule::key_tiles) {
+            std::printf("    backward by key tiles, %u launch%s of %u block%s; a second run %s\n",
+                        grid.key_tiles, grid.key_tiles == 1 ? "" : "es", grid.heads,
+                        grid.heads == 1 ? "" : "s", same_bits ? "gives the same bits" : "DIFFERS");
+        } else {
+            std::printf("    backward on two grids, %u x %u blocks for dK, dV and %u x %u for dQ; "
+                        "a second run %s\n", grid.key_tiles, grid.heads, grid.query_tiles,
+                        grid.heads, same_bits ? "gives the same bits" : "DIFFERS");
+        }
+        ok &= same_bits;
+        ok &= report("dq", dq_plain, first[0], dq_ref, std::max(max_abs(dq_ref.data(), n), dv_scale));
+        ok &= report("dk", dk_plain, first[1], dk_ref, std::max(max_abs(dk_ref.data(), n), dv_scale));
+        ok &= report("dv", dv_plain, first[2], dv_ref);
+    }
+
+    // With dropout the two schedules regenerate the same masks: their gradients agree to
+    // float32 rounding (the key-tile schedule's masks are those of the materialised path:
+    // tests/cuda/test_gpt_gpu.cpp). A mask drawn with the wrong index in one of them would
+    // move whole terms, by ~|dS·k| ≈ 0.1, far above 1e-5.
+    {
+        const cuda::AttentionDropout dropout{0.2f, 1234};
+        cuda::flash_attention_forward(d_out.data(), lse.data(), d_q.data(), d_k.data(), d_v.data(), s,
+                                      nullptr, dropout);
+        std::vector<float> by[2][3];
+        int i = 0;
+        for (const auto schedule : {cuda::FlashBackwardSchedule::key_tiles, cuda::FlashBackwardSchedule::two_grids}) {
+            cuda::flash_attention_backward(d_dq.data(), d_dk.data(), d_dv.data(), delta.data(),
+                                           d_dout.data(), d_q.data(), d_k.data(), d_v.data(),
+                                           d_out.data(), lse.data(), s, nullptr, dropout, schedule);
+            cuda::synchronize();
+            by[i][0] = d_dq.download(), by[i][1] = d_dk.download(), by[i][2] = d_dv.download();
+            ++i;
+        }
+        double worst = 0.0;
+        for (int g = 0; g < 3; ++g) {
+            worst = std::max(worst, max_abs_error(by[1][g].data(), to_double(by[0][g].data(), n).data(), n));
+        }
+        const bool drop_ok = worst <= 1e-5;
+        std::printf("    dropout 0.2: two grids against key tiles, gradients %.2e (bar 1e-5)  %s\n",
+                    worst, drop_ok ? "ok" : "FAILED");
+        ok &= drop_ok;
+    }
 
     // lse = m + ln Σ_j e^(s_j − m) ≈ ln T + O(1) ≤ 10 moves by Σ p_j Δs_j ≤ max|Δs| (scores
     // as above: γ_128·7.2 ≈ 5.5e-5 worst, √128 u·7.2 ≈ 4.9e-6 random-sign), plus the T-term

@@ -14,7 +14,8 @@
 // FLOPs counted (useful work only, the same count for every version):
 //   forward   4·B·NH·T²·hs for q kᵀ and P v, halved by the causal mask: 2·B·NH·T²·hs
 //   backward  2.5 × forward (five T×T×hs products: S again, dP, dV, dQ, dK), the
-//             convention of FlashAttention's benchmark
+//             convention of FlashAttention's benchmark (the fused backward does seven:
+//             its dQ launch computes S and dP again; those two are not counted)
 // The plain version computes the masked half too; its TFLOP/s count only the useful half.
 //
 // Peak memory: cudaMemGetInfo's used bytes after the timed runs, less those used before
@@ -175,6 +176,24 @@ int main(int argc, char** argv) {
                 // cuBLAS keeps its workspace after the plain runs: leave it out of the fused figure.
                 print_row(T, s, "fused", f, fb, used_device_bytes() - baseline - cublas_kept);
             }
+        }
+        int sms = 0;
+        check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), "cudaDeviceGetAttribute");
+        std::printf("\nThe fused backward's schedules on this device's %d SMs (the rows above use the "
+                    "automatic one):\n", sms);
+        std::printf("%6s  %-38s  %-38s  %s\n", "T", "key tiles", "two grids", "automatic");
+        for (const std::size_t T : o.Ts) {
+            const AttentionShape s = bench::shape(T, o.hs);
+            const auto tiles = cuda::flash_backward_grid(s, cuda::FlashBackwardSchedule::key_tiles);
+            const auto two = cuda::flash_backward_grid(s, cuda::FlashBackwardSchedule::two_grids);
+            const auto chosen = cuda::flash_backward_grid(s).schedule;
+            char a[80], b[80];
+            std::snprintf(a, sizeof a, "%u launches of %u blocks (%.2f per SM)", tiles.key_tiles,
+                          tiles.heads, static_cast<double>(tiles.heads) / sms);
+            std::snprintf(b, sizeof b, "%u + %u blocks in 2 launches", two.key_tiles * two.heads,
+                          two.query_tiles * two.heads);
+            std::printf("%6zu  %-38s  %-38s  %s\n", T, a, b,
+                        chosen == cuda::FlashBackwardSchedule::two_grids ? "two grids" : "key tiles");
         }
         std::printf("\nFLOPs: forward 2·B·NH·T²·hs (causal half of q kᵀ and P v), forward+backward "
                     "3.5× that.\npeak MiB includes q, k, v, out, dout, dq, dk, dv (8·B·NH·T·hs "

@@ -20,4 +20,17 @@ for dir in "$src"/tools/cuda/measured/2026-11-26-h200 "$src"/tools/cuda/measured
   grep -q "NVIDIA H200" "$dir/race-tf32.log" || { echo "$dir/race-tf32.log names no H200"; status=1; }
   [ $status -eq 0 ] && echo "lesson 12 quotes $(basename "$dir"): ours $ours ms, PyTorch $torch ms, ${ratio}x"
 done
+# Lesson 13: the fused backward at hs 128, T = 4096 on two grids and by key tiles, forward
+# and backward in ms to one decimal, from the row "4096 4 16 fused" of each log.
+page13="$src/lessons/13_fused_attention/lesson.md"
+m="$src/tools/cuda/measured"
+for log in "$m/2026-11-26-h200-two-grids/attention-hs128.log" "$m/2026-11-26-h200-second/attention-hs128.log"; do
+  ms=$(awk '$1 == 4096 && $4 == "fused" {printf "%.1f", $7}' "$log")
+  if [ -z "$ms" ]; then echo "no T = 4096 fused row in $log"; status=1; continue; fi
+  if tr '\n' ' ' < "$page13" | grep -qF "$ms ms"; then
+    echo "lesson 13 quotes $ms ms from $log"
+  else
+    echo "lesson 13's page does not quote '$ms ms' from $log"; status=1
+  fi
+done
 exit $status

@@ -79,8 +79,29 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
                              const float* v, const AttentionShape& shape,
                              void* stream = nullptr, const AttentionDropout& dropout = {});
 
+/// How the fused backward spreads its work over the GPU. Both write every gradient element
+/// from one block in a fixed order (no atomics), so each gives the same bits on every run.
+enum class FlashBackwardSchedule {
+    automatic,  ///< two_grids when B·NH is under half the device's SMs, else key_tiles
+    key_tiles,  ///< one launch per key tile, B·NH blocks each, each adding its share of dQ
+    two_grids,  ///< dK, dV by (key tile, head), then dQ by (query tile, head): S and dP
+                ///< computed twice, for a grid that fills the SMs when B·NH is small
+};
+
+/// The grids of the fused backward for a shape: the schedule (automatic resolved for the
+/// current device), its tiles of 64 and B·NH.
+struct FlashBackwardGrid {
+    FlashBackwardSchedule schedule = FlashBackwardSchedule::key_tiles;
+    unsigned key_tiles = 0;    ///< key tiles: launches (key_tiles) or blocks along x (two_grids)
+    unsigned query_tiles = 0;  ///< blocks along x of two_grids' dQ launch
+    unsigned heads = 0;        ///< B·NH: blocks along y of every launch
+};
+/// The grids flash_attention_backward launches for this shape and schedule.
+FlashBackwardGrid flash_backward_grid(const AttentionShape& shape,
+                                      FlashBackwardSchedule schedule = FlashBackwardSchedule::automatic);
+
 /// Fused attention backward with recomputation of the probabilities from `lse`.
-/// @param dq     (B, NH, T, hs) written (zeroed, then accumulated key tile by key tile, in a fixed order)
+/// @param dq     (B, NH, T, hs) written (each row summed key tile by key tile, in a fixed order)
 /// @param dk     (B, NH, T, hs) written
 /// @param dv     (B, NH, T, hs) written
 /// @param delta  (B, NH, T) scratch: D_i = dout_i · out_i
@@ -93,10 +114,13 @@ void flash_attention_forward(float* out, float* lse, const float* q, const float
 /// @param shape  the sizes; hs must be 64 or 128
 /// @param stream a cudaStream_t, or null
 /// @param dropout the forward pass's dropout (the same p and seed regenerate its masks)
+/// @param schedule how the work is spread over the GPU (the results agree within float32
+///                 rounding: two_grids recomputes dS for dQ)
 /// @throws std::invalid_argument for an unsupported head size
 void flash_attention_backward(float* dq, float* dk, float* dv, float* delta, const float* dout,
                               const float* q, const float* k, const float* v, const float* out,
                               const float* lse, const AttentionShape& shape,
-                              void* stream = nullptr, const AttentionDropout& dropout = {});
+                              void* stream = nullptr, const AttentionDropout& dropout = {},
+                              FlashBackwardSchedule schedule = FlashBackwardSchedule::automatic);
 
 }  // namespace attn::cuda
