@@ -449,6 +449,19 @@ bool is_pinned(const Device& d, const void* p, std::size_t bytes) {
     return a + bytes <= it->first + it->second;
 }
 
+// Whether a kernel may dereference p: it points into (or just past) a device allocation or
+// cudaMallocHost memory, which a GPU reaches through unified addressing.
+bool reachable_from_device(const Device& d, const void* p) {
+    const auto a = reinterpret_cast<std::uintptr_t>(p);
+    for (const auto* table : {&d.allocations, &d.pinned}) {
+        auto it = table->upper_bound(a);
+        if (it == table->begin()) continue;
+        --it;
+        if (a <= it->first + it->second) return true;
+    }
+    return false;
+}
+
 bool queues(const CUstream_st* s) { return s && (s->flags & cudaStreamNonBlocking); }
 
 // Runs the work queued on s, in order. After a kernel fails, the rest is dropped, as a GPU
@@ -712,6 +725,19 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_p
     if (c.stream && !d.streams.count(c.stream)) {
         error(cudaErrorInvalidResourceHandle, kernel + ": launched on a destroyed stream");
         return;
+    }
+    // One address space here, two on a GPU: a pointer argument into ordinary host memory (a
+    // std::vector's data(), a stack array) faults there on its first use.
+    for (std::size_t i = 0; i < pointers.size(); ++i) {
+        if (pointers[i] && !reachable_from_device(d, pointers[i])) {
+            char address[32];
+            std::snprintf(address, sizeof address, "%p", pointers[i]);
+            error(cudaErrorInvalidValue,
+                  kernel + ": pointer argument " + std::to_string(i + 1) + " (" + address +
+                      ") is host memory, which a kernel cannot read or write (an illegal address "
+                      "on a GPU): pass memory from cudaMalloc (or cudaMallocHost)");
+            return;
+        }
     }
     std::vector<std::uintptr_t> allocations = allocations_of(d, pointers);
     if (queues(c.stream)) {

@@ -20,6 +20,8 @@
 //     memory (ATTN_DYNAMIC_SHARED) is a per-launch buffer of the requested size.
 //   - Device memory is host memory from the allocator, filled with 0xff bytes (NaN floats)
 //     when allocated, as a GPU leaves it uninitialised; AddressSanitizer sees every access.
+//     A launch whose pointer arguments point outside device (or cudaMallocHost) memory is
+//     refused, naming the argument: on a GPU the kernel would fault on it.
 //   - Streams: the legacy stream and blocking streams run each call when it is made; a
 //     non-blocking stream queues its kernels, copies, memsets, event records and cuBLAS
 //     calls and runs them when it is synchronised (cudaStreamSynchronize, an event on it,

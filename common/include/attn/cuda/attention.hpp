@@ -91,7 +91,7 @@ enum class FlashBackwardSchedule {
 /// The grids of the fused backward for a shape: the schedule (automatic resolved for the
 /// current device), its tiles of 64 and B·NH.
 struct FlashBackwardGrid {
-    FlashBackwardSchedule schedule = FlashBackwardSchedule::key_tiles;
+    FlashBackwardSchedule schedule = FlashBackwardSchedule::key_tiles;  ///< the schedule (never automatic)
     unsigned key_tiles = 0;    ///< key tiles: launches (key_tiles) or blocks along x (two_grids)
     unsigned query_tiles = 0;  ///< blocks along x of two_grids' dQ launch
     unsigned heads = 0;        ///< B·NH: blocks along y of every launch
