@@ -197,6 +197,50 @@ TEST_CASE("prefill copies the forward pass's keys and values and returns its las
     CHECK(max_abs_diff(next, &model.logits()[6 * cfg.vocab_size]) < 1e-4f);  // as above
 }
 
+// RoPE and ALiBi with the cache: a RoPE key is cached rotated by its absolute position and
+// each new query rotated by its own; ALiBi adds m·(distance) to the step's scores. Both on
+// every combination of grouped keys (G = 1, 2) and a window (0, 5), each position's cached
+// logits against the whole forward pass's row (tolerance as above), then the text.
+TEST_CASE("RoPE and ALiBi models: the cached step gives the uncached logits and text, with groups and windows") {
+    const CharVocab vocab = CharVocab::from_chars(kChars);
+    for (const Position position : {Position::rope, Position::alibi}) {
+        for (const int groups : {2, 1}) {
+            for (const int window : {0, 5}) {
+                const std::string scheme = position_name(position);
+                CAPTURE(scheme);
+                CAPTURE(groups);
+                CAPTURE(window);
+                GPTConfig cfg = small_config(true);
+                cfg.position = position;
+                cfg.n_kv_head = groups;
+                cfg.window = window;
+                GPT model = sharp_model(cfg, 41);
+                model.train(false);
+                Rng rng(6);
+                std::vector<int> tokens(static_cast<std::size_t>(cfg.block_size));
+                for (int& t : tokens) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size)));
+                model.forward(tokens.data(), nullptr, 1, cfg.block_size);
+                const std::vector<float> full = model.logits();
+                KVCache cache(cfg);
+                DecodeScratch scratch;
+                float worst = 0.0f;
+                for (int pos = 0; pos < cfg.block_size; ++pos) {
+                    const std::vector<float>& step = forward_cached(scratch, model, cache, tokens[static_cast<std::size_t>(pos)], pos);
+                    worst = std::max(worst, max_abs_diff(step, &full[static_cast<std::size_t>(pos) * cfg.vocab_size]));
+                }
+                MESSAGE(scheme << " G=" << groups << " W=" << window << ": largest |cached - uncached| logit " << worst);
+                CHECK(worst < 1e-4f);
+
+                SampleOptions o;
+                o.max_new_tokens = 40;  // past the block of 16: the re-fill too
+                o.top_k = 4;
+                o.seed = 3;
+                CHECK(generate_cached(model, vocab, "abc", o) == generate_text(model, vocab, "abc", o));
+            }
+        }
+    }
+}
+
 // The texts are compared character for character. The two paths' logits differ by about
 // 1e-5 (above), so a draw could differ only if a uniform number fell within about 1e-6 of a
 // boundary of the cumulative probabilities, or a greedy choice had two logits that close:

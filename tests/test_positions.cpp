@@ -291,15 +291,6 @@ TEST_CASE("checkpoints record the scheme, have no wpe without learned positions,
     }
 }
 
-TEST_CASE("the KV cache refuses RoPE and ALiBi models with one line") {
-    GPT model(small_config(Position::rope));
-    KVCache cache(model.config());
-    std::vector<float> logits;
-    const int tokens[2] = {1, 2};
-    CHECK_THROWS_WITH_AS(prefill(logits, model, cache, tokens, 2),
-                         doctest::Contains("learned positions only"), std::invalid_argument);
-}
-
 TEST_CASE("RoPE and ALiBi runs resume bit for bit, keep their scheme, and generate text") {
     const TextDataset data = repeated_sentences();
     const fs::path dir = attn_test::scratch("attn_test_positions_resume");

@@ -21,9 +21,6 @@ using std::size_t;
 
 // The cache must have been made for this model: same layers, heads and head size.
 void require_fits(const KVCache& cache, const GPTConfig& config, const char* who) {
-    require(config.position == Position::learned,
-            std::string(who) + ": the cache supports learned positions only, this model has " +
-                position_name(config.position) + ": generate without the cache");
     require(config.causal, std::string(who) +
                                ": the model is not causal, so an earlier position's key and value "
                                "would change with every new token and cannot be cached");
@@ -141,7 +138,8 @@ namespace {
 // two runs in `spans`, oldest first; a (T) gets the weights, out_h (hs) the blend.
 ATTN_SIMD_CLONES
 void attend_one_query(float* out_h, float* a, const float* q_h, const float* k_h,
-                      const float* v_h, const int (&spans)[2][2], size_t hs, float scale) {
+                      const float* v_h, const int (&spans)[2][2], size_t hs, float scale,
+                      float slope) {
     // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied after the sum as
     // attention_forward's sgemm does. Plain loops, not BLAS: one query row is a
     // matrix-vector product, T·hs multiply-adds, too small to pay for a BLAS call.
@@ -149,6 +147,10 @@ void attend_one_query(float* out_h, float* a, const float* q_h, const float* k_h
     for (const auto& span : spans) {
         const float* k_row = k_h + static_cast<size_t>(span[0]) * hs;
         for (int j = 0; j < span[1]; ++j, ++T) a[T] = lane_dot(q_h, k_row + j * hs, hs) * scale;
+    }
+    // ALiBi: the query is the last of the T positions, position j is T − 1 − j before it
+    if (slope != 0.0f) {
+        for (size_t j = 0; j < T; ++j) a[j] += slope * static_cast<float>(static_cast<long>(j) - static_cast<long>(T - 1));
     }
     // max-subtracted softmax over all T positions: they are all in the past
     float maxval = a[0];
@@ -174,7 +176,7 @@ void attend_one_query(float* out_h, float* a, const float* q_h, const float* k_h
 
 void attention_step_forward(float* out, float* att, const float* q, const float* key_cache,
                             const float* value_cache, int T, int capacity, int C, int NH,
-                            int NKV, int first) {
+                            int NKV, int first, const float* alibi_slopes) {
     const int G = NKV > 0 ? NKV : NH;
     require(NH % G == 0 && T >= 1 && T <= capacity && first >= 0 && first < capacity,
             "attention_step_forward: need G | NH, 1 ≤ T ≤ capacity and 0 ≤ first < capacity, "
@@ -192,7 +194,7 @@ void attention_step_forward(float* out, float* att, const float* q, const float*
         const size_t head = static_cast<size_t>(kvh) * capacity * hs;
         attend_one_query(out + h * hs, att + static_cast<size_t>(h) * T, q + h * hs,
                          key_cache + head, value_cache + head, spans, static_cast<size_t>(hs),
-                         scale);
+                         scale, alibi_slopes ? alibi_slopes[h] : 0.0f);
     }
 }
 
@@ -230,8 +232,14 @@ const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVC
     const int T = attended(cfg, pos);  // positions attended over, this one included
     const int first = (pos + 1 - T) % cache.capacity();  // the row of the oldest of them
 
-    // x = wte[token] + wpe[pos]                                               (C)
-    encoder_forward(s.x.data(), &token, p.wte, p.wpe + static_cast<size_t>(pos) * C, 1, 1, C);
+    if (cfg.position == Position::alibi && s.slopes.size() != static_cast<size_t>(NH)) {
+        s.slopes = alibi_slopes(NH);
+    }
+    const float* slopes = cfg.position == Position::alibi ? s.slopes.data() : nullptr;
+
+    // x = wte[token] + wpe[pos] (learned positions; RoPE and ALiBi add none)    (C)
+    encoder_forward(s.x.data(), &token, p.wte,
+                    p.wpe ? p.wpe + static_cast<size_t>(pos) * C : nullptr, 1, 1, C);
     for (int l = 0; l < L; ++l) {
         // x = x + c_proj(attention(c_attn(ln_1(x)))), with this token's k, v appended first
         layernorm_forward(s.ln.data(), &mean, &rstd, s.x.data(), p.ln1w + l * uC,
@@ -239,9 +247,12 @@ const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVC
         // qkv (C + 2·G·hs) = q (C), G keys, G values
         matmul_forward(s.qkv.data(), s.ln.data(), p.qkvw + static_cast<size_t>(l) * QKV * C,
                        layer_ptr(p.qkvb, static_cast<size_t>(QKV), l), 1, C, QKV);
+        // RoPE: q and k rotated by this token's absolute position, as the whole forward pass
+        // rotates row pos; the cache keeps the rotated key, never rotated again
+        if (cfg.position == Position::rope) rope_forward(s.qkv.data(), 1, 1, C, NH, pos, G);
         cache.append(l, s.qkv.data() + C, s.qkv.data() + C + G * hs);
         attention_step_forward(s.atty.data(), s.att.data(), s.qkv.data(), cache.keys(l),
-                               cache.values(l), T, cache.capacity(), C, NH, G, first);
+                               cache.values(l), T, cache.capacity(), C, NH, G, first, slopes);
         matmul_forward(s.proj.data(), s.atty.data(), p.attprojw + l * uC * C,
                        layer_ptr(p.attprojb, uC, l), 1, C, C);
         residual_forward(s.residual.data(), s.x.data(), s.proj.data(), C);
@@ -275,8 +286,8 @@ void prefill(std::vector<float>& logits, GPT& model, KVCache& cache, const int* 
                                       " is outside [1, " + std::to_string(limit) + "]");
     model.train(false);
     model.forward(tokens, nullptr, 1, T);  // checks the token ids
-    // The forward pass saved every layer's qkv (L, 1, T, C + 2·G·hs): copy out k and v (a
-    // ring keeps the last `capacity` of them).
+    // The forward pass saved every layer's qkv (L, 1, T, C + 2·G·hs), with RoPE already
+    // rotated by positions 0..T−1: copy out k and v (a ring keeps the last `capacity`).
     const float* qkv = model.activations().qkv.data();
     cache.clear();
     for (int l = 0; l < L; ++l) {

@@ -203,7 +203,7 @@ int main(int argc, char** argv) {
         print_claim("init_loss", loss, 4);
         print_claim("ln_v", uniform_loss, 4);
         print_claim("init_loss_vs_ln_v", loss < uniform_loss ? "below" : "above");
-        print_claim("init_loss_minus_ln_v", loss - uniform_loss, 4);
+        print_claim("init_loss_gap", std::fabs(loss - uniform_loss), 4);
         print_claim("logit_std", std::sqrt(logit_variance), 3);
         print_claim("half_logit_variance", logit_variance / 2, 3);
         print_claim("random_target_loss", random_target_loss, 4);

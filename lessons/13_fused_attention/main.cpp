@@ -226,6 +226,34 @@ void memory_and_traffic(const LessonOptions& options) {
     }
 }
 
+// FlashAttention's IO bound and its tile sizes (Dao et al. 2022, Algorithm 1 and Theorem 2):
+// with M floats of on-chip memory, B_c = ⌈M/4d⌉ keys and B_r = min(⌈M/4d⌉, d) queries per
+// tile, and Θ(T²d²/M) floats moved from HBM against the standard Θ(Td + T²).
+void io_bound() {
+    print_heading("FlashAttention's IO bound and the tile size, for an H100's shared memory");
+    //! [io]
+    const double M = 227.0 * 1024 / 4;  // floats: the 227 KiB of shared memory a block may use (sm_90)
+    std::printf("M = %.0f floats (227 KiB, float32)\n", M);
+    std::printf("%4s  %10s  %10s  %6s  %16s  %16s  %8s\n", "d", "B_c", "B_r", "T", "standard Td + T²",
+                "flash T²d²/M", "ratio");
+    for (double d : {64.0, 128.0}) {
+        const double bc = std::ceil(M / (4 * d)), br = std::min(bc, d);
+        for (double T : {1024.0, 4096.0}) {
+            const double standard = T * d + T * T, flash = T * T * d * d / M;
+            std::printf("%4.0f  %10.0f  %10.0f  %6.0f  %16.3g  %16.3g  %8.1f\n", d, bc, br, T, standard,
+                        flash, standard / flash);
+            if (T == 4096.0) {
+                const std::string k = d == 64.0 ? "d64" : "d128";
+                print_claim("io_bc_" + k, bc, 0);
+                print_claim("io_br_" + k, br, 0);
+                print_claim("io_ratio_" + k, standard / flash, 1);
+            }
+        }
+    }
+    //! [io]
+    print_claim("io_m_floats", M, 0);
+}
+
 void cpu_timings() {
     print_heading("Time of one forward pass on the CPU (B=1, NH=4, hs=64, causal)");
     const ThreadConfig threads = thread_config();
@@ -340,6 +368,7 @@ int main(int argc, char** argv) {
         tiled_against_plain();
         causal_tiles(options);
         memory_and_traffic(options);
+        io_bound();
         cpu_timings();
         gpu_part();
     });

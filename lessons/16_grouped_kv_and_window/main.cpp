@@ -62,6 +62,33 @@ struct Row {
     double val_loss = 0.0, rate_short = 0.0, rate_long = 0.0, train_seconds = 0.0;
 };
 
+// The cache at the size of a served model: Llama 2's 7B and 70B configurations (Touvron et
+// al. 2023, Table 1 and section 2.2: 70B uses grouped-query attention with 8 key/value
+// heads), 16-bit numbers, a batch of sequences of the 4096-token context.
+void cache_at_scale() {
+    print_heading("The cache at real scale: Llama 2's sizes, 16-bit numbers");
+    struct Model { const char* name; const char* key; double L, NH, G, hs, params; };
+    const Model models[] = {
+        {"Llama 2 7B  (L 32, 32 heads, G 32)", "llama7b", 32, 32, 32, 128, 7e9},
+        {"Llama 2 70B (L 80, 64 heads, G 8)", "llama70b", 80, 64, 8, 128, 70e9},
+        {"70B with G = 64 (no grouping)", "llama70b_mha", 80, 64, 64, 128, 70e9},
+    };
+    const double T = 4096, batch = 16, bytes = 2, gib = 1024.0 * 1024 * 1024;
+    std::printf("%-36s %14s %18s %14s\n", "model", "KiB per token", "batch 16 x 4096", "weights");
+    for (const Model& m : models) {
+        //! [scale]
+        const double per_token = 2 * m.L * m.G * m.hs * bytes;  // a key and a value per layer and kv head
+        const double batch_bytes = per_token * T * batch;
+        const double weights = m.params * bytes;
+        //! [scale]
+        std::printf("%-36s %14.0f %14.1f GiB %10.1f GiB\n", m.name, per_token / 1024, batch_bytes / gib,
+                    weights / gib);
+        print_claim(std::string(m.key) + "_kib_per_token", per_token / 1024, 0);
+        print_claim(std::string(m.key) + "_batch_gib", batch_bytes / gib, 1);
+        print_claim(std::string(m.key) + "_weights_gib", weights / gib, 1);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -87,6 +114,8 @@ int main(int argc, char** argv) {
                     opts.full ? "full" : "short", recipe.n_layer, recipe.n_head, recipe.n_embd,
                     recipe.block_size, recipe.batch_size, static_cast<long long>(recipe.max_iters),
                     static_cast<unsigned long long>(recipe.seed));
+
+        cache_at_scale();
 
         print_heading("Which key/value head serves each query head");
         const int NH = recipe.n_head;

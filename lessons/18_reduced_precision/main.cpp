@@ -12,6 +12,7 @@
 // Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/data.hpp"
 #include "attn/flash.hpp"
+#include "attn/fp8.hpp"
 #include "attn/lesson.hpp"
 #include "attn/mixed_attention.hpp"
 #include "attn/plot.hpp"
@@ -285,6 +286,7 @@ void sums_in_16_bits(const LessonOptions& options) {
     const int rows = 8;
     for (std::size_t T : {64, 256, 1024, 4096, 16384}) {
         double e_l[3] = {0, 0, 0}, e_out[2] = {0, 0};
+        double final_bf16 = 0.0, final_true = 0.0, final_bf16_lowest = 1e30;  // the sums themselves
         for (int r = 0; r < rows; ++r) {
             Rng rng(T * 100 + static_cast<std::size_t>(r));
             std::vector<float> s(T), v(T * hs);
@@ -304,6 +306,9 @@ void sums_in_16_bits(const LessonOptions& options) {
             }
             //! [sums]
             for (int f = 0; f < 3; ++f) e_l[f] += std::fabs(l[f] - l64) / l64;
+            final_bf16 += l[0] / rows;
+            final_true += l64 / rows;
+            final_bf16_lowest = std::min(final_bf16_lowest, static_cast<double>(l[0]));
             double worst[2] = {0, 0}, largest = 0.0;
             for (std::size_t d = 0; d < hs; ++d) {
                 double acc64 = 0.0;
@@ -333,6 +338,11 @@ void sums_in_16_bits(const LessonOptions& options) {
         line_fp32.y.push_back(std::log10(std::max(e_l[2], 1e-12)));
         if (T == 4096) {
             print_claim("sum_bf16_4096", 100.0 * e_l[0], 0);
+            // Where the bfloat16 sums stopped, against the true sums: a term rounds away once
+            // it is below half the step at the sum's size.
+            print_claim("sum_bf16_final_4096", final_bf16, 1);
+            print_claim("sum_bf16_lowest_4096", final_bf16_lowest, 1);
+            print_claim("sum_true_4096", final_true, 1);
             print_claim("sum_fp16_4096", 100.0 * e_l[1], 1);
             claim_g("sum_fp32_4096", e_l[2]);
             print_claim("out_bf16_4096", 100.0 * e_out[0], 0);
@@ -442,6 +452,85 @@ void underflow_against_batch(const TrainConfig& recipe, const TextDataset& data,
     print_claim("init_flush_grows", grows ? "grows" : "does not grow");
 }
 
+// Eight bits: the two FP8 formats beside the 16-bit ones, and what a per-tensor scale does
+// for them on the gradients of one backward pass of the recipe's model at initialisation
+// (float32 training; each parameter's gradient tensor rounded to FP8 on its own).
+void eight_bits(const TrainConfig& recipe, const TextDataset& data, bool quick) {
+    print_heading("Eight bits: E4M3 and E5M2, and a scale per tensor");
+    std::printf("%-6s %8s %8s %13s %15s %18s %11s\n", "format", "exponent", "mantissa", "largest",
+                "smallest normal", "smallest subnormal", "epsilon");
+    for (Fp8 f : {Fp8::e4m3, Fp8::e5m2}) {
+        const FormatInfo i = fp8_info(f);
+        std::printf("%-6s %8d %8d %13.5g %15.5g %18.5g %11.5g\n", fp8_name(f), i.exponent_bits,
+                    i.mantissa_bits, i.max, i.min_normal, i.min_subnormal, i.epsilon);
+        const std::string n = fp8_name(f);
+        print_claim(n + "_max", i.max, 0);
+        claim_g(n + "_min_normal", i.min_normal);
+        claim_g(n + "_min_subnormal", i.min_subnormal);
+        claim_g(n + "_epsilon", i.epsilon);
+        print_claim(n + "_decimal_digits", (i.mantissa_bits + 1) * std::log10(2.0), 1);
+    }
+    std::printf("\nsome values, rounded to nearest (ties to even; past the largest: NaN in e4m3, inf in e5m2):\n");
+    for (float x : {0.1f, 3.14159265f, 300.0f, 500.0f, 60000.0f, 1e-3f, 1e-5f}) {
+        std::printf("%12.6g  e4m3 %-10.6g e5m2 %-10.6g\n", static_cast<double>(x),
+                    static_cast<double>(round_to_fp8(x, Fp8::e4m3)), static_cast<double>(round_to_fp8(x, Fp8::e5m2)));
+    }
+    claim_g("e4m3_of_0_1", round_to_fp8(0.1f, Fp8::e4m3));
+    claim_g("e5m2_of_0_1", round_to_fp8(0.1f, Fp8::e5m2));
+
+    const int B = quick ? 2 : 12;
+    GPT model(recipe.model_config(static_cast<int>(data.vocab.size())), recipe.seed);
+    Rng rng(recipe.seed);
+    std::vector<int> x, y;
+    sample_batch(data.train, static_cast<std::size_t>(B), static_cast<std::size_t>(recipe.block_size), rng, x, y);
+    model.forward(x, y, B, recipe.block_size);
+    model.zero_grad();
+    model.backward();
+    const std::vector<float>& g = model.gradients();
+    std::printf("\nthe gradients of one backward pass at initialisation (B = %d), each of the %zu tensors rounded\n"
+                "on its own; 65536: float16's loss scale, the same for every tensor; per tensor: 2^k, the\n"
+                "largest power of two that keeps the tensor's largest |value| (its amax) within the format.\n"
+                "Each multiplies before rounding and divides after; relative error over the finite results\n",
+                B, model.parameter_table().size());
+    std::printf("%-6s %-10s %14s %14s %18s\n", "format", "scale", "flushed to 0", "overflowed", "relative error");
+    for (Fp8 f : {Fp8::e4m3, Fp8::e5m2}) {
+        for (int mode = 0; mode < 3; ++mode) {  // none, float16's loss scale, per tensor
+            const bool scaled = mode == 2;
+            //! [fp8]
+            std::uint64_t values = 0, flushed = 0, overflowed = 0;
+            double err2 = 0.0, norm2 = 0.0;
+            for (const ParameterInfo& t : model.parameter_table()) {
+                const float* gt = g.data() + t.offset;
+                float amax = 0.0f;
+                for (std::size_t i = 0; i < t.size; ++i) amax = std::max(amax, std::fabs(gt[i]));
+                // a power of two, so that scaling and unscaling are exact
+                const float scale = scaled && amax > 0.0f
+                    ? std::ldexp(1.0f, static_cast<int>(std::floor(std::log2(fp8_info(f).max / amax))))
+                    : mode == 1 ? 65536.0f : 1.0f;
+                for (std::size_t i = 0; i < t.size; ++i) {
+                    const float r = round_to_fp8(gt[i] * scale, f) / scale;
+                    ++values;
+                    if (!std::isfinite(r)) { ++overflowed; continue; }
+                    if (r == 0.0f && gt[i] != 0.0f) ++flushed;
+                    err2 += (static_cast<double>(r) - gt[i]) * (static_cast<double>(r) - gt[i]);
+                    norm2 += static_cast<double>(gt[i]) * gt[i];
+                }
+            }
+            //! [fp8]
+            const double rel = std::sqrt(err2 / norm2);
+            const char* how[3] = {"none", "65536", "per tensor"};
+            std::printf("%-6s %-10s %14s %14s %18.3g\n", fp8_name(f), how[mode],
+                        percent_of(flushed, values).c_str(), percent_of(overflowed, values).c_str(), rel);
+            const char* key[3] = {"_unscaled", "_loss_scaled", "_scaled"};
+            const std::string k = std::string(fp8_name(f)) + key[mode];
+            print_claim(k + "_flushed", 100.0 * static_cast<double>(flushed) / static_cast<double>(values), 2);
+            print_claim(k + "_overflowed", 100.0 * static_cast<double>(overflowed) / static_cast<double>(values), 2);
+            claim_g(k + "_error", rel);
+        }
+    }
+    print_claim("fp8_batch", std::to_string(B));
+}
+
 void mixed_precision_training(const LessonOptions& options) {
     print_heading("Mixed-precision training of the CPU recipe");
     const TextDataset data = make_dataset(read_corpus(options.corpus()));
@@ -531,15 +620,20 @@ void mixed_precision_training(const LessonOptions& options) {
         print_claim(k + "_subnormal_percent", share(r.subnormal), 1);
     }
     print_claim("rounded_gradients", static_cast<double>(fp16.rounded) / 1e9, 2);
-    print_claim("bf16_gap", bf16_gap, 4);
+    // A difference to 4 places, signed; one that rounds to zero prints "0.0000", not "-0.0000".
+    const auto gap = [](const char* name, double d) {
+        print_claim(name, std::fabs(d) < 0.00005 ? 0.0 : d, 4);
+    };
+    gap("bf16_gap", bf16_gap);
     print_claim("bf16_gap_abs", std::fabs(bf16_gap), 4);
-    print_claim("seed_gap", seed_gap, 4);
+    gap("seed_gap", seed_gap);
     print_claim("seed_gap_abs", std::fabs(seed_gap), 4);
     print_claim("bf16_margin", margin, 2);
     print_claim("bf16_within", within ? "within" : "outside");
     print_claim("bf16_closer_than_seed", std::fabs(bf16_gap) < std::fabs(seed_gap) ? "closer" : "not closer");
-    print_claim("fp16_gap", fp16.final_val - fp32.final_val, 4);
-    print_claim("fp16_scaled_gap", fp16_scaled.final_val - fp32.final_val, 4);
+    gap("fp16_gap", fp16.final_val - fp32.final_val);
+    gap("fp16_scaled_gap", fp16_scaled.final_val - fp32.final_val);
+    claim_g("fp16_gap_size", std::fabs(fp16.final_val - fp32.final_val));
     print_claim("fp16_skipped", std::to_string(fp16_scaled.skipped));
     print_claim("fp16_final_scale", fp16_scaled.final_scale, 0);
     print_claim("train_steps", std::to_string(recipe.max_iters));
@@ -584,6 +678,7 @@ void mixed_precision_training(const LessonOptions& options) {
         std::printf("charts: lesson18_training.png, lesson18_underflow.png\n");
     }
     underflow_against_batch(recipe, data, options.quick);
+    eight_bits(recipe, data, options.quick);
 }
 
 void tensor_cores() {

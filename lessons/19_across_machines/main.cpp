@@ -864,12 +864,14 @@ void cost_model(const Sizes& s, const DataParallelPoints& dp, const SequencePoin
         print_claim("ring_hidden_" + std::to_string(static_cast<int>(n)), send < compute ? "hidden" : "exposed");
     }
     // A node that computes as fast as an H100 does on dense BF16 products (989 TFLOP/s, the
-    // datasheet's figure) on the same links: the block a rank holds must be far longer.
+    // datasheet's figure) on the same links, its k and v in bfloat16 too: 2 bytes a number
+    // instead of 4, so the condition becomes c ≥ F/β (Liu et al.'s c ≥ F/B), half of 2F/β.
     const double h100 = 989e12;
-    std::printf("\na node computing at an H100's %.0f TFLOP/s (dense BF16, its datasheet) on the same links needs\n"
-                "c ≥ %.0f positions per rank: %.1fM tokens on 8 nodes, %.1fM on 64\n",
-                h100 / 1e12, 2 * h100 / net_beta, 8 * 2 * h100 / net_beta / 1e6, 64 * 2 * h100 / net_beta / 1e6);
-    print_claim("ring_threshold_h100", 2 * h100 / net_beta, 0);
+    std::printf("\na node computing at an H100's %.0f TFLOP/s (dense BF16, its datasheet) on the same links,\n"
+                "sending k and v in bfloat16 (2 bytes), needs c ≥ F/β = %.0f positions per rank: %.1fM tokens\n"
+                "on 8 nodes, %.1fM on 64\n",
+                h100 / 1e12, h100 / net_beta, 8 * h100 / net_beta / 1e6, 64 * h100 / net_beta / 1e6);
+    print_claim("ring_threshold_h100", h100 / net_beta, 0);
     print_claim("h100_tflops", h100 / 1e12, 0);
     print_claim("net_gbs", net_beta / 1e9, 1);
     print_claim("net_latency_us", 1e6 * net_alpha, 0);
@@ -880,10 +882,56 @@ void cost_model(const Sizes& s, const DataParallelPoints& dp, const SequencePoin
 }
 #endif  // ATTN_HAVE_MPI
 
+// What mixed-precision AdamW keeps per parameter and what each ZeRO stage leaves on a rank
+// (Rajbhandari et al. 2020, section 3 and Figure 1): bf16 weights and gradients, 2 bytes
+// each, and K = 12 bytes of optimizer state (a float32 master copy, m and v).
+void when_the_model_does_not_fit() {
+    print_heading("When the model does not fit: bytes per parameter and ZeRO's stages");
+    //! [zero]
+    const double K = 12.0;  // float32 master weights, AdamW's m and v: 4 + 4 + 4 bytes
+    // bytes per rank for Ψ parameters on N ranks, each stage sharding one more of the three
+    const auto replicated = [&](double psi, double) { return (2 + 2 + K) * psi; };
+    const auto stage1 = [&](double psi, double n) { return (2 + 2) * psi + K * psi / n; };
+    const auto stage2 = [&](double psi, double n) { return 2 * psi + (2 + K) * psi / n; };
+    const auto stage3 = [&](double psi, double n) { return (2 + 2 + K) * psi / n; };
+    //! [zero]
+    const double gb = 1e9;
+    std::printf("mixed-precision AdamW: 2 (bf16 weights) + 2 (bf16 gradients) + %.0f (float32 master,\n"
+                "m, v) = %.0f bytes per parameter, before any activation\n\n", K, 4 + K);
+    std::printf("%-28s %8s %12s %12s %12s %12s\n", "model", "ranks", "replicated", "stage 1",
+                "stage 2", "stage 3");
+    struct Row { const char* name; double psi; double n; const char* key; };
+    const Row rows[] = {
+        {"ZeRO's example, 7.5B", 7.5e9, 64, "zero_example"},
+        {"7B parameters", 7e9, 8, "b7"},
+        {"70B parameters", 70e9, 8, "b70"},
+    };
+    for (const Row& r : rows) {
+        const double b[4] = {replicated(r.psi, r.n), stage1(r.psi, r.n), stage2(r.psi, r.n),
+                             stage3(r.psi, r.n)};
+        std::printf("%-28s %8.0f %9.1f GB %9.1f GB %9.1f GB %9.1f GB\n", r.name, r.n, b[0] / gb,
+                    b[1] / gb, b[2] / gb, b[3] / gb);
+        const char* stage[4] = {"replicated", "stage1", "stage2", "stage3"};
+        for (int i = 0; i < 4; ++i) print_claim(std::string(r.key) + "_" + stage[i] + "_gb", b[i] / gb, 1);
+    }
+    // What fits on one 80 GB GPU with nothing else on it
+    const double gpu = 80e9;
+    std::printf("\nthe largest model whose weights, gradients and optimizer state fit in one 80 GB GPU:\n"
+                "%.1fB parameters replicated; on 8 GPUs %.1fB with stage 1, %.1fB with stage 2, %.1fB with stage 3\n",
+                gpu / (4 + K) / 1e9, gpu / (4 + K / 8) / 1e9, gpu / (2 + (2 + K) / 8) / 1e9,
+                gpu / ((4 + K) / 8) / 1e9);
+    print_claim("fits_80gb_b", gpu / (4 + K) / 1e9, 1);
+    print_claim("fits_80gb_stage1_8_b", gpu / (4 + K / 8) / 1e9, 1);
+    print_claim("fits_80gb_stage2_8_b", gpu / (2 + (2 + K) / 8) / 1e9, 1);
+    print_claim("fits_80gb_stage3_8_b", gpu / ((4 + K) / 8) / 1e9, 1);
+    print_claim("adamw_bytes_per_parameter", 4 + K, 0);
+}
+
 void lesson(const LessonOptions& options) {
     const Sizes s = sizes(options.quick);
     merge_by_hand();
     causal_blocks(options);
+    when_the_model_does_not_fit();
 #ifdef ATTN_HAVE_MPI
     Launcher launcher{s, fs::absolute(options.corpus()), {}};
     // The corpus is checked here, in one process: a text too short is refused in one line

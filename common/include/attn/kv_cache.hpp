@@ -94,6 +94,9 @@ private:
 /// counterpart of one row of attention_forward: per head h,
 /// `att[h, :] = softmax(q_h · K_hᵀ / √hs)` over positions 0..T−1 and
 /// `out_h = att[h, :] · V_h`. No mask is needed: every cached position is in the past.
+/// With ALiBi the score of the j-th of the T positions (oldest first; the query is the
+/// last) gets `m_h·(j − (T − 1))`, its distance to the query times the head's slope, as
+/// attention_forward adds `m_h·(j − t)`.
 /// @param out (C) the heads' outputs side by side, head h in channels [h·hs, (h+1)·hs)
 /// @param att (NH, T) the attention weights
 /// @param q (C) the new token's query, heads side by side
@@ -105,9 +108,10 @@ private:
 /// @param NKV G, the key/value heads (0: NH); query head h reads kv_head_of(h, NH, G)
 /// @param first the row of the oldest of the T positions; they are rows first, first + 1,
 ///        … mod capacity (0 for a cache that is not a ring)
+/// @param alibi_slopes (NH) ALiBi's slope per head, or null for no bias
 void attention_step_forward(float* out, float* att, const float* q, const float* key_cache,
                             const float* value_cache, int T, int capacity, int C, int NH,
-                            int NKV = 0, int first = 0);
+                            int NKV = 0, int first = 0, const float* alibi_slopes = nullptr);
 
 /// Working buffers of one cached step, for one token; reused from step to step.
 struct DecodeScratch {
@@ -121,12 +125,14 @@ struct DecodeScratch {
     std::vector<float> fch;       ///< (4C) `c_fc` output
     std::vector<float> fch_gelu;  ///< (4C)
     std::vector<float> logits;    ///< (V) the logits of the step
+    std::vector<float> slopes;    ///< (NH) ALiBi's slopes, for a model with ALiBi
 };
 
 /// The forward pass for one new token with the cache, in evaluation mode (no dropout).
 ///
-/// Per layer: LayerNorm of the token's row, the `c_attn` projection of that row only, its
-/// key and value appended to the cache, attention of its query over positions 0..pos, the
+/// Per layer: LayerNorm of the token's row, the `c_attn` projection of that row only (with
+/// RoPE, its query and key rotated by the absolute position `pos`), its key and value
+/// appended to the cache (a RoPE key is cached rotated, once), attention of its query over positions 0..pos, the
 /// output projection, the residual, and the MLP; then the final LayerNorm and the LM head
 /// for this one position. The weights are the model's own.
 /// @param scratch working buffers (sized on first use); its `logits` holds the result
@@ -158,8 +164,8 @@ void prefill(std::vector<float>& logits, GPT& model, KVCache& cache, const int* 
 ///
 /// The prompt is prefilled, then each new token costs one forward_cached step. Past
 /// block_size the uncached path crops the context to the last block_size tokens, so every
-/// position shifts by one and every cached key (which includes its position embedding) is
-/// stale. This function then does what the crop does: it re-fills the cache from the
+/// position shifts by one and every cached key (which includes its position embedding, or
+/// with RoPE its rotation) is stale. This function then does what the crop does: it re-fills the cache from the
 /// cropped context, so the text stays identical, and each step past block_size costs one
 /// full forward pass, as the uncached path does.
 /// @param model the model (left in evaluation mode)
