@@ -40,6 +40,31 @@ const fs::path fixtures = attn::fixtures_dir() / "gpt";
 constexpr double adamw_tol = 1e-4;
 }  // namespace
 
+// PyTorch's count: the fixtures hold the state dict of PyTorch's model, one .npy per key;
+// `lm_head.weight` is `transformer.wte.weight` itself (tied), so model.parameters() yields it
+// once. The count from the config must be the sum of the other tensors' sizes, for the
+// fixtures with and without biases, RoPE and ALiBi, grouped keys and a window.
+TEST_CASE("the parameter count equals PyTorch's state dict in the fixtures, with and without biases") {
+    for (const char* name : {"gpt/bias", "gpt/nobias", "positions/rope", "positions/alibi", "gqa/gqa",
+                             "gqa/gqa_rope_window", "gqa/mqa_window"}) {
+        CAPTURE(name);
+        const fs::path weights = attn::fixtures_dir() / name / "weights";
+        std::size_t torch_count = 0;
+        int tensors = 0;
+        for (const auto& entry : fs::directory_iterator(weights)) {
+            if (entry.path().extension() != ".npy" || entry.path().stem() == "lm_head.weight") continue;
+            std::size_t size = 1;
+            for (std::size_t d : read_npy(entry.path()).shape) size *= d;
+            torch_count += size;
+            ++tensors;
+        }
+        REQUIRE(tensors > 0);
+        const GPT model = load_checkpoint(weights);
+        CAPTURE(model.config().bias);
+        CHECK(model.config().num_parameters() == torch_count);
+    }
+}
+
 TEST_CASE("forward, loss and every gradient match PyTorch's nanoGPT on the same weights") {
     for (const std::string name : {"bias", "nobias", "bias, fused attention"}) {
         CAPTURE(name);
