@@ -368,7 +368,7 @@ struct Device {
     cudaError_t sticky = cudaSuccess;  // a kernel failed: every later call reports it
     std::string detail;                // the last error in the simulator's words
     bool racecheck = false;
-    std::map<std::string, int> race_checked;  // launches checked per kernel and configuration
+    std::map<std::string, std::size_t> race_checked;  // launches per kernel and configuration
     Stats stats;
 
     Device() {
@@ -828,11 +828,13 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg) {
     d.stats.threads += threads * gd[0] * gd[1] * gd[2];
 
     std::string failure;
-    // Each kernel is race-checked at each configuration (grid, block, shared memory) the
-    // first two times it is launched: the check copies all of device memory twice.
+    // Each kernel is race-checked at each configuration (grid, block, shared memory) at its
+    // 1st, 2nd, 4th, 8th, … launch: the check copies all of device memory twice, and a race
+    // that needs data seen only later (a training step's second hundred) still gets its turns.
     const std::string shape = kernel + " " + name3({gd[0], gd[1], gd[2]}) + " " +
                               name3({bd[0], bd[1], bd[2]}) + " " + std::to_string(c.shared_bytes);
-    if (d.racecheck && d.race_checked[shape]++ < 2) {
+    const std::size_t nth = d.racecheck ? ++d.race_checked[shape] : 0;
+    if (d.racecheck && (nth & (nth - 1)) == 0) {  // a power of two
         const auto before = snapshot(d);
         failure = run_grid(c, false);
         if (failure.empty()) {

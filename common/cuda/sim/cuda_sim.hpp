@@ -31,7 +31,7 @@
 //   - Race check (CUDA_SIM_RACECHECK=1): a launch runs twice, threads and blocks in forward
 //     then in reverse order, from the same device memory; any byte of device memory that
 //     differs between the two runs is a race (or an atomic whose order matters). Each
-//     kernel is checked on its first two launches at each grid and block shape.
+//     kernel is checked on its 1st, 2nd, 4th, 8th, … launch at each grid and block shape.
 //
 // What it cannot show: speed, occupancy, the memory model between threads that are not
 // ordered by a barrier (it runs them one at a time), bank conflicts, the real cuBLAS; the
