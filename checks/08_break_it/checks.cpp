@@ -105,6 +105,10 @@ TEST_CASE("the mean runs over the query positions, whatever the number of keys")
         }
     }
     INFO("each head's mean is over its B·T_q rows (B = 2 batch items, T_q queries), not B·T_k");
+    // Each row's entropy −Σ p ln p sums at most 4 terms of size ≤ ln 4/4 with weights 1/4,
+    // 1/2 or 1 (exact), so ≤ (4 + 2)u·ln 4 ≈ 5e-7 with the logarithms' ½ulp (u = 2^-24); the
+    // mean of 6 (wide) or 8 (tall) rows adds ≤ 8u·ln 4 ≈ 7e-7 at worst: 1e-6 is above both.
+    // Dividing by B·T_k instead gives 0.6·ln 4 (wide, 0.55 off) and 2·ln 2 (tall, 0.69 off).
     CHECK_CLOSE(mean_entropy_per_head(wide), Tensor1({ln(4), 0.0f}), 1e-6);
     CHECK_CLOSE(mean_entropy_per_head(tall), Tensor1({ln(2), 0.0f}), 1e-6);
 }

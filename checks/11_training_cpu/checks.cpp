@@ -76,6 +76,9 @@ TEST_CASE("a zero gradient after a non-zero one still decays the moments and mov
     Vec param{1.0f}, m{0.0f}, v{0.0f};
     adamw_step(param, Vec{1.0f}, m, v, 1, no_decay(0.1f), false);
     adamw_step(param, Vec{0.0f}, m, v, 2, no_decay(0.1f), false);
+    // m = 0.9·0.1 + 0.1·0 and v = 0.99·0.01 + 0.01·0: two roundings each, ≤ 2u·0.09 ≈ 1.1e-8
+    // and 2u·0.01 ≈ 1.2e-9 (u = 2^-24), plus the expected float's ½ulp: 1e-7 is ~9× above.
+    // Skipping the decay on a zero gradient leaves m = 0.1, 0.01 away.
     CHECK_CLOSE(xt::adapt(m), xt::adapt(Vec{0.09f}), 1e-7);
     CHECK_CLOSE(xt::adapt(v), xt::adapt(Vec{0.0099f}), 1e-7);
     // Float rounding of the bias corrections, as in the two-step example: v̂ = 0.4975 within
