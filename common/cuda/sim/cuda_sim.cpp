@@ -1055,7 +1055,8 @@ cudaError_t cudaFreeHost(void* ptr) {
 }
 
 namespace {
-// The checks of a copy, and the device allocations it uses; "" or the error's return.
+// The checks of a copy: cudaSuccess, with the device pointers it uses in device_sides, or the
+// error (recorded with its detail) to return.
 cudaError_t check_copy(const char* call, void* dst, const void* src, std::size_t bytes,
                        cudaMemcpyKind kind, std::vector<const void*>* device_sides) {
     const bool dst_dev = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
