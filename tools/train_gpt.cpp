@@ -76,6 +76,8 @@ struct Flags {
     bool threads_info = false;
     bool overwrite = false;  // replace a run already in --out
     int ranks = 0;           // --ranks N: start N processes under mpirun (0: not given)
+    std::optional<int> batch_size;  // --batch-size: sequences per step (not given: the recipe's)
+    bool batch_per_rank = false;    // --batch-per-rank: that batch on each rank, not shared
     std::string allreduce;   // how the ranks sum their gradients (empty: not given)
 };
 
@@ -322,9 +324,13 @@ std::string sample_text(Trainer& trainer, const Flags& f, const std::string& dev
     return generate_text(trainer.model(), trainer.data().vocab, f.prompt, s);
 }
 
-// The settings a run starts from: the recipe with the flags' changes, validated.
-TrainConfig planned_config(const Flags& f) {
+// The settings a run starts from: the recipe with the flags' changes, validated. `ranks`: the
+// processes of the job (1 without ranks); with --batch-per-rank each runs the whole batch,
+// so the step's batch is ranks times it.
+TrainConfig planned_config(const Flags& f, int ranks) {
     TrainConfig config = TrainConfig::named(f.recipe);
+    if (f.batch_size) config.batch_size = *f.batch_size;
+    if (f.batch_per_rank) config.batch_size *= ranks;
     if (f.max_iters) {
         config.max_iters = *f.max_iters;
         config.lr_decay_iters = std::min(config.lr_decay_iters, *f.max_iters);
@@ -351,6 +357,11 @@ void check_rank_options(const Flags& f, const Job& job) {
         throw std::invalid_argument("--allreduce chooses how ranks sum their gradients: it needs "
                                     "--ranks N or a start by mpirun");
     }
+    if (f.batch_per_rank && !job.parallel() && f.ranks == 0) {
+        throw std::invalid_argument("--batch-per-rank gives each rank the whole batch (the step's "
+                                    "batch grows with the ranks): it needs --ranks N or a start by "
+                                    "mpirun");
+    }
     if (job.parallel() && !f.dump_grads.empty()) {
         throw std::invalid_argument("--dump-grads writes one process's gradients: run it without "
                                     "mpirun");
@@ -376,7 +387,7 @@ struct Setup {
 void set_up(const Flags& f, const Job& job, Setup& setup) {
     check_rank_options(f, job);
     check_simulator_choice(f);
-    const TrainConfig config = planned_config(f);
+    const TrainConfig config = planned_config(f, job.parallel() ? job.size : 1);
     setup.device = plan_device(f, planned_model(f, config), job.parallel(), job.rank == 0);
     refuse_to_replace_a_run(f);
 
@@ -432,7 +443,9 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
             const auto [b0, b1] = batch_share(B, r, job.size);
             shares += (r ? "+" : "") + std::to_string(b1 - b0);
         }
-        std::cout << "data parallel: " << job.size << " ranks, batch " << B << " shared " << shares
+        std::cout << "data parallel: " << job.size << " ranks, batch " << B
+                  << (f.batch_per_rank ? " (" + std::to_string(B / job.size) + " per rank, --batch-per-rank)" : "")
+                  << " shared " << shares
                   << "; gradients summed by MPI allreduce "
                   << (schedule == mpi::AllreduceSchedule::overlapped
                           ? "bucket by bucket during the backward pass (" +
@@ -576,7 +589,7 @@ int launch_ranks(const Flags& f, int argc, char** argv) {
     job.size = f.ranks;
     check_rank_options(f, job);
     check_simulator_choice(f);
-    const TrainConfig config = planned_config(f);
+    const TrainConfig config = planned_config(f, f.ranks);
     plan_device(f, planned_model(f, config), true, false);
     refuse_to_replace_a_run(f);
     mpi::LaunchOptions options;
@@ -724,6 +737,14 @@ int main(int argc, char** argv) {
                    "batch, with the same steps as one process (data parallelism, lesson 19; the "
                    "CPU model); on several machines start train_gpt with mpirun instead")
         ->check(whole_number_at_least(1));
+    app.add_option("--batch-size", f.batch_size,
+                   "sequences per step (default: the recipe's; with ranks, shared by them)")
+        ->check(whole_number_at_least(1))
+        ->excludes(resume);
+    app.add_flag("--batch-per-rank", f.batch_per_rank,
+                 "with ranks: each rank trains on a whole batch of its own, so the step's batch is "
+                 "the ranks times it (torchrun's habit) instead of one batch shared by them")
+        ->excludes(resume);
     app.add_option("--allreduce", f.allreduce,
                    "how the ranks sum their gradients: overlapped (the default: bucket by bucket "
                    "while the backward pass runs) or after (one allreduce after it)")

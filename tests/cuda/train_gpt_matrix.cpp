@@ -248,6 +248,7 @@ std::vector<Use> option_table() {
         varied("--max-iters", trains, {"3"}, "2"),
         varied("--eval-interval", trains, {"1"}),
         varied("--eval-iters", trains, {"2"}, "1"),
+        varied("--batch-size", trains, {"4"}),
         varied("--learning-rate", trains, {"0.01"}),
         varied("--dropout", trains, {"0.2"}),
         varied("--seed", trains, {"7"}),
@@ -274,6 +275,9 @@ std::vector<Use> option_table() {
         fixed("--allreduce", Role::plumbing,
               "how --ranks sums the gradients (refused without ranks); tests/mpi/train_gpt_ranks_test "
               "compares both schedules with one process"),
+        fixed("--batch-per-rank", Role::plumbing,
+              "gives each of --ranks its own batch (refused without ranks); "
+              "tests/mpi/train_gpt_ranks_test compares 2 ranks with one process of twice the batch"),
     };
 }
 

@@ -280,6 +280,9 @@ std::vector<Use> option_table() {
         {"--overwrite", Role::plumbing, {}, "every run writes its own, new folder"},
         {"--ranks", Role::axis, {}, "1 (no ranks) against 2; the base run also on 4"},
         {"--allreduce", Role::axis, {}, "overlapped (the default) on every run; after on the base run"},
+        {"--batch-per-rank", Role::axis, {}, "2 ranks of the base's batch of 8 each against one process "
+                                              "of --batch-size 16; refused without ranks"},
+        {"--batch-size", Role::varied, {"6"}, ""},
         {"--recipe", Role::varied, {"cpu"}, "shakespeare not tried: its 10.7M parameters take seconds a step"},
         {"--resume", Role::varied, {resume_value}, ""},
         {"--init", Role::varied, {init_value}, ""},
@@ -462,6 +465,32 @@ int test_options(const std::string& program, const fs::path& root) {
             }
             ++compared;
         }
+    }
+    // --batch-per-rank: each of 2 ranks trains on the base's whole batch of 8, so a step is
+    // one process's step on 16 sequences (the ranks draw one batch of 16 and take 8 each).
+    {
+        const fs::path dir = root / "batch_per_rank";
+        fs::create_directories(dir);
+        std::vector<std::string> alone = base, ranked = base, lone = base;
+        alone.insert(alone.end(), {"--batch-size", "16", "--out", (dir / "alone").string()});
+        ranked.insert(ranked.end(), {"--batch-per-rank", "--ranks", "2", "--out", (dir / "ranked").string()});
+        lone.insert(lone.end(), {"--batch-per-rank", "--out", (dir / "lone").string()});
+        const Outcome a = run(program, alone, dir / "alone_log");
+        const Outcome r = run(program, ranked, dir / "ranked_log");
+        if (a.status != 0) {
+            fail("--batch-size 16", a.err);
+        } else if (r.status != 0) {
+            fail("--batch-per-rank with --ranks 2", r.err);
+        } else {
+            for (const std::string& problem :
+                 compare(results_of(dir / "ranked"), results_of(dir / "alone"), 0, float32_bounds)) {
+                fail("--batch-per-rank with --ranks 2 against --batch-size 16", problem);
+            }
+            ++compared;
+        }
+        const Outcome l = run(program, lone, dir / "lone_log");
+        if (const std::string problem = refusal_problem(l); !problem.empty()) fail("--batch-per-rank alone", problem);
+        else ++refused;
     }
     std::cout << "options: " << entries.size() << " runs of one process, each with ranks: " << compared
               << " compared, " << refused << " refused in one line\n";
