@@ -7,7 +7,9 @@
 // - check_gradient_numerically: every parameter's gradient against central differences of
 //   the loss;
 // and sharp_model, a model whose greedy choices are clear (test_kv_cache.cpp, test_gqa.cpp);
-// and check_resume, a short run resumed from its checkpoint (test_positions.cpp, test_gqa.cpp).
+// check_resume, a short run resumed from its checkpoint (test_positions.cpp, test_gqa.cpp);
+// and largest_step_gap, a cached decoder's logits against the whole forward pass's
+// (test_kv_cache.cpp, serving/test_paged_cache.cpp).
 #pragma once
 
 #include "attn/data.hpp"
@@ -124,6 +126,29 @@ inline GPT sharp_model(const GPTConfig& config, std::uint64_t seed) {
         for (std::size_t i = 0; i < info.size; ++i) w[i] += 1.0f;
     }
     return model;
+}
+
+// `block_size` random tokens (seeded) through the whole forward pass, then position by
+// position through `step(token, pos)`, a cached decoder that returns that position's (V)
+// logits: the largest |step − forward| logit over every position. The model is put in
+// evaluation mode.
+template <class Step>
+float largest_step_gap(GPT& model, std::uint64_t seed, Step step) {
+    const GPTConfig& cfg = model.config();
+    model.train(false);
+    Rng rng(seed);
+    std::vector<int> tokens(static_cast<std::size_t>(cfg.block_size));
+    for (int& t : tokens) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size)));
+    model.forward(tokens.data(), nullptr, 1, cfg.block_size);
+    const std::vector<float> full = model.logits();  // (T, V)
+    float worst = 0.0f;
+    for (int pos = 0; pos < cfg.block_size; ++pos) {
+        const std::vector<float>& logits = step(tokens[static_cast<std::size_t>(pos)], pos);
+        const float* row = &full[static_cast<std::size_t>(pos) * cfg.vocab_size];
+        for (int v = 0; v < cfg.vocab_size; ++v)
+            worst = std::max(worst, std::fabs(logits[static_cast<std::size_t>(v)] - row[v]));
+    }
+    return worst;
 }
 
 // Every parameter's gradient of a model of `config` (seed 3, with N(0, 0.3²) added to each

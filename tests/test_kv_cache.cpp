@@ -13,6 +13,7 @@
 #include <vector>
 
 using namespace attn;
+using gpt_checks::largest_step_gap;
 using gpt_checks::sharp_model;
 
 namespace {
@@ -152,20 +153,11 @@ TEST_CASE("cached logits equal the uncached forward pass's logits at every posit
         CAPTURE(bias);
         const GPTConfig cfg = small_config(bias);
         GPT model = sharp_model(cfg, 11);
-        model.train(false);
-        Rng rng(5);
-        std::vector<int> tokens(static_cast<std::size_t>(cfg.block_size));
-        for (int& t : tokens) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size)));
-        model.forward(tokens.data(), nullptr, 1, cfg.block_size);
-        const std::vector<float> full = model.logits();  // (T, V)
-
         KVCache cache(cfg);
         DecodeScratch scratch;
-        float worst = 0.0f;
-        for (int pos = 0; pos < cfg.block_size; ++pos) {
-            const std::vector<float>& step = forward_cached(scratch, model, cache, tokens[pos], pos);
-            worst = std::max(worst, max_abs_diff(step, &full[static_cast<std::size_t>(pos) * cfg.vocab_size]));
-        }
+        const float worst = largest_step_gap(model, 5, [&](int token, int pos) -> const std::vector<float>& {
+            return forward_cached(scratch, model, cache, token, pos);
+        });
         CHECK(cache.size() == cfg.block_size);
         // Same operations per element, summed in other orders (the attention row by loops,
         // the projections by sgemm with one row, against sgemm over T rows). With N(0, 0.3)
@@ -215,19 +207,11 @@ TEST_CASE("RoPE and ALiBi models: the cached step gives the uncached logits and 
                 cfg.n_kv_head = groups;
                 cfg.window = window;
                 GPT model = sharp_model(cfg, 41);
-                model.train(false);
-                Rng rng(6);
-                std::vector<int> tokens(static_cast<std::size_t>(cfg.block_size));
-                for (int& t : tokens) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size)));
-                model.forward(tokens.data(), nullptr, 1, cfg.block_size);
-                const std::vector<float> full = model.logits();
                 KVCache cache(cfg);
                 DecodeScratch scratch;
-                float worst = 0.0f;
-                for (int pos = 0; pos < cfg.block_size; ++pos) {
-                    const std::vector<float>& step = forward_cached(scratch, model, cache, tokens[static_cast<std::size_t>(pos)], pos);
-                    worst = std::max(worst, max_abs_diff(step, &full[static_cast<std::size_t>(pos) * cfg.vocab_size]));
-                }
+                const float worst = largest_step_gap(model, 6, [&](int token, int pos) -> const std::vector<float>& {
+                    return forward_cached(scratch, model, cache, token, pos);
+                });
                 MESSAGE(scheme << " G=" << groups << " W=" << window << ": largest |cached - uncached| logit " << worst);
                 CHECK(worst < 1e-4f);
 

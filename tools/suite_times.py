@@ -36,6 +36,7 @@ def part_of_target(target):
         (r"^check_\d\d_exercise$", "checks with the exercises"),
         (r"^mutant_", "mutants (catalogued mistakes)"),
         (r"^library_tests$", "library tests"),
+        (r"^serving_tests$", "serving tests"),
         (r"^(cuda_.*|cudasim_.*|attention_bench|half_attention_bench)$", "CUDA tests and benchmarks"),
         (r"^(train_gpt|inspect_attention|.*bench.*)$", "tools (train_gpt, inspector, benchmarks)"),
     ]
@@ -131,6 +132,7 @@ def test_kind(name, labels):
     for label, kind in [("lessons-quick", "lessons --quick"), ("cudasim", "CUDA simulator"),
                         ("mpi", "MPI (mpirun)"), ("browser", "docs and browser"),
                         ("docs", "docs and browser"), ("library", "library tests"),
+                        ("serving", "serving (paged cache, scheduler)"),
                         ("tools", "tools and workbook")]:
         if label in labels:
             return kind

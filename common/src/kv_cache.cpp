@@ -3,6 +3,7 @@
 // gpt_layers.hpp.
 #include "attn/kv_cache.hpp"
 
+#include "decode_rows.hpp"
 #include "attn/gpt_layers.hpp"
 #include "attn/fast_math.hpp"
 #include "attn/tensor.hpp"
@@ -130,23 +131,22 @@ const float* KVCache::values(int layer) const { return values_.data() + layer_of
 // ---------------------------------------------------------------------------------------
 // One row of attention
 
-namespace {
+namespace detail {
 
 // One head's query over its cached rows, in the fast CPU attention's way (flash_cpu.cpp):
 // dot products and the row sum in eight lanes, e^x by exp_approx, so that the compiler
 // vectorises every loop (AVX2 chosen at load time). The T positions are the rows of the
-// two runs in `spans`, oldest first; a (T) gets the weights, out_h (hs) the blend.
+// runs, oldest first; a (T) gets the weights, out_h (hs) the blend.
 ATTN_SIMD_CLONES
-void attend_one_query(float* out_h, float* a, const float* q_h, const float* k_h,
-                      const float* v_h, const int (&spans)[2][2], size_t hs, float scale,
-                      float slope) {
+void attend_one_query(float* out_h, float* a, const float* q_h, const RowRun* runs, int n_runs,
+                      size_t hs, float scale, float slope) {
     // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied after the sum as
     // attention_forward's sgemm does. Plain loops, not BLAS: one query row is a
     // matrix-vector product, T·hs multiply-adds, too small to pay for a BLAS call.
     size_t T = 0;
-    for (const auto& span : spans) {
-        const float* k_row = k_h + static_cast<size_t>(span[0]) * hs;
-        for (int j = 0; j < span[1]; ++j, ++T) a[T] = lane_dot(q_h, k_row + j * hs, hs) * scale;
+    for (int r = 0; r < n_runs; ++r) {
+        const float* k_row = runs[r].keys;
+        for (int j = 0; j < runs[r].rows; ++j, ++T) a[T] = lane_dot(q_h, k_row + j * hs, hs) * scale;
     }
     // ALiBi: the query is the last of the T positions, position j is T − 1 − j before it
     if (slope != 0.0f) {
@@ -162,17 +162,17 @@ void attend_one_query(float* out_h, float* a, const float* q_h, const float* k_h
     // out_h (hs) = Σ_j att[j] · V_h[j]
     std::fill(out_h, out_h + hs, 0.0f);
     size_t j = 0;
-    for (const auto& span : spans) {
-        const float* v_row = v_h + static_cast<size_t>(span[0]) * hs;
-        for (int r = 0; r < span[1]; ++r, ++j) {
+    for (int r = 0; r < n_runs; ++r) {
+        const float* v_row = runs[r].values;
+        for (int i_row = 0; i_row < runs[r].rows; ++i_row, ++j) {
             const float w = a[j];
-            const float* v_j = v_row + r * hs;
+            const float* v_j = v_row + i_row * hs;
             for (size_t i = 0; i < hs; ++i) out_h[i] += w * v_j[i];
         }
     }
 }
 
-}  // namespace
+}  // namespace detail
 
 void attention_step_forward(float* out, float* att, const float* q, const float* key_cache,
                             const float* value_cache, int T, int capacity, int C, int NH,
@@ -188,23 +188,91 @@ void attention_step_forward(float* out, float* att, const float* q, const float*
     // Position j of the T, oldest first, is row (first + j) mod capacity: a ring buffer.
     // Those rows are at most two runs of consecutive ones, [first, capacity) and [0, …).
     const int n1 = std::min(T, capacity - first);
-    const int spans[2][2] = {{first, n1}, {0, T - n1}};  // (first row, rows) of each run
     for (int h = 0; h < NH; ++h) {
         const int kvh = kv_head_of(h, NH, G);  // the key/value head of h's group
         const size_t head = static_cast<size_t>(kvh) * capacity * hs;
-        attend_one_query(out + h * hs, att + static_cast<size_t>(h) * T, q + h * hs,
-                         key_cache + head, value_cache + head, spans, static_cast<size_t>(hs),
-                         scale, alibi_slopes ? alibi_slopes[h] : 0.0f);
+        const float* k_h = key_cache + head;
+        const float* v_h = value_cache + head;
+        const size_t f = static_cast<size_t>(first) * hs;
+        const detail::RowRun runs[2] = {{k_h + f, v_h + f, n1}, {k_h, v_h, T - n1}};
+        detail::attend_one_query(out + h * hs, att + static_cast<size_t>(h) * T, q + h * hs, runs,
+                                 2, static_cast<size_t>(hs), scale,
+                                 alibi_slopes ? alibi_slopes[h] : 0.0f);
     }
 }
 
 // ---------------------------------------------------------------------------------------
 // One cached step of the model
 
+namespace detail {
+
+const std::vector<float>& decode_rows(DecodeScratch& s, const GPT& model, int R,
+                                      const int* tokens, const int* positions,
+                                      const AttendLayer& attend) {
+    const GPTConfig& cfg = model.config();
+    const int V = cfg.vocab_size, C = cfg.n_embd, L = cfg.n_layer, NH = cfg.n_head;
+    const int G = cfg.kv_heads(), QKV = cfg.qkv_channels();
+    const size_t uC = static_cast<size_t>(C), uR = static_cast<size_t>(R);
+    s.x.resize(uR * uC);
+    s.ln.resize(uR * uC);
+    s.qkv.resize(uR * static_cast<size_t>(QKV));
+    s.atty.resize(uR * uC);
+    s.proj.resize(uR * uC);
+    s.fch.resize(uR * 4 * uC);
+    s.fch_gelu.resize(uR * 4 * uC);
+    s.logits.resize(uR * static_cast<size_t>(V));
+    s.residual.resize(uR * uC);
+    s.mean.resize(uR);  // LayerNorm's saved statistics, unused here
+    s.rstd.resize(uR);
+    const ParameterTensors& p = model.params();
+
+    // x[r] = wte[token r] + wpe[position r] (learned positions; RoPE and ALiBi add none)
+    for (int r = 0; r < R; ++r) {
+        encoder_forward(s.x.data() + r * uC, tokens + r, p.wte,
+                        p.wpe ? p.wpe + static_cast<size_t>(positions[r]) * C : nullptr, 1, 1, C);
+    }
+    for (int l = 0; l < L; ++l) {
+        // x = x + c_proj(attention(c_attn(ln_1(x)))), with the rows' k, v stored first
+        layernorm_forward(s.ln.data(), s.mean.data(), s.rstd.data(), s.x.data(), p.ln1w + l * uC,
+                          layer_ptr(p.ln1b, uC, l), 1, R, C);
+        // qkv (R, C + 2·G·hs) = q (C), G keys, G values per row
+        matmul_forward(s.qkv.data(), s.ln.data(), p.qkvw + static_cast<size_t>(l) * QKV * C,
+                       layer_ptr(p.qkvb, static_cast<size_t>(QKV), l), R, C, QKV);
+        // RoPE: q and k rotated by each row's absolute position, as the whole forward pass
+        // rotates row pos; the cache keeps the rotated key, never rotated again
+        if (cfg.position == Position::rope) {
+            for (int r = 0; r < R; ++r)
+                rope_forward(s.qkv.data() + r * static_cast<size_t>(QKV), 1, 1, C, NH, positions[r], G);
+        }
+        attend(l, s.qkv.data(), s.atty.data());
+        matmul_forward(s.proj.data(), s.atty.data(), p.attprojw + l * uC * C,
+                       layer_ptr(p.attprojb, uC, l), R, C, C);
+        residual_forward(s.residual.data(), s.x.data(), s.proj.data(), R * C);
+        s.x.swap(s.residual);
+
+        // x = x + c_proj(gelu(c_fc(ln_2(x))))
+        layernorm_forward(s.ln.data(), s.mean.data(), s.rstd.data(), s.x.data(), p.ln2w + l * uC,
+                          layer_ptr(p.ln2b, uC, l), 1, R, C);
+        matmul_forward(s.fch.data(), s.ln.data(), p.fcw + l * 4 * uC * C,
+                       layer_ptr(p.fcb, 4 * uC, l), R, C, 4 * C);
+        gelu_forward(s.fch_gelu.data(), s.fch.data(), R * 4 * C);
+        matmul_forward(s.proj.data(), s.fch_gelu.data(), p.fcprojw + l * 4 * uC * C,
+                       layer_ptr(p.fcprojb, uC, l), R, 4 * C, C);
+        residual_forward(s.residual.data(), s.x.data(), s.proj.data(), R * C);
+        s.x.swap(s.residual);
+    }
+    // logits = ln_f(x) · wteᵀ, for these R positions                          (R, V)
+    layernorm_forward(s.ln.data(), s.mean.data(), s.rstd.data(), s.x.data(), p.lnfw, p.lnfb, 1, R, C);
+    matmul_forward(s.logits.data(), s.ln.data(), p.wte, nullptr, R, C, V);
+    return s.logits;
+}
+
+}  // namespace detail
+
 const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVCache& cache,
                                          int token, int pos) {
     const GPTConfig& cfg = model.config();
-    const int V = cfg.vocab_size, C = cfg.n_embd, L = cfg.n_layer, NH = cfg.n_head;
+    const int V = cfg.vocab_size, C = cfg.n_embd, NH = cfg.n_head;
     require_fits(cache, cfg, "forward_cached");
     require(token >= 0 && token < V, "forward_cached: token id " + std::to_string(token) +
                                          " is outside [0, " + std::to_string(V) + ")");
@@ -215,64 +283,20 @@ const std::vector<float>& forward_cached(DecodeScratch& s, const GPT& model, KVC
     require(pos == cache.positions(), "forward_cached: position " + std::to_string(pos) +
                                           " must be the next free one, " +
                                           std::to_string(cache.positions()));
-    const int G = cfg.kv_heads(), QKV = cfg.qkv_channels(), hs = C / NH;
-    const size_t uC = static_cast<size_t>(C);
-    s.x.resize(uC);
-    s.ln.resize(uC);
-    s.qkv.resize(static_cast<size_t>(QKV));
-    s.atty.resize(uC);
+    const int G = cfg.kv_heads(), hs = C / NH;
     s.att.resize(static_cast<size_t>(NH) * cache.capacity());
-    s.proj.resize(uC);
-    s.fch.resize(4 * uC);
-    s.fch_gelu.resize(4 * uC);
-    s.logits.resize(static_cast<size_t>(V));
-    s.residual.resize(uC);
-    float mean = 0.0f, rstd = 0.0f;   // LayerNorm's saved statistics, unused here
-    const ParameterTensors& p = model.params();
     const int T = attended(cfg, pos);  // positions attended over, this one included
     const int first = (pos + 1 - T) % cache.capacity();  // the row of the oldest of them
-
     if (cfg.position == Position::alibi && s.slopes.size() != static_cast<size_t>(NH)) {
         s.slopes = alibi_slopes(NH);
     }
     const float* slopes = cfg.position == Position::alibi ? s.slopes.data() : nullptr;
-
-    // x = wte[token] + wpe[pos] (learned positions; RoPE and ALiBi add none)    (C)
-    encoder_forward(s.x.data(), &token, p.wte,
-                    p.wpe ? p.wpe + static_cast<size_t>(pos) * C : nullptr, 1, 1, C);
-    for (int l = 0; l < L; ++l) {
-        // x = x + c_proj(attention(c_attn(ln_1(x)))), with this token's k, v appended first
-        layernorm_forward(s.ln.data(), &mean, &rstd, s.x.data(), p.ln1w + l * uC,
-                          layer_ptr(p.ln1b, uC, l), 1, 1, C);
-        // qkv (C + 2·G·hs) = q (C), G keys, G values
-        matmul_forward(s.qkv.data(), s.ln.data(), p.qkvw + static_cast<size_t>(l) * QKV * C,
-                       layer_ptr(p.qkvb, static_cast<size_t>(QKV), l), 1, C, QKV);
-        // RoPE: q and k rotated by this token's absolute position, as the whole forward pass
-        // rotates row pos; the cache keeps the rotated key, never rotated again
-        if (cfg.position == Position::rope) rope_forward(s.qkv.data(), 1, 1, C, NH, pos, G);
-        cache.append(l, s.qkv.data() + C, s.qkv.data() + C + G * hs);
-        attention_step_forward(s.atty.data(), s.att.data(), s.qkv.data(), cache.keys(l),
-                               cache.values(l), T, cache.capacity(), C, NH, G, first, slopes);
-        matmul_forward(s.proj.data(), s.atty.data(), p.attprojw + l * uC * C,
-                       layer_ptr(p.attprojb, uC, l), 1, C, C);
-        residual_forward(s.residual.data(), s.x.data(), s.proj.data(), C);
-        s.x.swap(s.residual);
-
-        // x = x + c_proj(gelu(c_fc(ln_2(x))))
-        layernorm_forward(s.ln.data(), &mean, &rstd, s.x.data(), p.ln2w + l * uC,
-                          layer_ptr(p.ln2b, uC, l), 1, 1, C);
-        matmul_forward(s.fch.data(), s.ln.data(), p.fcw + l * 4 * uC * C,
-                       layer_ptr(p.fcb, 4 * uC, l), 1, C, 4 * C);
-        gelu_forward(s.fch_gelu.data(), s.fch.data(), 4 * C);
-        matmul_forward(s.proj.data(), s.fch_gelu.data(), p.fcprojw + l * 4 * uC * C,
-                       layer_ptr(p.fcprojb, uC, l), 1, 4 * C, C);
-        residual_forward(s.residual.data(), s.x.data(), s.proj.data(), C);
-        s.x.swap(s.residual);
-    }
-    // logits = ln_f(x) · wteᵀ, for this one position                          (V)
-    layernorm_forward(s.ln.data(), &mean, &rstd, s.x.data(), p.lnfw, p.lnfb, 1, 1, C);
-    matmul_forward(s.logits.data(), s.ln.data(), p.wte, nullptr, 1, C, V);
-    return s.logits;
+    // Per layer: this token's key and value appended, then its query over the cached rows.
+    return detail::decode_rows(s, model, 1, &token, &pos, [&](int l, const float* qkv, float* atty) {
+        cache.append(l, qkv + C, qkv + C + G * hs);
+        attention_step_forward(atty, s.att.data(), qkv, cache.keys(l), cache.values(l), T,
+                               cache.capacity(), C, NH, G, first, slopes);
+    });
 }
 
 void prefill(std::vector<float>& logits, GPT& model, KVCache& cache, const int* tokens, int T) {

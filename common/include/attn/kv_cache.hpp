@@ -113,18 +113,21 @@ void attention_step_forward(float* out, float* att, const float* q, const float*
                             const float* value_cache, int T, int capacity, int C, int NH,
                             int NKV = 0, int first = 0, const float* alibi_slopes = nullptr);
 
-/// Working buffers of one cached step, for one token; reused from step to step.
+/// Working buffers of one cached step, for R tokens at once (R = 1 for forward_cached, the
+/// batch's rows for forward_paged); reused from step to step.
 struct DecodeScratch {
-    std::vector<float> x;         ///< (C) the residual stream
-    std::vector<float> residual;  ///< (C) the stream after a branch is added
-    std::vector<float> ln;        ///< (C) a LayerNorm's output
-    std::vector<float> qkv;       ///< (C + 2·G·hs) the token's query, keys and values
-    std::vector<float> atty;      ///< (C) the heads' outputs
-    std::vector<float> att;       ///< (NH, capacity) attention weights
-    std::vector<float> proj;      ///< (C) an output projection
-    std::vector<float> fch;       ///< (4C) `c_fc` output
-    std::vector<float> fch_gelu;  ///< (4C)
-    std::vector<float> logits;    ///< (V) the logits of the step
+    std::vector<float> x;         ///< (R, C) the residual stream
+    std::vector<float> residual;  ///< (R, C) the stream after a branch is added
+    std::vector<float> ln;        ///< (R, C) a LayerNorm's output
+    std::vector<float> mean;      ///< (R) a LayerNorm's means (unused after it)
+    std::vector<float> rstd;      ///< (R) a LayerNorm's reciprocal deviations (unused after it)
+    std::vector<float> qkv;       ///< (R, C + 2·G·hs) the tokens' queries, keys and values
+    std::vector<float> atty;      ///< (R, C) the heads' outputs
+    std::vector<float> att;       ///< (NH, capacity) attention weights of one row
+    std::vector<float> proj;      ///< (R, C) an output projection
+    std::vector<float> fch;       ///< (R, 4C) `c_fc` output
+    std::vector<float> fch_gelu;  ///< (R, 4C)
+    std::vector<float> logits;    ///< (R, V) the logits of the step
     std::vector<float> slopes;    ///< (NH) ALiBi's slopes, for a model with ALiBi
 };
 

@@ -1,0 +1,305 @@
+// The paged key/value cache: a pool of blocks, block tables with reference counts and copy
+// on write, attention over a block table, and the batched forward pass of many sequences.
+#include "attn/paged_cache.hpp"
+
+#include "decode_rows.hpp"
+#include "attn/error.hpp"
+#include "attn/gpt_layers.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+namespace attn {
+
+using std::size_t;
+using std::to_string;
+
+BlockSlot slot_of(const std::vector<int>& table, int position, int block_tokens) {
+    require(block_tokens > 0 && position >= 0 &&
+                position / block_tokens < static_cast<int>(table.size()),
+            "slot_of: position " + to_string(position) + " is outside the " +
+                to_string(table.size()) + " blocks of " + to_string(block_tokens) +
+                " positions in the table");
+    return {table[static_cast<size_t>(position / block_tokens)], position % block_tokens};
+}
+
+// ---------------------------------------------------------------------------------------
+// The pool and the tables
+
+PagedKVCache::PagedKVCache(int n_layer, int n_head, int n_embd, int n_kv_head, int num_blocks,
+                           int block_tokens)
+    : L_(n_layer), NH_(n_head), G_(n_kv_head > 0 ? n_kv_head : n_head),
+      hs_(n_head > 0 ? n_embd / n_head : 0), num_blocks_(num_blocks), Bt_(block_tokens) {
+    require(n_layer > 0 && n_head > 0 && n_embd > 0 && n_kv_head >= 0 && num_blocks > 0 &&
+                block_tokens > 0,
+            "PagedKVCache: every size must be positive, got L = " + to_string(n_layer) +
+                ", NH = " + to_string(n_head) + ", C = " + to_string(n_embd) + ", G = " +
+                to_string(n_kv_head) + ", blocks = " + to_string(num_blocks) +
+                ", block_tokens = " + to_string(block_tokens));
+    require(n_embd % n_head == 0, "PagedKVCache: NH = " + to_string(n_head) +
+                                      " does not divide C = " + to_string(n_embd));
+    require(n_head % G_ == 0, "PagedKVCache: the key/value heads G = " + to_string(G_) +
+                                  " do not divide NH = " + to_string(n_head));
+    const size_t n = static_cast<size_t>(L_) * num_blocks_ * G_ * Bt_ * hs_;
+    keys_.assign(n, 0.0f);
+    values_.assign(n, 0.0f);
+    refs_.assign(static_cast<size_t>(num_blocks_), 0);
+    // the free list is a stack: block 0 is taken first
+    for (int b = num_blocks_ - 1; b >= 0; --b) free_.push_back(b);
+}
+
+PagedKVCache::PagedKVCache(const GPTConfig& config, int num_blocks, int block_tokens)
+    : PagedKVCache(config.n_layer, config.n_head, config.n_embd, config.kv_heads(), num_blocks,
+                   block_tokens) {}
+
+const PagedKVCache::Sequence& PagedKVCache::sequence(int seq, const char* who) const {
+    require(live(seq), std::string(who) + ": sequence " + to_string(seq) + " is not live");
+    return seqs_[static_cast<size_t>(seq)];
+}
+
+bool PagedKVCache::live(int seq) const {
+    return seq >= 0 && seq < static_cast<int>(seqs_.size()) && seqs_[static_cast<size_t>(seq)].live;
+}
+
+int PagedKVCache::sequences() const {
+    return static_cast<int>(std::count_if(seqs_.begin(), seqs_.end(),
+                                          [](const Sequence& s) { return s.live; }));
+}
+
+int PagedKVCache::add_sequence() {
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+        if (!seqs_[i].live) {
+            seqs_[i] = Sequence{true, 0, {}};
+            return static_cast<int>(i);
+        }
+    }
+    seqs_.push_back(Sequence{true, 0, {}});
+    return static_cast<int>(seqs_.size()) - 1;
+}
+
+int PagedKVCache::fork(int parent) {
+    const Sequence copy = sequence(parent, "PagedKVCache::fork");
+    for (int b : copy.table) ++refs_[static_cast<size_t>(b)];
+    const int child = add_sequence();
+    seqs_[static_cast<size_t>(child)] = copy;
+    return child;
+}
+
+void PagedKVCache::free_sequence(int seq) {
+    (void)sequence(seq, "PagedKVCache::free_sequence");
+    Sequence& s = seqs_[static_cast<size_t>(seq)];
+    for (int b : s.table) release(b);
+    s = Sequence{};
+}
+
+int PagedKVCache::take_block() {
+    const int b = free_.back();
+    free_.pop_back();
+    refs_[static_cast<size_t>(b)] = 1;
+    return b;
+}
+
+void PagedKVCache::release(int block) {
+    int& r = refs_[static_cast<size_t>(block)];
+    if (--r == 0) free_.push_back(block);
+}
+
+void PagedKVCache::copy_block(int from, int to) {
+    const size_t rows = static_cast<size_t>(G_) * Bt_ * hs_;
+    for (int l = 0; l < L_; ++l) {
+        std::copy_n(keys_.begin() + static_cast<long>(block_offset(l, from)), rows,
+                    keys_.begin() + static_cast<long>(block_offset(l, to)));
+        std::copy_n(values_.begin() + static_cast<long>(block_offset(l, from)), rows,
+                    values_.begin() + static_cast<long>(block_offset(l, to)));
+    }
+}
+
+int PagedKVCache::blocks_needed(int seq, int tokens) const {
+    const Sequence& s = sequence(seq, "PagedKVCache::blocks_needed");
+    require(tokens >= 0, "PagedKVCache::blocks_needed: tokens must be ≥ 0, got " + to_string(tokens));
+    if (tokens == 0) return 0;
+    const int new_blocks = blocks_for(s.length + tokens) - static_cast<int>(s.table.size());
+    // the next position lands in the last block, which is shared: it is copied first
+    const bool copy = s.length % Bt_ != 0 && refs_[static_cast<size_t>(s.table.back())] > 1;
+    return new_blocks + (copy ? 1 : 0);
+}
+
+BlockSlot PagedKVCache::append_slot(int seq) {
+    (void)sequence(seq, "PagedKVCache::append_slot");
+    Sequence& s = seqs_[static_cast<size_t>(seq)];
+    const int offset = s.length % Bt_;
+    if (offset == 0) {
+        // the position starts a new block
+        if (free_.empty())
+            throw OutOfBlocks("PagedKVCache::append_slot: no free block for position " +
+                              to_string(s.length) + " of sequence " + to_string(seq) + " (" +
+                              to_string(num_blocks_) + " blocks, all in use)");
+        s.table.push_back(take_block());
+    } else {
+        int& last = s.table.back();
+        if (refs_[static_cast<size_t>(last)] > 1) {
+            // another sequence still reads this block: write into a copy of it
+            if (free_.empty())
+                throw OutOfBlocks("PagedKVCache::append_slot: no free block to copy the shared "
+                                  "block " + to_string(last) + " of sequence " + to_string(seq) +
+                                  " into before writing position " + to_string(s.length));
+            const int copy = take_block();
+            copy_block(last, copy);
+            release(last);
+            last = copy;
+        }
+    }
+    ++s.length;
+    return {s.table.back(), offset};
+}
+
+size_t PagedKVCache::block_offset(int layer, int block) const {
+    require(layer >= 0 && layer < L_ && block >= 0 && block < num_blocks_,
+            "PagedKVCache: layer " + to_string(layer) + " or block " + to_string(block) +
+                " is outside [0, " + to_string(L_) + ") × [0, " + to_string(num_blocks_) + ")");
+    return (static_cast<size_t>(layer) * num_blocks_ + static_cast<size_t>(block)) * G_ * Bt_ * hs_;
+}
+
+void PagedKVCache::write(int layer, BlockSlot slot, const float* key, const float* value) {
+    require(slot.offset >= 0 && slot.offset < Bt_,
+            "PagedKVCache::write: row " + to_string(slot.offset) + " is outside the block's " +
+                to_string(Bt_));
+    const size_t base = block_offset(layer, slot.block);
+    // key (G·hs) = G rows of hs side by side; head g's row goes to (g, offset, :)
+    for (int g = 0; g < G_; ++g) {
+        const size_t row = base + (static_cast<size_t>(g) * Bt_ + slot.offset) * hs_;
+        std::copy(key + g * hs_, key + (g + 1) * hs_, keys_.begin() + static_cast<long>(row));
+        std::copy(value + g * hs_, value + (g + 1) * hs_, values_.begin() + static_cast<long>(row));
+    }
+}
+
+const float* PagedKVCache::keys(int layer, int block, int g) const {
+    return keys_.data() + block_offset(layer, block) + static_cast<size_t>(g) * Bt_ * hs_;
+}
+
+const float* PagedKVCache::values(int layer, int block, int g) const {
+    return values_.data() + block_offset(layer, block) + static_cast<size_t>(g) * Bt_ * hs_;
+}
+
+int PagedKVCache::length(int seq) const { return sequence(seq, "PagedKVCache::length").length; }
+
+const std::vector<int>& PagedKVCache::block_table(int seq) const {
+    return sequence(seq, "PagedKVCache::block_table").table;
+}
+
+int PagedKVCache::ref_count(int block) const {
+    require(block >= 0 && block < num_blocks_, "PagedKVCache::ref_count: block " +
+                                                   to_string(block) + " is outside the pool");
+    return refs_[static_cast<size_t>(block)];
+}
+
+size_t PagedKVCache::bytes_per_position() const {
+    return 2 * static_cast<size_t>(L_) * G_ * hs_ * sizeof(float);
+}
+
+size_t PagedKVCache::bytes_per_block() const { return bytes_per_position() * static_cast<size_t>(Bt_); }
+
+// ---------------------------------------------------------------------------------------
+// Attention over a block table
+
+void paged_attention_step(float* out, float* att, const float* q, const PagedKVCache& cache,
+                          int layer, int seq, int pos, int first, const float* alibi_slopes) {
+    const int length = cache.length(seq);
+    require(first >= 0 && first <= pos && pos < length,
+            "paged_attention_step: need 0 ≤ first ≤ pos < length, got first = " +
+                to_string(first) + ", pos = " + to_string(pos) + ", length = " + to_string(length));
+    const std::vector<int>& table = cache.block_table(seq);
+    const int NH = cache.n_head(), G = cache.n_kv_head(), hs = cache.head_size();
+    const int Bt = cache.block_tokens(), T = pos - first + 1;
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+    // positions first … pos are, block by block, runs of consecutive rows: the first run
+    // starts at row first mod Bt, the last ends at row pos mod Bt
+    const int b0 = first / Bt, b1 = pos / Bt;
+    std::vector<detail::RowRun> runs(static_cast<size_t>(b1 - b0 + 1));
+    for (int h = 0; h < NH; ++h) {
+        const int g = kv_head_of(h, NH, G);
+        for (int b = b0; b <= b1; ++b) {
+            const int start = b == b0 ? first % Bt : 0;
+            const int end = b == b1 ? pos % Bt + 1 : Bt;
+            const int block = table[static_cast<size_t>(b)];
+            const size_t at = static_cast<size_t>(start) * hs;
+            runs[static_cast<size_t>(b - b0)] = {cache.keys(layer, block, g) + at,
+                                                 cache.values(layer, block, g) + at, end - start};
+        }
+        detail::attend_one_query(out + h * hs, att + static_cast<size_t>(h) * T, q + h * hs,
+                                 runs.data(), static_cast<int>(runs.size()),
+                                 static_cast<size_t>(hs), scale,
+                                 alibi_slopes ? alibi_slopes[h] : 0.0f);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The batched step
+
+const std::vector<float>& forward_paged(DecodeScratch& s, const GPT& model, PagedKVCache& cache,
+                                        const std::vector<PagedRow>& rows) {
+    const GPTConfig& cfg = model.config();
+    const int V = cfg.vocab_size, C = cfg.n_embd, NH = cfg.n_head, G = cfg.kv_heads();
+    const int hs = C / NH, QKV = cfg.qkv_channels();
+    require(cfg.causal && cfg.scaled_attention,
+            "forward_paged: the model must be causal with scaled attention, as for forward_cached");
+    require(cache.n_layer() == cfg.n_layer && cache.n_head() == NH && cache.n_kv_head() == G &&
+                cache.head_size() == hs,
+            "forward_paged: the cache is (L, NH, G, hs) = (" + to_string(cache.n_layer()) + ", " +
+                to_string(cache.n_head()) + ", " + to_string(cache.n_kv_head()) + ", " +
+                to_string(cache.head_size()) + "), the model (" + to_string(cfg.n_layer) + ", " +
+                to_string(NH) + ", " + to_string(G) + ", " + to_string(hs) + ")");
+    require(!rows.empty(), "forward_paged: the batch has no rows");
+    // Check every row before anything changes: the next position of its sequence, below
+    // the block size, a token in the vocabulary; then the blocks they need, all together.
+    std::map<int, int> added;  // sequence → rows of it so far
+    for (const PagedRow& r : rows) {
+        require(cache.live(r.seq), "forward_paged: sequence " + to_string(r.seq) + " is not live");
+        require(r.token >= 0 && r.token < V, "forward_paged: token id " + to_string(r.token) +
+                                                 " is outside [0, " + to_string(V) + ")");
+        const int next = cache.length(r.seq) + added[r.seq];
+        require(r.pos == next, "forward_paged: sequence " + to_string(r.seq) + "'s row at position " +
+                                   to_string(r.pos) + " must be its next one, " + to_string(next));
+        require(r.pos < cfg.block_size, "forward_paged: position " + to_string(r.pos) +
+                                            " is past the block size " + to_string(cfg.block_size));
+        ++added[r.seq];
+    }
+    int needed = 0;
+    for (const auto& [seq, n] : added) needed += cache.blocks_needed(seq, n);
+    if (needed > cache.free_blocks())
+        throw OutOfBlocks("forward_paged: the batch needs " + to_string(needed) + " new blocks, " +
+                          to_string(cache.free_blocks()) + " are free");
+
+    const int R = static_cast<int>(rows.size());
+    std::vector<BlockSlot> slots;
+    std::vector<int> tokens, positions;
+    for (const PagedRow& r : rows) {
+        slots.push_back(cache.append_slot(r.seq));
+        tokens.push_back(r.token);
+        positions.push_back(r.pos);
+    }
+    s.att.resize(static_cast<size_t>(NH) * cfg.block_size);
+    if (cfg.position == Position::alibi && s.slopes.size() != static_cast<size_t>(NH)) {
+        s.slopes = alibi_slopes(NH);
+    }
+    const float* slopes = cfg.position == Position::alibi ? s.slopes.data() : nullptr;
+    return detail::decode_rows(
+        s, model, R, tokens.data(), positions.data(), [&](int l, const float* qkv, float* atty) {
+            // every row's key and value first: a chunk's later rows read its earlier ones
+            for (int r = 0; r < R; ++r) {
+                const float* row = qkv + static_cast<size_t>(r) * QKV;
+                cache.write(l, slots[static_cast<size_t>(r)], row + C, row + C + G * hs);
+            }
+            for (int r = 0; r < R; ++r) {
+                const PagedRow& row = rows[static_cast<size_t>(r)];
+                const int first = cfg.window > 0 ? std::max(0, row.pos + 1 - cfg.window) : 0;
+                paged_attention_step(atty + static_cast<size_t>(r) * C, s.att.data(),
+                                     qkv + static_cast<size_t>(r) * QKV, cache, l, row.seq, row.pos,
+                                     first, slopes);
+            }
+        });
+}
+
+}  // namespace attn

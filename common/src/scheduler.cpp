@@ -1,0 +1,208 @@
+// Continuous batching: admission, the plan of one step's rows, preemption, sampling.
+#include "attn/scheduler.hpp"
+
+#include "attn/error.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace attn {
+
+using std::to_string;
+
+namespace {
+// Inserts id into a list kept in ascending order (ids grow with arrival: oldest first).
+template <class List>
+void insert_sorted(List& list, int id) {
+    list.insert(std::lower_bound(list.begin(), list.end(), id), id);
+}
+}  // namespace
+
+Scheduler::Scheduler(const GPT& model, PagedKVCache& cache, SchedulerOptions options)
+    : model_(model), cache_(cache), options_(options) {
+    require(options.max_running > 0 && options.max_waiting >= 0 && options.step_tokens > 0,
+            "Scheduler: max_running and step_tokens must be positive and max_waiting ≥ 0, got " +
+                to_string(options.max_running) + ", " + to_string(options.step_tokens) + ", " +
+                to_string(options.max_waiting));
+    require(options.step_tokens >= options.max_running,
+            "Scheduler: step_tokens " + to_string(options.step_tokens) +
+                " must be at least max_running " + to_string(options.max_running) +
+                " (every running sequence needs its row)");
+    require(cache.sequences() == 0, "Scheduler: the cache must be empty");
+}
+
+int Scheduler::submit(const CompletionRequest& request) {
+    const GPTConfig& cfg = model_.config();
+    const SampleOptions& o = request.options;
+    const int n = static_cast<int>(request.prompt.size());
+    require(n >= 1, "prompt: empty (give at least one token)");
+    for (int t : request.prompt) {
+        require(t >= 0 && t < cfg.vocab_size, "prompt: token id " + to_string(t) +
+                                                  " is outside [0, " + to_string(cfg.vocab_size) + ")");
+    }
+    require(o.max_new_tokens >= 1,
+            "max_tokens: must be at least 1, got " + to_string(o.max_new_tokens));
+    require(std::isfinite(o.temperature) && o.temperature > 0.0f,
+            "temperature: must be positive and finite, got " + std::to_string(o.temperature));
+    require(o.top_k >= 0 && o.top_k <= cfg.vocab_size,
+            "top_k: must be in [0, " + to_string(cfg.vocab_size) + "], got " + to_string(o.top_k));
+    // the prompt and every sampled token but the last are fed to the model: each needs a
+    // position below block_size
+    const int positions = n + o.max_new_tokens - 1;
+    require(positions <= cfg.block_size,
+            "max_tokens: the prompt's " + to_string(n) + " tokens and " +
+                to_string(o.max_new_tokens) + " new ones need " + to_string(positions) +
+                " positions, past the model's context of " + to_string(cfg.block_size));
+    require(cache_.blocks_for(positions) <= cache_.num_blocks(),
+            "max_tokens: the request needs " + to_string(cache_.blocks_for(positions)) +
+                " blocks, the pool has " + to_string(cache_.num_blocks()));
+    // admitted at once when the batch has room, else queued while the queue has room
+    if (static_cast<int>(waiting_.size()) >= options_.max_waiting &&
+        (!waiting_.empty() || static_cast<int>(running_.size()) >= options_.max_running ||
+         cache_.blocks_for(n) + static_cast<int>(running_.size()) > cache_.free_blocks()))
+        throw QueueFull("the queue holds its " + to_string(options_.max_waiting) +
+                        " requests and the batch its " + to_string(options_.max_running) +
+                        "; try again later");
+    const int id = next_id_++;
+    Request r;
+    r.tokens = request.prompt;
+    r.prompt_length = n;
+    r.options = o;
+    r.rng = Rng(o.seed);
+    requests_.emplace(id, std::move(r));
+    waiting_.push_back(id);  // ids grow: the queue stays in arrival order
+    admit();
+    return id;
+}
+
+bool Scheduler::cancel(int request) {
+    auto it = requests_.find(request);
+    if (it == requests_.end()) return false;
+    if (it->second.seq >= 0) cache_.free_sequence(it->second.seq);
+    running_.erase(std::remove(running_.begin(), running_.end(), request), running_.end());
+    waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), request), waiting_.end());
+    requests_.erase(it);
+    ++stats_.cancelled;
+    return true;
+}
+
+const std::vector<int>& Scheduler::generated(int request) const {
+    auto it = requests_.find(request);
+    require(it != requests_.end(),
+            "Scheduler::generated: request " + to_string(request) + " is not queued or running");
+    return it->second.generated;
+}
+
+int Scheduler::sequence_of(int request) const {
+    auto it = requests_.find(request);
+    return it == requests_.end() ? -1 : it->second.seq;
+}
+
+void Scheduler::admit() {
+    // First come, first served, never skipping: a request that does not fit holds the
+    // queue until blocks free up. Each running sequence may take a block this step, so
+    // that many stay in reserve.
+    while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
+        const int id = waiting_.front();
+        Request& r = requests_.at(id);
+        const int need = cache_.blocks_for(static_cast<int>(r.tokens.size()));
+        if (need + static_cast<int>(running_.size()) > cache_.free_blocks()) break;
+        waiting_.pop_front();
+        r.seq = cache_.add_sequence();
+        r.computed = 0;
+        insert_sorted(running_, id);
+    }
+}
+
+void Scheduler::preempt(int id) {
+    Request& r = requests_.at(id);
+    cache_.free_sequence(r.seq);
+    r.seq = -1;
+    r.computed = 0;  // recomputed from its prompt and the tokens it produced
+    running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+    insert_sorted(waiting_, id);
+    ++stats_.preemptions;
+}
+
+void Scheduler::finish(int id) {
+    Request& r = requests_.at(id);
+    cache_.free_sequence(r.seq);
+    running_.erase(std::remove(running_.begin(), running_.end(), id), running_.end());
+    requests_.erase(id);
+    ++stats_.finished;
+}
+
+std::vector<StepEvent> Scheduler::step() {
+    admit();
+    // The plan: one row for every sequence with one token to compute (decoding), then the
+    // next chunk of every prompt still being computed, oldest first, within step_tokens.
+    struct Share {
+        int id;
+        int rows;
+    };
+    std::vector<Share> plan;
+    while (!running_.empty()) {
+        plan.clear();
+        int budget = options_.step_tokens;
+        for (int id : running_) {
+            const Request& r = requests_.at(id);
+            if (static_cast<int>(r.tokens.size()) - r.computed == 1 && budget > 0) {
+                plan.push_back({id, 1});
+                --budget;
+            }
+        }
+        for (int id : running_) {
+            const Request& r = requests_.at(id);
+            const int pending = static_cast<int>(r.tokens.size()) - r.computed;
+            if (pending > 1 && budget > 0) {
+                const int n = std::min(pending, budget);
+                plan.push_back({id, n});
+                budget -= n;
+            }
+        }
+        int needed = 0;
+        for (const Share& s : plan) needed += cache_.blocks_needed(requests_.at(s.id).seq, s.rows);
+        if (needed <= cache_.free_blocks()) break;
+        preempt(running_.back());  // the newest goes back to the queue
+    }
+    if (plan.empty()) return {};
+
+    std::vector<PagedRow> rows;
+    std::vector<int> last_row;  // per share: the row whose logits give its next token
+    for (const Share& s : plan) {
+        const Request& r = requests_.at(s.id);
+        for (int k = 0; k < s.rows; ++k) {
+            const int pos = r.computed + k;
+            rows.push_back({r.seq, r.tokens[static_cast<std::size_t>(pos)], pos});
+        }
+        last_row.push_back(static_cast<int>(rows.size()) - 1);
+        if (s.rows == 1 && static_cast<int>(r.tokens.size()) - r.computed == 1)
+            ++stats_.decode_rows;
+        else
+            stats_.prefill_rows += s.rows;
+    }
+    const std::vector<float>& logits = forward_paged(scratch_, model_, cache_, rows);
+    ++stats_.steps;
+
+    const int V = model_.config().vocab_size;
+    std::vector<StepEvent> events;
+    std::vector<float> row(static_cast<std::size_t>(V));
+    for (std::size_t i = 0; i < plan.size(); ++i) {
+        const int id = plan[i].id;
+        Request& r = requests_.at(id);
+        r.computed += plan[i].rows;
+        if (r.computed < static_cast<int>(r.tokens.size())) continue;  // a prompt chunk
+        const float* l = logits.data() + static_cast<std::size_t>(last_row[i]) * V;
+        row.assign(l, l + V);
+        const int token = sample_token(row, r.options.temperature, r.options.top_k, r.rng);
+        r.tokens.push_back(token);
+        r.generated.push_back(token);
+        const bool done = static_cast<int>(r.generated.size()) >= r.options.max_new_tokens;
+        events.push_back({id, token, done});
+        if (done) finish(id);
+    }
+    return events;
+}
+
+}  // namespace attn

@@ -1,0 +1,344 @@
+// The paged key/value cache: the block-table arithmetic, the pool's reference counts and
+// copy on write against a plain model of what each sequence holds, attention over a block
+// table against the contiguous cache's, and the batched forward pass against lesson 14's
+// one-token step and the whole forward pass.
+#include "attn/paged_cache.hpp"
+
+#include "attn/gpt_layers.hpp"
+#include "attn/kv_cache.hpp"
+#include "attn/random.hpp"
+
+#include "gpt_checks.hpp"
+
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+using namespace attn;
+using gpt_checks::largest_step_gap;
+using gpt_checks::sharp_model;
+
+namespace {
+
+GPTConfig small_config(int block_size = 40) {
+    GPTConfig c;
+    c.vocab_size = 12;
+    c.block_size = block_size;
+    c.n_layer = 2;
+    c.n_head = 2;
+    c.n_embd = 16;
+    return c;
+}
+
+}  // namespace
+
+TEST_CASE("the block table maps a position to its block and row") {
+    const std::vector<int> table = {7, 3, 9};
+    for (int p = 0; p < 12; ++p) {
+        CAPTURE(p);
+        const BlockSlot s = slot_of(table, p, 4);
+        CHECK(s.block == table[static_cast<std::size_t>(p / 4)]);
+        CHECK(s.offset == p % 4);
+    }
+    // the boundaries a learner gets wrong: the last row of a block, the first of the next
+    CHECK(slot_of(table, 3, 4).block == 7);
+    CHECK(slot_of(table, 4, 4).block == 3);
+    CHECK(slot_of(table, 4, 4).offset == 0);
+    CHECK_THROWS_AS(slot_of(table, 12, 4), std::invalid_argument);
+    CHECK_THROWS_AS(slot_of(table, -1, 4), std::invalid_argument);
+}
+
+TEST_CASE("a sequence takes a block when a position starts one and returns them all when it ends") {
+    PagedKVCache cache(1, 1, 2, 0, 4, 3);  // L 1, one head of hs 2, 4 blocks of 3 positions
+    const int s = cache.add_sequence();
+    CHECK(cache.free_blocks() == 4);
+    CHECK(cache.blocks_needed(s, 1) == 1);
+    CHECK(cache.blocks_needed(s, 3) == 1);
+    CHECK(cache.blocks_needed(s, 4) == 2);
+    for (int p = 0; p < 7; ++p) {
+        const BlockSlot slot = cache.append_slot(s);
+        CHECK(slot.offset == p % 3);
+        CHECK(cache.length(s) == p + 1);
+        CHECK(static_cast<int>(cache.block_table(s).size()) == p / 3 + 1);  // ⌈(p + 1)/3⌉
+    }
+    CHECK(cache.free_blocks() == 1);
+    const std::vector<int> table = cache.block_table(s);
+    CHECK(std::set<int>(table.begin(), table.end()).size() == 3);  // three distinct blocks
+    cache.free_sequence(s);
+    CHECK(cache.free_blocks() == 4);
+    for (int b = 0; b < 4; ++b) CHECK(cache.ref_count(b) == 0);
+    CHECK_THROWS_AS(cache.length(s), std::invalid_argument);  // no longer live
+}
+
+TEST_CASE("out of blocks: append_slot throws OutOfBlocks and changes nothing") {
+    PagedKVCache cache(1, 1, 2, 0, 2, 2);
+    const int a = cache.add_sequence(), b = cache.add_sequence();
+    for (int i = 0; i < 3; ++i) cache.append_slot(a);  // blocks 1 and 2 of a's
+    CHECK_THROWS_AS(cache.append_slot(b), OutOfBlocks);  // needs a third: none
+    CHECK(cache.free_blocks() == 0);
+    CHECK(cache.length(b) == 0);
+}
+
+// Random operations (new sequences, forks, appends with written rows, frees) on a small pool,
+// against a plain model: each live sequence's list of rows. After every operation every
+// sequence must read back exactly its own rows through its block table, every block's
+// reference count must equal the tables that hold it, and the free blocks plus the blocks in
+// use must make up the pool. A fork that wrote into its parent's block without copying, a
+// block freed while still referenced, or a lost reference each break one of these.
+TEST_CASE("forks share blocks, a write into a shared block copies it first, and the pool stays whole") {
+    for (const int Bt : {1, 3, 4}) {
+        CAPTURE(Bt);
+        const int L = 2, G = 2, hs = 3, blocks = 12;
+        PagedKVCache cache(L, 2, 2 * hs, G, blocks, Bt);
+        std::map<int, std::vector<float>> model;  // sequence → its rows' first key element
+        Rng rng(static_cast<std::uint64_t>(40 + Bt));
+        float next_value = 1.0f;
+        long copies = 0, shared_appends = 0;
+        for (int op = 0; op < 600; ++op) {
+            const int kind = static_cast<int>(rng.below(10));
+            std::vector<int> live;
+            for (const auto& kv : model) live.push_back(kv.first);
+            const int pick = live.empty() ? -1 : live[rng.below(live.size())];
+            if (kind == 0 || live.empty()) {
+                model[cache.add_sequence()] = {};
+            } else if (kind == 1) {
+                const int child = cache.fork(pick);
+                model[child] = model[pick];
+            } else if (kind == 2) {
+                cache.free_sequence(pick);
+                model.erase(pick);
+            } else {
+                const int len = cache.length(pick);
+                const bool shared = len % Bt != 0 && cache.ref_count(cache.block_table(pick).back()) > 1;
+                const int need = cache.blocks_needed(pick, 1);
+                CHECK(need == (len % Bt == 0 ? 1 : 0) + (shared ? 1 : 0));
+                if (need > cache.free_blocks()) {
+                    CHECK_THROWS_AS(cache.append_slot(pick), OutOfBlocks);
+                    CHECK(cache.length(pick) == len);
+                    continue;
+                }
+                const int free_before = cache.free_blocks();
+                const BlockSlot slot = cache.append_slot(pick);
+                CHECK(cache.free_blocks() == free_before - need);
+                copies += shared ? 1 : 0;
+                shared_appends += shared ? 1 : 0;
+                // each layer and head gets its own value, so that a mixed-up layer shows
+                std::vector<float> key(static_cast<std::size_t>(G * hs)), value(key.size());
+                for (int l = 0; l < L; ++l) {
+                    for (std::size_t i = 0; i < key.size(); ++i) {
+                        key[i] = next_value + 1000.0f * static_cast<float>(l) + 0.01f * static_cast<float>(i);
+                        value[i] = -key[i];
+                    }
+                    cache.write(l, slot, key.data(), value.data());
+                }
+                model[pick].push_back(next_value);
+                next_value += 1.0f;
+            }
+            // every sequence reads back its own rows, in every layer and head
+            std::map<int, int> refs;
+            for (const auto& [seq, rows] : model) {
+                REQUIRE(cache.length(seq) == static_cast<int>(rows.size()));
+                const std::vector<int>& table = cache.block_table(seq);
+                for (int b : table) ++refs[b];
+                for (int p = 0; p < static_cast<int>(rows.size()); ++p) {
+                    const BlockSlot s = slot_of(table, p, Bt);
+                    for (int l = 0; l < L; ++l) {
+                        for (int g = 0; g < G; ++g) {
+                            const float* k = cache.keys(l, s.block, g) + s.offset * hs;
+                            const float* v = cache.values(l, s.block, g) + s.offset * hs;
+                            const float want = rows[static_cast<std::size_t>(p)] + 1000.0f * static_cast<float>(l) +
+                                               0.01f * static_cast<float>(g * hs);
+                            REQUIRE(k[0] == want);
+                            REQUIRE(v[0] == -want);
+                        }
+                    }
+                }
+            }
+            int used = 0;
+            for (int b = 0; b < blocks; ++b) {
+                CHECK(cache.ref_count(b) == refs[b]);
+                used += cache.ref_count(b) > 0 ? 1 : 0;
+            }
+            REQUIRE(used + cache.free_blocks() == blocks);
+        }
+        MESSAGE("Bt " << Bt << ": " << copies << " copies on write");
+        if (Bt > 1) CHECK(copies > 0);  // the run did exercise copy on write
+        for (const auto& kv : model) cache.free_sequence(kv.first);
+        CHECK(cache.free_blocks() == blocks);
+    }
+}
+
+// Attention over a block table reads the same rows in the same order as the contiguous
+// cache, and adds them in the same order: the same bits, for block sizes that split the
+// positions every way (1, 3, 16), windows that start inside a block, grouped key/value heads
+// and ALiBi.
+TEST_CASE("attention over a block table gives the contiguous cache's bits") {
+    struct Case { int Bt, NH, G, hs, T, first; bool alibi; };
+    for (const Case c : {Case{16, 2, 2, 8, 37, 0, false}, Case{1, 2, 1, 4, 9, 0, false},
+                         Case{3, 4, 2, 12, 20, 7, true}, Case{16, 3, 1, 33, 40, 17, true},
+                         Case{4, 2, 2, 8, 8, 0, false}}) {
+        CAPTURE(c.Bt);
+        CAPTURE(c.first);
+        const int C = c.NH * c.hs;
+        Rng rng(static_cast<std::uint64_t>(c.Bt * 100 + c.T));
+        KVCache contiguous(1, c.NH, C, c.T, c.G);
+        PagedKVCache paged(1, c.NH, C, c.G, (c.T + c.Bt - 1) / c.Bt + 3, c.Bt);
+        // another sequence first, so that this one's blocks are not 0, 1, 2, …
+        const int other = paged.add_sequence();
+        paged.write(0, paged.append_slot(other), std::vector<float>(static_cast<std::size_t>(c.G * c.hs), 9.0f).data(),
+                    std::vector<float>(static_cast<std::size_t>(c.G * c.hs), 9.0f).data());
+        const int seq = paged.add_sequence();
+        std::vector<float> k(static_cast<std::size_t>(c.G * c.hs)), v(k.size());
+        for (int t = 0; t < c.T; ++t) {
+            for (float& x : k) x = 2.0f * rng.normal();
+            for (float& x : v) x = rng.normal();
+            contiguous.append(0, k.data(), v.data());
+            paged.write(0, paged.append_slot(seq), k.data(), v.data());
+        }
+        std::vector<float> q(static_cast<std::size_t>(C));
+        for (float& x : q) x = 2.0f * rng.normal();
+        const std::vector<float> slopes = alibi_slopes(c.NH);
+        const float* s = c.alibi ? slopes.data() : nullptr;
+        const int T = c.T - c.first;
+        std::vector<float> out_c(static_cast<std::size_t>(C)), out_p(out_c.size());
+        std::vector<float> att_c(static_cast<std::size_t>(c.NH * T)), att_p(att_c.size());
+        attention_step_forward(out_c.data(), att_c.data(), q.data(), contiguous.keys(0),
+                               contiguous.values(0), T, c.T, C, c.NH, c.G, c.first, s);
+        paged_attention_step(out_p.data(), att_p.data(), q.data(), paged, 0, seq, c.T - 1, c.first, s);
+        CHECK(out_p == out_c);
+        CHECK(att_p == att_c);
+    }
+}
+
+// One row per step through forward_paged is forward_cached with its rows in blocks: the
+// same products (one row each), the same attention sums: the same bits. Checked on every
+// position scheme, grouped keys and a window, and against the whole forward pass (the
+// tolerance of test_kv_cache.cpp's same comparison, derived there).
+TEST_CASE("one sequence through the paged cache gives the contiguous cache's logits, on every position scheme") {
+    for (const Position position : {Position::learned, Position::rope, Position::alibi}) {
+        for (const int groups : {0, 1}) {
+            for (const int window : {0, 7}) {
+                const std::string scheme = position_name(position);
+                CAPTURE(scheme);
+                CAPTURE(groups);
+                CAPTURE(window);
+                GPTConfig cfg = small_config(24);
+                cfg.position = position;
+                cfg.n_kv_head = groups;
+                cfg.window = window;
+                GPT model = sharp_model(cfg, 51);
+                KVCache contiguous(cfg);
+                PagedKVCache paged(cfg, 8, 5);  // 24 positions in blocks of 5: 5 blocks
+                const int seq = paged.add_sequence();
+                DecodeScratch a, b;
+                bool same_bits = true;
+                const float worst = largest_step_gap(model, 8, [&](int token, int pos) -> const std::vector<float>& {
+                    const std::vector<float>& want = forward_cached(a, model, contiguous, token, pos);
+                    const std::vector<float>& got = forward_paged(b, model, paged, {PagedRow{seq, token, pos}});
+                    same_bits = same_bits && got == want;
+                    return got;
+                });
+                CHECK(same_bits);
+                MESSAGE(scheme << " G=" << groups << " W=" << window << ": largest |paged - uncached| logit " << worst);
+                CHECK(worst < 1e-4f);
+                CHECK(paged.free_blocks() == 3);
+            }
+        }
+    }
+}
+
+// Several sequences in one batch, each at its own length, with whole prompts as chunks of
+// consecutive rows (chunked prefill) and single decode rows, against each sequence decoded
+// alone by forward_cached. The products now run over all the batch's rows at once, where
+// forward_cached runs them over one: another order of the same sums, so the logits agree
+// to the tolerance of test_kv_cache.cpp's cached-against-uncached comparison (derived
+// there for this model's sizes), not bit for bit. A row attending over another sequence's
+// blocks, or a chunk's row reading positions after its own, moves them by O(1).
+TEST_CASE("a batch of sequences with prompt chunks and decode rows gives each sequence's own logits") {
+    GPTConfig cfg = small_config(40);
+    cfg.position = Position::rope;
+    GPT model = sharp_model(cfg, 61);
+    model.train(false);
+    const int n_seq = 4;
+    Rng rng(9);
+    std::vector<std::vector<int>> texts(n_seq);
+    for (auto& t : texts) {
+        t.resize(30);
+        for (int& x : t) x = static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size)));
+    }
+    // each alone: its logits at every position
+    std::vector<std::vector<float>> alone(n_seq);
+    for (int s = 0; s < n_seq; ++s) {
+        KVCache cache(cfg);
+        DecodeScratch scratch;
+        for (int p = 0; p < 30; ++p) {
+            const std::vector<float>& l = forward_cached(scratch, model, cache, texts[s][static_cast<std::size_t>(p)], p);
+            alone[s].insert(alone[s].end(), l.begin(), l.end());
+        }
+    }
+    // batched: sequence s starts at step s with a prompt of 5 + 3s tokens in chunks of 4,
+    // then one row per step
+    PagedKVCache paged(cfg, 40, 4);
+    std::vector<int> seq(n_seq, -1), done(n_seq, 0);
+    DecodeScratch scratch;
+    float worst = 0.0f;
+    int batches_mixed = 0;
+    for (int step = 0; step < 60; ++step) {
+        std::vector<PagedRow> rows;
+        bool prefill = false, decode = false;
+        for (int s = 0; s < n_seq; ++s) {
+            if (step < s || done[s] == 30) continue;
+            if (seq[s] < 0) seq[s] = paged.add_sequence();
+            const int prompt = 5 + 3 * s;
+            const int n = done[s] < prompt ? std::min(4, prompt - done[s]) : 1;
+            (done[s] < prompt ? prefill : decode) = true;
+            for (int k = 0; k < n; ++k)
+                rows.push_back({seq[s], texts[s][static_cast<std::size_t>(done[s] + k)], done[s] + k});
+        }
+        if (rows.empty()) break;
+        batches_mixed += prefill && decode ? 1 : 0;
+        const std::vector<float>& logits = forward_paged(scratch, model, paged, rows);
+        for (std::size_t r = 0; r < rows.size(); ++r) {
+            const int s = static_cast<int>(std::find(seq.begin(), seq.end(), rows[r].seq) - seq.begin());
+            const float* want = &alone[s][static_cast<std::size_t>(rows[r].pos) * cfg.vocab_size];
+            for (int v = 0; v < cfg.vocab_size; ++v)
+                worst = std::max(worst, std::fabs(logits[r * cfg.vocab_size + v] - want[v]));
+            done[s] = rows[r].pos + 1;
+        }
+    }
+    for (int s = 0; s < n_seq; ++s) CHECK(done[s] == 30);
+    CHECK(batches_mixed > 0);
+    MESSAGE("largest |batched - alone| logit " << worst);
+    CHECK(worst < 1e-4f);
+    for (int s : seq) paged.free_sequence(s);
+    CHECK(paged.free_blocks() == 40);
+}
+
+TEST_CASE("bad rows are refused in one line and change nothing") {
+    const GPTConfig cfg = small_config(8);
+    GPT model(cfg, 1);
+    PagedKVCache paged(cfg, 2, 4);
+    const int s = paged.add_sequence();
+    DecodeScratch scratch;
+    CHECK_THROWS_AS(forward_paged(scratch, model, paged, {}), std::invalid_argument);
+    CHECK_THROWS_AS(forward_paged(scratch, model, paged, {{s, cfg.vocab_size, 0}}), std::invalid_argument);
+    CHECK_THROWS_AS(forward_paged(scratch, model, paged, {{s, 1, 1}}), std::invalid_argument);  // not the next
+    CHECK_THROWS_AS(forward_paged(scratch, model, paged, {{s, 1, 0}, {s, 1, 0}}), std::invalid_argument);
+    CHECK_THROWS_AS(forward_paged(scratch, model, paged, {{s + 1, 1, 0}}), std::invalid_argument);  // not live
+    CHECK(paged.length(s) == 0);
+    // 9 positions need 3 blocks of 4; the pool has 2
+    std::vector<PagedRow> rows;
+    for (int p = 0; p < 8; ++p) rows.push_back({s, 1, p});
+    forward_paged(scratch, model, paged, rows);
+    CHECK_THROWS_AS(forward_paged(scratch, model, paged, {{s, 1, 8}}), std::invalid_argument);  // past block_size
+    const int t = paged.add_sequence();
+    CHECK_THROWS_AS(forward_paged(scratch, model, paged, {{t, 1, 0}}), OutOfBlocks);
+    CHECK(paged.length(t) == 0);
+    PagedKVCache wrong(1, 2, 16, 0, 2, 4);  // one layer: another model's sizes
+    CHECK_THROWS_AS(forward_paged(scratch, model, wrong, {{wrong.add_sequence(), 1, 0}}), std::invalid_argument);
+}
