@@ -16,6 +16,16 @@ namespace attn {
 using std::size_t;
 using std::to_string;
 
+namespace {
+// require() with its message built only when the check fails: these checks run for every
+// block of every head of every row of every layer, where building a string each time
+// would cost more than the attention itself.
+template <class Message>
+void check(bool ok, Message&& message) {
+    if (!ok) throw std::invalid_argument(message());
+}
+}  // namespace
+
 BlockSlot slot_of(const std::vector<int>& table, int position, int block_tokens) {
     require(block_tokens > 0 && position >= 0 &&
                 position / block_tokens < static_cast<int>(table.size()),
@@ -55,7 +65,7 @@ PagedKVCache::PagedKVCache(const GPTConfig& config, int num_blocks, int block_to
                    block_tokens) {}
 
 const PagedKVCache::Sequence& PagedKVCache::sequence(int seq, const char* who) const {
-    require(live(seq), std::string(who) + ": sequence " + to_string(seq) + " is not live");
+    check(live(seq), [&] { return std::string(who) + ": sequence " + to_string(seq) + " is not live"; });
     return seqs_[static_cast<size_t>(seq)];
 }
 
@@ -118,7 +128,7 @@ void PagedKVCache::copy_block(int from, int to) {
 
 int PagedKVCache::blocks_needed(int seq, int tokens) const {
     const Sequence& s = sequence(seq, "PagedKVCache::blocks_needed");
-    require(tokens >= 0, "PagedKVCache::blocks_needed: tokens must be ≥ 0, got " + to_string(tokens));
+    check(tokens >= 0, [&] { return "PagedKVCache::blocks_needed: tokens must be ≥ 0, got " + to_string(tokens); });
     if (tokens == 0) return 0;
     const int new_blocks = blocks_for(s.length + tokens) - static_cast<int>(s.table.size());
     // the next position lands in the last block, which is shared: it is copied first
@@ -156,16 +166,18 @@ BlockSlot PagedKVCache::append_slot(int seq) {
 }
 
 size_t PagedKVCache::block_offset(int layer, int block) const {
-    require(layer >= 0 && layer < L_ && block >= 0 && block < num_blocks_,
-            "PagedKVCache: layer " + to_string(layer) + " or block " + to_string(block) +
-                " is outside [0, " + to_string(L_) + ") × [0, " + to_string(num_blocks_) + ")");
+    check(layer >= 0 && layer < L_ && block >= 0 && block < num_blocks_, [&] {
+        return "PagedKVCache: layer " + to_string(layer) + " or block " + to_string(block) +
+               " is outside [0, " + to_string(L_) + ") × [0, " + to_string(num_blocks_) + ")";
+    });
     return (static_cast<size_t>(layer) * num_blocks_ + static_cast<size_t>(block)) * G_ * Bt_ * hs_;
 }
 
 void PagedKVCache::write(int layer, BlockSlot slot, const float* key, const float* value) {
-    require(slot.offset >= 0 && slot.offset < Bt_,
-            "PagedKVCache::write: row " + to_string(slot.offset) + " is outside the block's " +
-                to_string(Bt_));
+    check(slot.offset >= 0 && slot.offset < Bt_, [&] {
+        return "PagedKVCache::write: row " + to_string(slot.offset) + " is outside the block's " +
+               to_string(Bt_);
+    });
     const size_t base = block_offset(layer, slot.block);
     // key (G·hs) = G rows of hs side by side; head g's row goes to (g, offset, :)
     for (int g = 0; g < G_; ++g) {
@@ -190,8 +202,8 @@ const std::vector<int>& PagedKVCache::block_table(int seq) const {
 }
 
 int PagedKVCache::ref_count(int block) const {
-    require(block >= 0 && block < num_blocks_, "PagedKVCache::ref_count: block " +
-                                                   to_string(block) + " is outside the pool");
+    check(block >= 0 && block < num_blocks_,
+          [&] { return "PagedKVCache::ref_count: block " + to_string(block) + " is outside the pool"; });
     return refs_[static_cast<size_t>(block)];
 }
 
@@ -207,9 +219,10 @@ size_t PagedKVCache::bytes_per_block() const { return bytes_per_position() * sta
 void paged_attention_step(float* out, float* att, const float* q, const PagedKVCache& cache,
                           int layer, int seq, int pos, int first, const float* alibi_slopes) {
     const int length = cache.length(seq);
-    require(first >= 0 && first <= pos && pos < length,
-            "paged_attention_step: need 0 ≤ first ≤ pos < length, got first = " +
-                to_string(first) + ", pos = " + to_string(pos) + ", length = " + to_string(length));
+    check(first >= 0 && first <= pos && pos < length, [&] {
+        return "paged_attention_step: need 0 ≤ first ≤ pos < length, got first = " +
+               to_string(first) + ", pos = " + to_string(pos) + ", length = " + to_string(length);
+    });
     const std::vector<int>& table = cache.block_table(seq);
     const int NH = cache.n_head(), G = cache.n_kv_head(), hs = cache.head_size();
     const int Bt = cache.block_tokens(), T = pos - first + 1;
@@ -245,25 +258,32 @@ const std::vector<float>& forward_paged(DecodeScratch& s, const GPT& model, Page
     const int hs = C / NH, QKV = cfg.qkv_channels();
     require(cfg.causal && cfg.scaled_attention,
             "forward_paged: the model must be causal with scaled attention, as for forward_cached");
-    require(cache.n_layer() == cfg.n_layer && cache.n_head() == NH && cache.n_kv_head() == G &&
-                cache.head_size() == hs,
-            "forward_paged: the cache is (L, NH, G, hs) = (" + to_string(cache.n_layer()) + ", " +
-                to_string(cache.n_head()) + ", " + to_string(cache.n_kv_head()) + ", " +
-                to_string(cache.head_size()) + "), the model (" + to_string(cfg.n_layer) + ", " +
-                to_string(NH) + ", " + to_string(G) + ", " + to_string(hs) + ")");
+    check(cache.n_layer() == cfg.n_layer && cache.n_head() == NH && cache.n_kv_head() == G &&
+              cache.head_size() == hs,
+          [&] {
+              return "forward_paged: the cache is (L, NH, G, hs) = (" + to_string(cache.n_layer()) +
+                     ", " + to_string(cache.n_head()) + ", " + to_string(cache.n_kv_head()) + ", " +
+                     to_string(cache.head_size()) + "), the model (" + to_string(cfg.n_layer) + ", " +
+                     to_string(NH) + ", " + to_string(G) + ", " + to_string(hs) + ")";
+          });
     require(!rows.empty(), "forward_paged: the batch has no rows");
     // Check every row before anything changes: the next position of its sequence, below
     // the block size, a token in the vocabulary; then the blocks they need, all together.
     std::map<int, int> added;  // sequence → rows of it so far
     for (const PagedRow& r : rows) {
-        require(cache.live(r.seq), "forward_paged: sequence " + to_string(r.seq) + " is not live");
-        require(r.token >= 0 && r.token < V, "forward_paged: token id " + to_string(r.token) +
-                                                 " is outside [0, " + to_string(V) + ")");
+        check(cache.live(r.seq), [&] { return "forward_paged: sequence " + to_string(r.seq) + " is not live"; });
+        check(r.token >= 0 && r.token < V, [&] {
+            return "forward_paged: token id " + to_string(r.token) + " is outside [0, " + to_string(V) + ")";
+        });
         const int next = cache.length(r.seq) + added[r.seq];
-        require(r.pos == next, "forward_paged: sequence " + to_string(r.seq) + "'s row at position " +
-                                   to_string(r.pos) + " must be its next one, " + to_string(next));
-        require(r.pos < cfg.block_size, "forward_paged: position " + to_string(r.pos) +
-                                            " is past the block size " + to_string(cfg.block_size));
+        check(r.pos == next, [&] {
+            return "forward_paged: sequence " + to_string(r.seq) + "'s row at position " +
+                   to_string(r.pos) + " must be its next one, " + to_string(next);
+        });
+        check(r.pos < cfg.block_size, [&] {
+            return "forward_paged: position " + to_string(r.pos) + " is past the block size " +
+                   to_string(cfg.block_size);
+        });
         ++added[r.seq];
     }
     int needed = 0;

@@ -1,0 +1,442 @@
+// Lesson 20: serving many users at once. The page that narrates this program is lesson.md
+// beside it.
+//
+// It walks a small pool of blocks through appends, a fork and a copy on write; measures the
+// memory a server holds for its keys and values when each sequence reserves its whole
+// context against blocks taken as they fill; stores one prompt once for 16 continuations;
+// and runs a load of requests through the scheduler one at a time, in static batches and
+// with continuous batching, for 1 to 32 clients. Timings are printed, never checked.
+// Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
+#include "attn/kv_cache.hpp"
+#include "attn/lesson.hpp"
+#include "attn/paged_cache.hpp"
+#include "attn/plot.hpp"
+#include "attn/print.hpp"
+#include "attn/random.hpp"
+#include "attn/scheduler.hpp"
+#include "attn/threads.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+using namespace attn;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Prints as std::printf does and keeps the text, which `save` writes beside the pictures
+// (--figures) for the page to show in its place: lesson20_<name>.txt.
+class Section {
+public:
+    explicit Section(std::string name) : name_(std::move(name)) {}
+    void operator()(const char* format, ...) __attribute__((format(printf, 2, 3))) {
+        char buffer[1024];
+        va_list args;
+        va_start(args, format);
+        std::vsnprintf(buffer, sizeof buffer, format, args);
+        va_end(args);
+        std::fputs(buffer, stdout);
+        text_ += buffer;
+    }
+    void save(const LessonOptions& opts) const {
+        if (opts.figures.empty()) return;
+        std::ofstream(opts.figures / ("lesson20_" + name_ + ".txt")) << text_;
+    }
+
+private:
+    std::string name_, text_;
+};
+
+std::string table_of(const PagedKVCache& cache, int seq) {
+    std::string s = "[";
+    for (int b : cache.block_table(seq)) s += (s.size() > 1 ? " " : "") + std::to_string(b);
+    return s + "]";
+}
+
+void show_pool(Section& out, const PagedKVCache& cache, const std::vector<std::pair<std::string, int>>& seqs) {
+    for (const auto& [name, seq] : seqs)
+        out("  %-8s length %2d  block table %s\n", name.c_str(), cache.length(seq),
+                    table_of(cache, seq).c_str());
+    std::string refs;
+    for (int b = 0; b < cache.num_blocks(); ++b) refs += " " + std::to_string(cache.ref_count(b));
+    out("  reference counts of blocks 0..%d:%s   free blocks: %d\n", cache.num_blocks() - 1,
+                refs.c_str(), cache.free_blocks());
+}
+
+// The block-table walk: a pool of 6 blocks of 4 positions, one layer, one head of 2.
+void walk_the_pool(const LessonOptions& opts) {
+    print_heading("One pool of blocks");
+    Section out("walk");
+    PagedKVCache cache(1, 1, 2, 0, 6, 4);
+    const float kv[2] = {0.0f, 0.0f};
+    const int a = cache.add_sequence();
+    for (int p = 0; p < 6; ++p) cache.write(0, cache.append_slot(a), kv, kv);
+    out("sequence a after 6 positions (blocks of 4: positions 0-3, then 4-5):\n");
+    show_pool(out, cache, {{"a", a}});
+    const int b = cache.fork(a);
+    out("b = fork(a): the same blocks, each now read by two sequences:\n");
+    show_pool(out, cache, {{"a", a}, {"b", b}});
+    const BlockSlot slot = cache.append_slot(b);
+    cache.write(0, slot, kv, kv);
+    out("b appends position 6: its last block is shared, so it is copied first (copy on write):\n");
+    show_pool(out, cache, {{"a", a}, {"b", b}});
+    cache.free_sequence(a);
+    out("a ends: block 0 goes back to one reader, block 1 to the pool:\n");
+    show_pool(out, cache, {{"b", b}});
+    out.save(opts);
+    print_claim("walk_cow_block", std::to_string(slot.block));
+}
+
+// A request of the load: its prompt and how many tokens it asks for.
+struct Load {
+    std::vector<int> prompt;
+    int max_tokens;
+};
+
+std::vector<Load> make_load(int n, int vocab, int block, std::uint64_t seed) {
+    Rng rng(seed);
+    std::vector<Load> load;
+    for (int i = 0; i < n; ++i) {
+        const int prompt = 16 + static_cast<int>(rng.below(49));     // 16..64 tokens
+        const int tokens = 32 + static_cast<int>(rng.below(97));     // 32..128 new ones
+        Load l{std::vector<int>(static_cast<std::size_t>(prompt)), std::min(tokens, block - prompt + 1)};
+        for (int& t : l.prompt) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(vocab)));
+        load.push_back(l);
+    }
+    return load;
+}
+
+double percentile(std::vector<double> v, double p) {
+    if (v.empty()) return 0.0;
+    std::sort(v.begin(), v.end());
+    const std::size_t i = static_cast<std::size_t>(std::ceil(p / 100.0 * static_cast<double>(v.size()))) - 1;
+    return v[std::min(i, v.size() - 1)];
+}
+
+enum class Policy { one_at_a_time, static_batches, continuous };
+const char* name_of(Policy p) {
+    return p == Policy::one_at_a_time ? "one at a time" : p == Policy::static_batches ? "static" : "continuous";
+}
+
+struct Measured {
+    double tokens_per_second = 0, ttft_p50 = 0, ttft_p99 = 0, tpot_p50 = 0, tpot_p99 = 0;
+    long preemptions = 0;
+    double mean_batch = 0;
+};
+
+// `clients` users, each sending its share of `load` one request after another (the next as
+// soon as the last is answered), served by one scheduler under `policy`.
+Measured serve(const GPT& model, const std::vector<Load>& load, int clients, Policy policy) {
+    const GPTConfig& cfg = model.config();
+    const int per_context = (cfg.block_size + 15) / 16;
+    PagedKVCache cache(cfg, clients * per_context, 16);
+    SchedulerOptions so;
+    so.max_running = policy == Policy::one_at_a_time ? 1 : clients;
+    so.max_waiting = clients;
+    so.step_tokens = std::max(so.max_running, 256);
+    Scheduler scheduler(model, cache, so);
+
+    struct Client {
+        std::size_t next;       // index into load of its next request
+        int active = -1;        // its request in flight
+        Clock::time_point sent, last;
+        bool first = true;
+    };
+    std::vector<Client> users(static_cast<std::size_t>(clients));
+    for (int c = 0; c < clients; ++c) users[static_cast<std::size_t>(c)].next = static_cast<std::size_t>(c);
+    std::map<int, int> owner;  // request → client
+    std::vector<double> ttft, tpot;
+    long tokens = 0, rows = 0;
+    const Clock::time_point start = Clock::now();
+    //! [driver]
+    while (true) {
+        // Clients with nothing in flight send their next request; with static batching only
+        // when the whole last batch has been answered.
+        const bool may_send = policy != Policy::static_batches || scheduler.idle();
+        bool pending = false;
+        for (int c = 0; c < clients; ++c) {
+            Client& u = users[static_cast<std::size_t>(c)];
+            if (u.active < 0 && u.next < load.size() && may_send) {
+                SampleOptions o;
+                o.max_new_tokens = load[u.next].max_tokens;
+                o.seed = u.next;
+                u.active = scheduler.submit({load[u.next].prompt, o});
+                owner[u.active] = c;
+                u.sent = u.last = Clock::now();
+                u.first = true;
+                u.next += static_cast<std::size_t>(clients);
+            }
+            pending = pending || u.active >= 0 || u.next < load.size();
+        }
+        if (!pending) break;
+        const long before = scheduler.stats().decode_rows + scheduler.stats().prefill_rows;
+        const std::vector<StepEvent> events = scheduler.step();
+        rows += scheduler.stats().decode_rows + scheduler.stats().prefill_rows - before;
+        const Clock::time_point now = Clock::now();
+        for (const StepEvent& e : events) {
+            Client& u = users[static_cast<std::size_t>(owner.at(e.request))];
+            const double gap = std::chrono::duration<double>(now - u.last).count();
+            (u.first ? ttft : tpot).push_back(gap);
+            u.first = false;
+            u.last = now;
+            ++tokens;
+            if (e.finished) u.active = -1;
+        }
+    }
+    //! [driver]
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    Measured m;
+    m.tokens_per_second = static_cast<double>(tokens) / elapsed;
+    m.ttft_p50 = percentile(ttft, 50) * 1e3;
+    m.ttft_p99 = percentile(ttft, 99) * 1e3;
+    m.tpot_p50 = percentile(tpot, 50) * 1e3;
+    m.tpot_p99 = percentile(tpot, 99) * 1e3;
+    m.preemptions = scheduler.stats().preemptions;
+    m.mean_batch = static_cast<double>(scheduler.stats().decode_rows) /
+                   static_cast<double>(std::max<long>(1, scheduler.stats().steps));
+    (void)rows;
+    return m;
+}
+
+// The memory of keys and values while a load runs with continuous batching, averaged over
+// the steps: the positions held, what a contiguous cache reserves (the whole context per
+// running sequence) and what the paged cache has taken (whole blocks of `block_tokens`).
+struct Memory {
+    double held = 0, contiguous = 0, paged = 0, steps = 0;
+};
+
+Memory run_for_memory(const GPT& model, const std::vector<Load>& load, int running, int block_tokens) {
+    const GPTConfig& cfg = model.config();
+    const int per_context = (cfg.block_size + block_tokens - 1) / block_tokens;
+    PagedKVCache cache(cfg, running * per_context, block_tokens);
+    SchedulerOptions so;
+    so.max_running = running;
+    so.max_waiting = static_cast<int>(load.size());
+    so.step_tokens = 256;
+    Scheduler scheduler(model, cache, so);
+    std::vector<int> ids;
+    for (std::size_t i = 0; i < load.size(); ++i) {
+        SampleOptions o;
+        o.max_new_tokens = load[i].max_tokens;
+        o.seed = i;
+        ids.push_back(scheduler.submit({load[i].prompt, o}));
+    }
+    Memory m;
+    while (!scheduler.idle()) {
+        scheduler.step();
+        long held = 0;
+        int seqs = 0;
+        for (int id : ids) {
+            const int seq = scheduler.sequence_of(id);
+            if (seq < 0) continue;
+            held += cache.length(seq);
+            ++seqs;
+        }
+        if (seqs == 0) continue;
+        m.held += static_cast<double>(held);
+        m.contiguous += static_cast<double>(seqs) * cfg.block_size;
+        m.paged += static_cast<double>(cache.num_blocks() - cache.free_blocks()) * block_tokens;
+        m.steps += 1;
+    }
+    return m;
+}
+
+void measure_memory(const GPT& model, const std::vector<Load>& load, int running, const LessonOptions& opts) {
+    print_heading("Memory: the worst case reserved, or blocks as they fill");
+    Section out("memory");
+    const int context = model.config().block_size;
+    out("%zu requests, %d running at once, context %d; positions of keys and values per step,\n"
+                "averaged over the steps:\n\n", load.size(), running, context);
+    std::map<int, Memory> by_block;
+    for (const int bt : {4, 8, 16, 32}) by_block[bt] = run_for_memory(model, load, running, bt);
+    const Memory& m16 = by_block[16];  // the held positions are the same for every block size
+    const double contiguous_waste = 100.0 * (1.0 - m16.held / m16.contiguous);
+    out("  %-38s %10s %10s\n", "", "positions", "wasted");
+    out("  %-38s %10.1f\n", "held (what attention reads)", m16.held / m16.steps);
+    out("  %-38s %10.1f %9.1f%%\n", ("contiguous, " + std::to_string(context) + " reserved per sequence").c_str(),
+                m16.contiguous / m16.steps, contiguous_waste);
+    for (const auto& [bt, m] : by_block) {
+        out("  %-38s %10.1f %9.1f%%\n", ("paged, blocks of " + std::to_string(bt)).c_str(),
+                    m.paged / m.steps, 100.0 * (1.0 - m.held / m.paged));
+    }
+    out.save(opts);
+    print_claim("memory_requests", std::to_string(load.size()));
+    print_claim("memory_running", std::to_string(running));
+    print_claim("held_positions", m16.held / m16.steps, 0);
+    print_claim("contiguous_waste_pct", contiguous_waste, 1);
+    for (const auto& [bt, m] : by_block)
+        print_claim("paged_waste_pct_bt" + std::to_string(bt), 100.0 * (1.0 - m.held / m.paged), 1);
+}
+
+// One prompt, 16 continuations: each prefilled on its own, or the prompt prefilled once and
+// forked 16 times (the continuations differ only in their sampling seeds).
+void measure_sharing(const GPT& model, int prompt_length, int continuations, int new_tokens,
+                     const LessonOptions& opts) {
+    print_heading("A common prompt, stored once");
+    const GPTConfig& cfg = model.config();
+    Rng rng(5);
+    std::vector<int> prompt(static_cast<std::size_t>(prompt_length));
+    for (int& t : prompt) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size)));
+    auto run = [&](bool share, std::vector<std::vector<int>>& texts) {
+        PagedKVCache cache(cfg, 2 * continuations * ((prompt_length + new_tokens + 15) / 16), 16);
+        DecodeScratch scratch;
+        std::vector<int> seqs;
+        std::vector<PagedRow> rows;
+        std::vector<float> last;
+        if (share) {
+            //! [fork]
+            const int root = cache.add_sequence();
+            for (int p = 0; p < prompt_length; ++p) rows.push_back({root, prompt[static_cast<std::size_t>(p)], p});
+            const std::vector<float>& logits = forward_paged(scratch, model, cache, rows);
+            last.assign(logits.end() - cfg.vocab_size, logits.end());
+            for (int i = 0; i < continuations; ++i) seqs.push_back(cache.fork(root));
+            cache.free_sequence(root);
+            //! [fork]
+        } else {
+            for (int i = 0; i < continuations; ++i) {
+                seqs.push_back(cache.add_sequence());
+                rows.clear();
+                for (int p = 0; p < prompt_length; ++p) rows.push_back({seqs.back(), prompt[static_cast<std::size_t>(p)], p});
+                const std::vector<float>& logits = forward_paged(scratch, model, cache, rows);
+                last.assign(logits.end() - cfg.vocab_size, logits.end());
+            }
+        }
+        int peak = 0;
+        texts.assign(static_cast<std::size_t>(continuations), {});
+        std::vector<Rng> rngs;
+        for (int i = 0; i < continuations; ++i) rngs.emplace_back(100 + i);
+        std::vector<std::vector<float>> next(static_cast<std::size_t>(continuations), last);
+        for (int k = 0; k < new_tokens; ++k) {
+            rows.clear();
+            for (int i = 0; i < continuations; ++i) {
+                const int token = sample_token(next[static_cast<std::size_t>(i)], 1.0f, 0, rngs[static_cast<std::size_t>(i)]);
+                texts[static_cast<std::size_t>(i)].push_back(token);
+                rows.push_back({seqs[static_cast<std::size_t>(i)], token, prompt_length + k});
+            }
+            const std::vector<float>& logits = forward_paged(scratch, model, cache, rows);
+            for (int i = 0; i < continuations; ++i)
+                next[static_cast<std::size_t>(i)].assign(logits.begin() + static_cast<long>(i) * cfg.vocab_size,
+                                                         logits.begin() + static_cast<long>(i + 1) * cfg.vocab_size);
+            peak = std::max(peak, cache.num_blocks() - cache.free_blocks());
+        }
+        return peak;
+    };
+    std::vector<std::vector<int>> alone, shared;
+    const int blocks_alone = run(false, alone);
+    const int blocks_shared = run(true, shared);
+    const double saving = 100.0 * (1.0 - static_cast<double>(blocks_shared) / blocks_alone);
+    Section out("share");
+    out("a prompt of %d tokens, %d continuations of %d tokens each, blocks of 16:\n",
+                prompt_length, continuations, new_tokens);
+    out("  each with its own copy of the prompt      %4d blocks\n", blocks_alone);
+    out("  the prompt's blocks shared (fork)         %4d blocks   %.0f%% fewer\n", blocks_shared, saving);
+    out("  the same 16 texts either way: %s\n", alone == shared ? "yes, token for token" : "NO");
+    out.save(opts);
+    print_claim("share_prompt", std::to_string(prompt_length));
+    print_claim("share_blocks_alone", std::to_string(blocks_alone));
+    print_claim("share_blocks_shared", std::to_string(blocks_shared));
+    print_claim("share_saving_pct", saving, 0);
+    print_claim("share_same_texts", alone == shared ? "yes" : "no");
+}
+
+void lesson(const LessonOptions& opts) {
+    walk_the_pool(opts);
+
+    // The model: the sizes of lesson 11's CPU recipe (4 layers, 4 heads, C 128, 65
+    // characters) with a context of 256 for requests of a realistic length. Its weights are
+    // random: the time of a step does not depend on them.
+    GPTConfig cfg;
+    cfg.vocab_size = 65;
+    cfg.block_size = opts.quick ? 64 : 256;
+    cfg.n_layer = opts.quick ? 1 : 4;
+    cfg.n_head = 4;
+    cfg.n_embd = opts.quick ? 32 : 128;
+    GPT model(cfg, 1337);
+    model.train(false);
+    std::printf("\nthe model: %d layers, %d heads, C %d, V %d, context %d, %zu parameters (random weights)\n",
+                cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.vocab_size, cfg.block_size, model.parameters().size());
+    print_claim("model_context", std::to_string(cfg.block_size));
+    print_claim("weights_mb", static_cast<double>(model.parameters().size() * sizeof(float)) / 1e6, 1);
+
+    const int requests = opts.quick ? 8 : 48;
+    const std::vector<Load> load = make_load(requests, cfg.vocab_size, cfg.block_size, 20);
+    measure_memory(model, load, opts.quick ? 4 : 16, opts);
+    measure_sharing(model, opts.quick ? 20 : 200, 16, opts.quick ? 8 : 40, opts);
+
+    print_heading("Throughput and latency: one at a time, static batches, continuous batching");
+    Section out("throughput");
+    out("%d requests (prompts of 16-64 tokens, 32-128 new ones), each client sending its next\n"
+                "request when its last is answered. tokens/s: generated tokens over the wall time (the\n"
+                "better of two runs); TTFT: a request's first token after it was sent; TPOT: between two\n"
+                "tokens of one request; batch: decode rows per step.\n\n",
+                requests);
+    out("%7s  %-13s  %9s  %10s  %10s  %10s  %10s  %6s\n", "clients", "policy", "tokens/s",
+                "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "batch");
+    const std::vector<int> client_counts = opts.quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
+    std::map<Policy, PlotSeries> lines;
+    std::map<Policy, PlotSeries> p99;
+    std::map<std::pair<int, Policy>, Measured> results;
+    for (int clients : client_counts) {
+        for (Policy p : {Policy::one_at_a_time, Policy::static_batches, Policy::continuous}) {
+            // best of two: on a shared machine the faster run is the one less disturbed
+            Measured m = serve(model, load, clients, p);
+            if (!opts.quick) {
+                const Measured again = serve(model, load, clients, p);
+                if (again.tokens_per_second > m.tokens_per_second) m = again;
+            }
+            results[{clients, p}] = m;
+            out("%7d  %-13s  %9.0f  %8.1f ms %8.1f ms %8.2f ms %8.2f ms  %6.1f\n", clients, name_of(p),
+                        m.tokens_per_second, m.ttft_p50, m.ttft_p99, m.tpot_p50, m.tpot_p99, m.mean_batch);
+            lines[p].name = name_of(p);
+            lines[p].x.push_back(clients);
+            lines[p].y.push_back(m.tokens_per_second);
+            p99[p].name = name_of(p);
+            p99[p].x.push_back(clients);
+            p99[p].y.push_back(m.ttft_p99);
+        }
+        out("\n");
+    }
+    const int at = opts.quick ? 4 : 16;
+    const double speedup = results[{at, Policy::continuous}].tokens_per_second /
+                           results[{at, Policy::one_at_a_time}].tokens_per_second;
+    const double over_static = results[{at, Policy::continuous}].tokens_per_second /
+                               results[{at, Policy::static_batches}].tokens_per_second;
+    out("at %d clients continuous batching serves %.1fx the tokens/s of one request at a time, "
+                "%.2fx those of static batches\n", at, speedup, over_static);
+    out.save(opts);
+    print_claim("clients_compared", std::to_string(at));
+    print_claim("continuous_speedup", speedup, 1);
+    print_claim("continuous_over_static", over_static, 2);
+    print_claim("one_at_a_time_tps", results[{at, Policy::one_at_a_time}].tokens_per_second, 0);
+    print_claim("continuous_tps", results[{at, Policy::continuous}].tokens_per_second, 0);
+    print_claim("continuous_ttft_p99", results[{at, Policy::continuous}].ttft_p99, 0);
+    print_claim("one_at_a_time_ttft_p99", results[{at, Policy::one_at_a_time}].ttft_p99, 0);
+    print_claim("static_ttft_p99", results[{at, Policy::static_batches}].ttft_p99, 0);
+    print_claim("continuous_ttft_p50", results[{at, Policy::continuous}].ttft_p50, 1);
+    print_claim("static_ttft_p50", results[{at, Policy::static_batches}].ttft_p50, 1);
+
+    if (!opts.figures.empty()) {
+        std::vector<PlotSeries> tps, lat;
+        for (Policy p : {Policy::one_at_a_time, Policy::static_batches, Policy::continuous}) {
+            tps.push_back(lines[p]);
+            lat.push_back(p99[p]);
+        }
+        line_plot_png(opts.figures / "lesson20_throughput.png", tps,
+                      "Generated tokens per second against clients", "clients", "tokens/s");
+        line_plot_png(opts.figures / "lesson20_ttft_p99.png", lat,
+                      "Time to first token, 99th percentile", "clients", "milliseconds");
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    return run_lesson(argc, argv, "Lesson 20: serving many users at once", lesson);
+}
