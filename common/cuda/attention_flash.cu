@@ -282,6 +282,32 @@ static __global__ void flash_delta_kernel(float* delta, const float* dout, const
     if (lane == 0) delta[row] = sum;
 }
 
+// This key tile's share of dQ for the thread's rows: dq_part[r][c] = Σ_j dS[i][j] K[j][d] for
+// queries i = ty+16r and columns d = tx+16c, from scale · dS in dS_s and the key tile in K_s;
+// summed over j in order, the same bits in both backward schedules.
+template <int HS>
+__device__ __forceinline__ void dq_tile_share(float (&dq_part)[kRows][HS / kThreads],
+                                              const float* dS_s, const float* K_s) {
+    constexpr int D = HS / kThreads, ld = HS + 1, ldp = kBc + 1;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int c = 0; c < D; ++c) dq_part[r][c] = 0.0f;
+#pragma unroll 4
+    for (int j = 0; j < kBc; ++j) {
+        float dsj[kRows], kj[D];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) dsj[r] = dS_s[(ty + kThreads * r) * ldp + j];
+#pragma unroll
+        for (int c = 0; c < D; ++c) kj[c] = K_s[j * ld + tx + kThreads * c];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r)
+#pragma unroll
+            for (int c = 0; c < D; ++c) dq_part[r][c] = fmaf(dsj[r], kj[c], dq_part[r][c]);
+    }
+}
+
 // One (query tile, key tile) pair of the backward pass, from the tiles in shared memory:
 // s = q_i · k_j and dp = dO_i · v_j for queries i = q0+ty+16r, keys j = k0+tx+16c;
 // P = e^(scale·s − lse) (recomputed, masked entries 0); with dropout's factor z the blend
@@ -430,22 +456,7 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
             // dQ[i][d] += Σ_j dS[i][j] K[j][d], this key tile's share, added to the rows
             // that the launches of the key tiles before it added to.
             float dq_part[kRows][D];
-#pragma unroll
-            for (int r = 0; r < kRows; ++r)
-#pragma unroll
-                for (int c = 0; c < D; ++c) dq_part[r][c] = 0.0f;
-#pragma unroll 4
-            for (int j = 0; j < kBc; ++j) {
-                float dsj[kRows], kj[D];
-#pragma unroll
-                for (int r = 0; r < kRows; ++r) dsj[r] = dS_s[(ty + kThreads * r) * ldp + j];
-#pragma unroll
-                for (int c = 0; c < D; ++c) kj[c] = K_s[j * ld + tx + kThreads * c];
-#pragma unroll
-                for (int r = 0; r < kRows; ++r)
-#pragma unroll
-                    for (int c = 0; c < D; ++c) dq_part[r][c] = fmaf(dsj[r], kj[c], dq_part[r][c]);
-            }
+            dq_tile_share<HS>(dq_part, dS_s, K_s);
 #pragma unroll
             for (int r = 0; r < kRows; ++r) {
                 const int i = q0 + ty + kThreads * r;
@@ -523,22 +534,7 @@ static __global__ void __launch_bounds__(kThreads* kThreads)
 
         // dQ[i][d] += Σ_j dS[i][j] K[j][d], this key tile's share summed first.
         float dq_part[kRows][D];
-#pragma unroll
-        for (int r = 0; r < kRows; ++r)
-#pragma unroll
-            for (int c = 0; c < D; ++c) dq_part[r][c] = 0.0f;
-#pragma unroll 4
-        for (int j = 0; j < kBc; ++j) {
-            float dsj[kRows], kj[D];
-#pragma unroll
-            for (int r = 0; r < kRows; ++r) dsj[r] = dS_s[(ty + kThreads * r) * ldp + j];
-#pragma unroll
-            for (int c = 0; c < D; ++c) kj[c] = K_s[j * ld + tx + kThreads * c];
-#pragma unroll
-            for (int r = 0; r < kRows; ++r)
-#pragma unroll
-                for (int c = 0; c < D; ++c) dq_part[r][c] = fmaf(dsj[r], kj[c], dq_part[r][c]);
-        }
+        dq_tile_share<HS>(dq_part, dS_s, K_s);
 #pragma unroll
         for (int r = 0; r < kRows; ++r)
 #pragma unroll

@@ -153,7 +153,7 @@ Measured serve(const GPT& model, const std::vector<Load>& load, int clients, Pol
     for (int c = 0; c < clients; ++c) users[static_cast<std::size_t>(c)].next = static_cast<std::size_t>(c);
     std::map<int, int> owner;  // request → client
     std::vector<double> ttft, tpot;
-    long tokens = 0, rows = 0;
+    long tokens = 0;
     const Clock::time_point start = Clock::now();
     //! [driver]
     while (true) {
@@ -176,9 +176,7 @@ Measured serve(const GPT& model, const std::vector<Load>& load, int clients, Pol
             pending = pending || u.active >= 0 || u.next < load.size();
         }
         if (!pending) break;
-        const long before = scheduler.stats().decode_rows + scheduler.stats().prefill_rows;
         const std::vector<StepEvent> events = scheduler.step();
-        rows += scheduler.stats().decode_rows + scheduler.stats().prefill_rows - before;
         const Clock::time_point now = Clock::now();
         for (const StepEvent& e : events) {
             Client& u = users[static_cast<std::size_t>(owner.at(e.request))];
@@ -201,7 +199,6 @@ Measured serve(const GPT& model, const std::vector<Load>& load, int clients, Pol
     m.preemptions = scheduler.stats().preemptions;
     m.mean_batch = static_cast<double>(scheduler.stats().decode_rows) /
                    static_cast<double>(std::max<long>(1, scheduler.stats().steps));
-    (void)rows;
     return m;
 }
 
