@@ -173,6 +173,20 @@ public:
         return draining_;
     }
     std::string metrics();
+    // The pool and every running request's block table, for the playground page.
+    json blocks() {
+        std::lock_guard<std::mutex> lock(m);
+        json seqs = json::array();
+        for (int id : scheduler_.running_requests()) {
+            const int seq = scheduler_.sequence_of(id);
+            seqs.push_back({{"request", "cmpl-" + std::to_string(id)},
+                            {"length", cache_.length(seq)},
+                            {"table", cache_.block_table(seq)}});
+        }
+        return {{"block_tokens", cache_.block_tokens()}, {"num_blocks", cache_.num_blocks()},
+                {"free", cache_.free_blocks()}, {"waiting", scheduler_.waiting()},
+                {"sequences", seqs}};
+    }
     void count_response(int status) {
         std::lock_guard<std::mutex> lock(m);
         ++responses_[status];
@@ -503,6 +517,17 @@ int run(const Flags& f) {
         const bool draining = engine.draining();
         res.status = draining ? 503 : 200;
         res.set_content(json{{"status", draining ? "draining" : "ok"}}.dump() + "\n", "application/json");
+    });
+    server.Get("/v1/blocks", [&](const httplib::Request&, httplib::Response& res) {
+        res.set_content(engine.blocks().dump() + "\n", "application/json");
+    });
+    // Pages elsewhere (the course site's serving page, opened from a file) may call the API:
+    // every answer allows any origin, and the preflight of a JSON POST is answered.
+    server.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+    server.Options("/v1/completions", [](const httplib::Request&, httplib::Response& res) {
+        res.set_header("Access-Control-Allow-Methods", "POST, OPTIONS");
+        res.set_header("Access-Control-Allow-Headers", "Content-Type");
+        res.status = 204;
     });
     server.Get("/metrics", [&](const httplib::Request&, httplib::Response& res) {
         res.set_content(engine.metrics(), "text/plain; version=0.0.4");

@@ -95,6 +95,8 @@ public:
 
     bool idle() const { return running_.empty() && waiting_.empty(); }  ///< nothing to do
     int running() const { return static_cast<int>(running_.size()); }  ///< sequences batched
+    /// The running requests' ids, oldest first.
+    const std::vector<int>& running_requests() const { return running_; }
     int waiting() const { return static_cast<int>(waiting_.size()); }  ///< requests queued
     const SchedulerStats& stats() const { return stats_; }             ///< counts so far
     /// The tokens a request has produced so far. @param request a queued or running id
