@@ -121,11 +121,13 @@ public:
     int head_size() const { return hs_; }   ///< hs
 
 private:
+    /// @cond INTERNAL
     struct Sequence {
         bool live = false;
         int length = 0;
         std::vector<int> table;
     };
+    /// @endcond
     const Sequence& sequence(int seq, const char* who) const;
     std::size_t block_offset(int layer, int block) const;
     int take_block();

@@ -105,6 +105,7 @@ public:
     int sequence_of(int request) const;
 
 private:
+    /// @cond INTERNAL
     struct Request {
         std::vector<int> tokens;  // prompt, then every token sampled
         int prompt_length = 0;
@@ -114,6 +115,7 @@ private:
         int seq = -1;       // the cache's sequence while running
         int computed = 0;   // positions whose keys and values are in the cache
     };
+    /// @endcond
     void admit();
     void preempt(int request);
     void finish(int request);
