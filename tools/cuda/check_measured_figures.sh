@@ -7,7 +7,8 @@ set -euo pipefail
 src=$1
 page="$src/lessons/12_training_gpu/lesson.md"
 status=0
-for dir in "$src"/tools/cuda/measured/2026-11-26-h200 "$src"/tools/cuda/measured/2026-11-26-h200-second; do
+for dir in "$src"/tools/cuda/measured/2026-11-26-h200 "$src"/tools/cuda/measured/2026-11-26-h200-second \
+           "$src"/tools/cuda/measured/2026-11-26-h100; do
   ours=$(sed -n 's/^ours: \([0-9.]*\) ms\/iter.*/\1/p' "$dir/race-tf32.log")
   torch=$(sed -n 's/^pytorch: \([0-9.]*\) ms\/iter.*/\1/p' "$dir/race-tf32.log")
   ratio=$(sed -n 's/^ratio: ours takes \([0-9.]*\)x.*/\1/p' "$dir/race-tf32.log")
@@ -17,14 +18,16 @@ for dir in "$src"/tools/cuda/measured/2026-11-26-h200 "$src"/tools/cuda/measured
       echo "lesson 12's page does not quote '$figure' from $dir/race-tf32.log"; status=1
     fi
   done
-  grep -q "NVIDIA H200" "$dir/race-tf32.log" || { echo "$dir/race-tf32.log names no H200"; status=1; }
+  card=$(basename "$dir" | sed -n 's/^[0-9-]*-\(h[0-9]*\).*/\1/p' | tr a-z A-Z)
+  grep -q "NVIDIA $card" "$dir/race-tf32.log" || { echo "$dir/race-tf32.log names no $card"; status=1; }
   [ $status -eq 0 ] && echo "lesson 12 quotes $(basename "$dir"): ours $ours ms, PyTorch $torch ms, ${ratio}x"
 done
 # Lesson 13: the fused backward at hs 128, T = 4096 on two grids and by key tiles, forward
 # and backward in ms to one decimal, from the row "4096 4 16 fused" of each log.
 page13="$src/lessons/13_fused_attention/lesson.md"
 m="$src/tools/cuda/measured"
-for log in "$m/2026-11-26-h200-two-grids/attention-hs128.log" "$m/2026-11-26-h200-second/attention-hs128.log"; do
+for log in "$m/2026-11-26-h200-two-grids/attention-hs128.log" "$m/2026-11-26-h200-second/attention-hs128.log" \
+           "$m/2026-11-26-h100/attention-hs128.log"; do
   ms=$(awk '$1 == 4096 && $4 == "fused" {printf "%.1f", $7}' "$log")
   if [ -z "$ms" ]; then echo "no T = 4096 fused row in $log"; status=1; continue; fi
   if tr '\n' ' ' < "$page13" | grep -qF "$ms ms"; then
