@@ -11,8 +11,10 @@ site after MathJax has typeset it, and fails, naming the page and the element, o
     exist, a script error or a failed load in the console;
   - a lesson page without the output its program printed (OUTPUT_DIR/lessonNN.txt);
   - an attention inspector that does not draw one map per layer and head, or does not change
-    what it highlights when another head or query is chosen.
-It keeps a full-page screenshot of each lesson page and of the inspector in DIR.
+    what it highlights when another head or query is chosen; for lesson 17's encoder-decoder,
+    one that does not draw each of its three attentions (encoder, decoder, cross) with the
+    chosen query's weights as the data holds them; a site without either inspector.
+It keeps a full-page screenshot of each lesson page and of the inspectors in DIR.
 
 Needs Debian's chromium, chromium-driver and python3-selenium (`./workbook setup` installs
 them); runs without a network, without a display, and as root.
@@ -223,6 +225,76 @@ def output_problems(page_text, output_file):
     return []
 
 
+BLANK_CANVASES = r"""
+  var out = [];
+  document.querySelectorAll('#attention-inspector canvas').forEach(function (c, i) {
+    var d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data, lit = 0;
+    for (var k = 0; k < d.length; k += 4) if (d[k] < 200) ++lit;  // a shaded cell
+    if (c.width === 0 || lit === 0) out.push(i);
+  });
+  return out;"""
+
+
+def check_encoder_decoder_inspector(driver, data):
+    """Lesson 17's inspector: a button per attention (encoder, decoder, cross); for each, one map
+    per layer and head, the queries' and keys' characters, and the chosen query's weights over
+    the keys as the data holds them (none past the diagonal of the decoder's causal map)."""
+    from selenium.webdriver.common.by import By
+
+    problems = []
+    texts = {"source": data["source"], "written": data["written"], "decoder_input": data["decoder_input"]}
+    root = "#attention-inspector"
+    buttons = driver.find_elements(By.CSS_SELECTOR, f"{root} .ai-kind")
+    names = [a["name"] for a in data["attentions"]]
+    if [b.text for b in buttons] != names:
+        return [f"the inspector's attention buttons read {[b.text for b in buttons]}; the data has {names}"]
+    for k, a in enumerate(data["attentions"]):
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", buttons[k])
+        buttons[k].click()
+        L, NH = len(a["weights"]), len(a["weights"][0])
+        rows, cols = texts[a["rows"]], texts[a["cols"]]
+        where = a["name"]
+        if driver.execute_script(f"return +document.querySelector('{root}').dataset.kind") != k:
+            problems.append(f"clicking '{where}' does not choose it")
+            continue
+        cells = driver.find_elements(By.CSS_SELECTOR, f"{root} .ai-cell")
+        if len(cells) != L * NH:
+            problems.append(f"{where}: {len(cells)} maps drawn for {L} layers x {NH} heads")
+            continue
+        blank = driver.execute_script(BLANK_CANVASES)
+        if blank:
+            problems.append(f"{where}: maps {blank} are blank")
+        chars = driver.find_elements(By.CSS_SELECTOR, f"{root} .ai-char")
+        if len(chars) != len(rows) + len(cols):
+            problems.append(f"{where}: {len(chars)} characters shown for {len(rows)} queries and {len(cols)} keys")
+            continue
+        # The last head of the last layer, then the last query, by clicking its character.
+        cells[-1].click()
+        q = len(rows) - 1
+        driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", chars[q])
+        chars[q].click()
+        state = driver.execute_script(
+            f"var r = document.querySelector('{root}');"
+            "return [+r.dataset.layer, +r.dataset.head, +r.dataset.query];")
+        if state != [L - 1, NH - 1, q]:
+            problems.append(f"{where}: after clicking layer {L} head {NH} and query {q} the inspector "
+                            f"shows layer {state[0] + 1} head {state[1] + 1} query {state[2]}")
+            continue
+        shown = [c.get_attribute("data-weight") for c in chars[len(rows):]]
+        row = a["weights"][L - 1][NH - 1][q]
+        expected = [f"{row[j]:.4f}" if j < len(row) else "" for j in range(len(cols))]
+        if shown != expected:
+            problems.append(f"{where}: query {q} of layer {L} head {NH} shades its keys {shown}; "
+                            f"the data says {expected}")
+        # The decoder's causal map: query 0 sees only itself.
+        if a["rows"] == a["cols"] == "decoder_input":
+            chars[0].click()
+            first = [c.get_attribute("data-weight") for c in chars[len(rows):]]
+            if first[1:] != [""] * (len(cols) - 1):
+                problems.append(f"{where}: query 0 shows weights on later positions {first}")
+    return problems
+
+
 def check_inspector(driver):
     """The inspector draws one map per layer and head and answers a change of head and query."""
     from selenium.webdriver.common.action_chains import ActionChains
@@ -232,18 +304,13 @@ def check_inspector(driver):
     data = driver.execute_script("return window.ATTN_INSPECTOR_DATA || null")
     if not data:
         return ["the inspector's data (attention_data.js) did not load"]
+    if data.get("kind") == "encoder_decoder":
+        return check_encoder_decoder_inspector(driver, data)
     L, NH, T = data["n_layer"], data["n_head"], len(data["prompt"])
     cells = driver.find_elements(By.CSS_SELECTOR, "#attention-inspector .ai-cell")
     if len(cells) != L * NH:
         return [f"the inspector draws {len(cells)} maps; the model has {L} layers x {NH} heads = {L * NH}"]
-    blank = driver.execute_script(r"""
-      var out = [];
-      document.querySelectorAll('#attention-inspector canvas').forEach(function (c, i) {
-        var d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data, lit = 0;
-        for (var k = 0; k < d.length; k += 4) if (d[k] < 200) ++lit;  // a shaded cell
-        if (c.width === 0 || lit === 0) out.push(i);
-      });
-      return out;""")
+    blank = driver.execute_script(BLANK_CANVASES)
     if blank:
         problems.append(f"the inspector's maps {blank} are blank")
 
@@ -321,6 +388,7 @@ def main():
     anchors = {}    # page -> its ids and names
     links = {}      # page -> [(href, resolved, element)]
     inspector_pages = 0
+    kinds = set()   # the models the inspectors show: "gpt", "encoder_decoder"
     with tempfile.TemporaryDirectory(prefix="check_site_") as profile:
         driver = start_browser(profile)
         try:
@@ -340,10 +408,11 @@ def main():
                 m = re.fullmatch(r"lesson(\d\d)\.html", rel)
                 if m:
                     page_problems += output_problems(found["text"], args.outputs / f"lesson{m.group(1)}.txt")
-                if m or rel == "attention_inspector.html":  # as it opens, before any click
+                if m or rel.startswith("attention_inspector"):  # as it opens, before any click
                     screenshot(driver, args.screenshots / page.with_suffix(".png").name)
                 if driver.execute_script("return !!document.getElementById('attention-inspector')"):
                     inspector_pages += 1
+                    kinds.add(driver.execute_script("return (window.ATTN_INSPECTOR_DATA || {}).kind || 'gpt'"))
                     page_problems += check_inspector(driver)
                     page_problems += console_problems(driver, [])
                 if page_problems:
@@ -377,8 +446,11 @@ def main():
     for nn in lessons:
         if f"lesson{nn}.html" not in anchors:
             problems.setdefault(f"lesson{nn}.html", []).append(f"lesson {nn} has no page in the site")
-    if inspector_pages == 0:
+    if "gpt" not in kinds:
         problems.setdefault("attention_inspector.html", []).append("the site has no attention inspector")
+    if "encoder_decoder" not in kinds:
+        problems.setdefault("attention_inspector_encoder_decoder.html", []).append(
+            "the site has no inspector of lesson 17's encoder-decoder")
 
     count = sum(len(v) for v in problems.values())
     for rel in sorted(problems):
