@@ -8,6 +8,9 @@
 //   curl -sN localhost:8000/v1/completions -d '{"prompt": "ROMEO:", "stream": true}'
 //   curl -s localhost:8000/health        curl -s localhost:8000/metrics
 //
+// GET /health: {"status": "ok" or "draining", "context": the model's block size,
+// "vocabulary": its characters}, 200 while serving, 503 while draining.
+//
 // POST /v1/completions takes the fields of the OpenAI-style completions endpoint that apply
 // to a character model: prompt, max_tokens, temperature (0: greedy), top_k, seed, stream,
 // and model (any name; there is one). With "stream": true the tokens come as server-sent
@@ -30,6 +33,9 @@
 #include <chrono>
 #include <condition_variable>
 #include <csignal>
+#include <deque>
+#include <functional>
+#include <future>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -119,8 +125,12 @@ struct Channel {
     Clock::time_point submitted, last;
 };
 
-// The model, the cache, the scheduler and the thread that steps it. Everything below is
-// guarded by `m`: handlers submit and wait under it, the engine steps under it.
+// The model, the cache, the scheduler and the thread that steps it. Only that thread touches
+// the scheduler and the cache: a handler hands it a task (`call`), which it runs between two
+// steps, so a request joins the batch at the next step however busy the server is (the
+// continuous batching of lesson 20), and a step never waits for a handler. What the steps
+// produce goes to the handlers through their channels, guarded by `stream_m`, which a step
+// holds only to hand over its tokens.
 class Engine {
 public:
     Engine(GPT model, CharVocab vocab, const Flags& f)
@@ -133,84 +143,111 @@ public:
     }
     ~Engine() {
         {
-            std::lock_guard<std::mutex> lock(m);
+            std::lock_guard<std::mutex> lock(inbox_m_);
             stop_ = true;
         }
         work_.notify_all();
         thread_.join();
     }
 
+    // Runs f() on the engine's thread between two steps and returns its result (or throws
+    // what it threw).
+    template <class F>
+    auto call(F f) -> decltype(f()) {
+        auto task = std::make_shared<std::packaged_task<decltype(f())()>>(std::move(f));
+        auto result = task->get_future();
+        {
+            std::lock_guard<std::mutex> lock(inbox_m_);
+            inbox_.push_back([task] { (*task)(); });
+        }
+        work_.notify_all();
+        return result.get();
+    }
+
     // Queues a parsed request; throws std::invalid_argument (a bad field) or QueueFull.
     std::pair<int, std::shared_ptr<Channel>> submit(const CompletionRequest& r) {
-        std::lock_guard<std::mutex> lock(m);
-        if (draining_) throw QueueFull("the server is shutting down");
-        const int id = scheduler_.submit(r);
-        auto ch = std::make_shared<Channel>();
-        ch->submitted = ch->last = Clock::now();
-        channels_[id] = ch;
-        ++accepted_;
-        work_.notify_all();
-        return {id, ch};
+        return call([&] {
+            if (draining_) throw QueueFull("the server is shutting down");
+            const int id = scheduler_.submit(r);
+            auto ch = std::make_shared<Channel>();
+            ch->submitted = ch->last = Clock::now();
+            std::lock_guard<std::mutex> lock(stream_m);
+            channels_[id] = ch;
+            ++accepted_;
+            return std::make_pair(id, ch);
+        });
     }
     // A client went away: its sequence ends now, its blocks return to the pool.
     void cancel(int id) {
-        std::lock_guard<std::mutex> lock(m);
-        if (scheduler_.cancel(id)) ++disconnects_;
-        channels_.erase(id);
+        call([&] {
+            const bool cancelled = scheduler_.cancel(id);
+            std::lock_guard<std::mutex> lock(stream_m);
+            if (cancelled) ++disconnects_;
+            channels_.erase(id);
+        });
     }
     void forget(int id) {
-        std::lock_guard<std::mutex> lock(m);
+        std::lock_guard<std::mutex> lock(stream_m);
         channels_.erase(id);
     }
     // Refuse new requests from now on, and wait until the accepted ones are done.
     void drain() {
-        std::unique_lock<std::mutex> lock(m);
-        draining_ = true;
-        idle_.wait(lock, [&] { return scheduler_.idle(); });
+        call([&] {
+            draining_ = true;
+            std::lock_guard<std::mutex> lock(inbox_m_);
+            idle_ = scheduler_.idle();  // not the value from before this step's submissions
+        });
+        std::unique_lock<std::mutex> lock(inbox_m_);
+        idle_cv_.wait(lock, [&] { return idle_; });
     }
     bool draining() {
-        std::lock_guard<std::mutex> lock(m);
-        return draining_;
+        return call([&] { return draining_; });
     }
     std::string metrics();
     // The pool and every running request's block table, for the playground page.
     json blocks() {
-        std::lock_guard<std::mutex> lock(m);
-        json seqs = json::array();
-        for (int id : scheduler_.running_requests()) {
-            const int seq = scheduler_.sequence_of(id);
-            seqs.push_back({{"request", "cmpl-" + std::to_string(id)},
-                            {"length", cache_.length(seq)},
-                            {"table", cache_.block_table(seq)}});
-        }
-        return {{"block_tokens", cache_.block_tokens()}, {"num_blocks", cache_.num_blocks()},
-                {"free", cache_.free_blocks()}, {"waiting", scheduler_.waiting()},
-                {"sequences", seqs}};
+        return call([&] {
+            json seqs = json::array();
+            for (int id : scheduler_.running_requests()) {
+                const int seq = scheduler_.sequence_of(id);
+                seqs.push_back({{"request", "cmpl-" + std::to_string(id)},
+                                {"length", cache_.length(seq)},
+                                {"table", cache_.block_table(seq)}});
+            }
+            return json{{"block_tokens", cache_.block_tokens()}, {"num_blocks", cache_.num_blocks()},
+                        {"free", cache_.free_blocks()}, {"waiting", scheduler_.waiting()},
+                        {"sequences", seqs}};
+        });
     }
     void count_response(int status) {
-        std::lock_guard<std::mutex> lock(m);
+        std::lock_guard<std::mutex> lock(stream_m);
         ++responses_[status];
     }
 
     const GPT& model() const { return model_; }
     const CharVocab& vocab() const { return vocab_; }
-    std::mutex m;
+    std::mutex stream_m;  // the channels and the counters below
 
 private:
     void loop() {
-        std::unique_lock<std::mutex> lock(m);
         while (true) {
-            work_.wait(lock, [&] { return stop_ || !scheduler_.idle(); });
-            if (stop_) return;
+            std::deque<std::function<void()>> tasks;
+            {
+                std::unique_lock<std::mutex> lock(inbox_m_);
+                idle_ = scheduler_.idle();
+                if (idle_) idle_cv_.notify_all();
+                work_.wait(lock, [&] { return stop_ || !inbox_.empty() || !idle_; });
+                if (stop_) return;
+                tasks.swap(inbox_);
+            }
+            for (auto& task : tasks) task();
+            if (scheduler_.idle()) continue;
             const Clock::time_point start = Clock::now();
             const std::vector<StepEvent> events = scheduler_.step();
-            if (step_time_.count() > 0) {
-                // paced (--step-ms): the rest of the step's time asleep, the lock released
-                lock.unlock();
-                std::this_thread::sleep_until(start + step_time_);
-                lock.lock();
-            }
+            // paced (--step-ms): the rest of the step's time asleep
+            if (step_time_.count() > 0) std::this_thread::sleep_until(start + step_time_);
             const Clock::time_point now = Clock::now();
+            std::lock_guard<std::mutex> lock(stream_m);
             for (const StepEvent& e : events) {
                 ++tokens_;
                 auto it = channels_.find(e.request);
@@ -223,7 +260,6 @@ private:
                 ch.finished = e.finished;
                 ch.cv.notify_all();
             }
-            if (scheduler_.idle()) idle_.notify_all();
         }
     }
 
@@ -231,9 +267,12 @@ private:
     CharVocab vocab_;
     PagedKVCache cache_;
     Scheduler scheduler_;
+    bool draining_ = false;  // the engine's thread only
+    std::mutex inbox_m_;     // the tasks, stop_ and idle_
+    std::deque<std::function<void()>> inbox_;
+    std::condition_variable work_, idle_cv_;
+    bool stop_ = false, idle_ = true;
     std::map<int, std::shared_ptr<Channel>> channels_;
-    std::condition_variable work_, idle_;
-    bool stop_ = false, draining_ = false;
     long accepted_ = 0, tokens_ = 0, disconnects_ = 0;
     std::map<int, long> responses_;
     Histogram first_token_, per_token_;
@@ -242,7 +281,15 @@ private:
 };
 
 std::string Engine::metrics() {
-    std::lock_guard<std::mutex> lock(m);
+    struct State {
+        long preemptions, steps;
+        int running, waiting, free, total;
+    };
+    const State s = call([&] {
+        return State{scheduler_.stats().preemptions, scheduler_.stats().steps, scheduler_.running(),
+                     scheduler_.waiting(), cache_.free_blocks(), cache_.num_blocks()};
+    });
+    std::lock_guard<std::mutex> lock(stream_m);
     std::ostringstream os;
     os << "# HELP serve_requests_total Completion requests accepted.\n"
           "# TYPE serve_requests_total counter\nserve_requests_total " << accepted_ << "\n"
@@ -255,18 +302,17 @@ std::string Engine::metrics() {
        << "# HELP serve_disconnects_total Requests whose client went away before the end.\n"
           "# TYPE serve_disconnects_total counter\nserve_disconnects_total " << disconnects_ << "\n"
        << "# HELP serve_preemptions_total Sequences sent back to the queue for want of blocks.\n"
-          "# TYPE serve_preemptions_total counter\nserve_preemptions_total "
-       << scheduler_.stats().preemptions << "\n"
+          "# TYPE serve_preemptions_total counter\nserve_preemptions_total " << s.preemptions << "\n"
        << "# HELP serve_steps_total Batched forward passes.\n"
-          "# TYPE serve_steps_total counter\nserve_steps_total " << scheduler_.stats().steps << "\n"
+          "# TYPE serve_steps_total counter\nserve_steps_total " << s.steps << "\n"
        << "# HELP serve_running_sequences Sequences in the batch.\n"
-          "# TYPE serve_running_sequences gauge\nserve_running_sequences " << scheduler_.running() << "\n"
+          "# TYPE serve_running_sequences gauge\nserve_running_sequences " << s.running << "\n"
        << "# HELP serve_waiting_requests Requests in the queue.\n"
-          "# TYPE serve_waiting_requests gauge\nserve_waiting_requests " << scheduler_.waiting() << "\n"
+          "# TYPE serve_waiting_requests gauge\nserve_waiting_requests " << s.waiting << "\n"
        << "# HELP serve_kv_blocks_free Blocks of the KV cache's pool not in use.\n"
-          "# TYPE serve_kv_blocks_free gauge\nserve_kv_blocks_free " << cache_.free_blocks() << "\n"
+          "# TYPE serve_kv_blocks_free gauge\nserve_kv_blocks_free " << s.free << "\n"
        << "# HELP serve_kv_blocks_total Blocks in the KV cache's pool.\n"
-          "# TYPE serve_kv_blocks_total gauge\nserve_kv_blocks_total " << cache_.num_blocks() << "\n";
+          "# TYPE serve_kv_blocks_total gauge\nserve_kv_blocks_total " << s.total << "\n";
     first_token_.write(os, "serve_time_to_first_token_seconds",
                        "From a request's arrival to its first token.");
     per_token_.write(os, "serve_time_per_output_token_seconds",
@@ -409,7 +455,7 @@ void handle_completion(Engine& engine, const httplib::Request& req, httplib::Res
     if (!p.stream) {
         std::vector<int> tokens;
         {
-            std::unique_lock<std::mutex> lock(engine.m);
+            std::unique_lock<std::mutex> lock(engine.stream_m);
             ch->cv.wait(lock, [&] { return ch->finished; });
             tokens = ch->tokens;
         }
@@ -432,7 +478,7 @@ void handle_completion(Engine& engine, const httplib::Request& req, httplib::Res
             std::vector<int> fresh;
             bool finished = false;
             {
-                std::unique_lock<std::mutex> lock(engine.m);
+                std::unique_lock<std::mutex> lock(engine.stream_m);
                 ch->cv.wait_for(lock, std::chrono::milliseconds(200),
                                 [&] { return ch->tokens.size() > *sent || ch->finished; });
                 fresh.assign(ch->tokens.begin() + static_cast<long>(*sent), ch->tokens.end());
@@ -516,7 +562,11 @@ int run(const Flags& f) {
     server.Get("/health", [&](const httplib::Request&, httplib::Response& res) {
         const bool draining = engine.draining();
         res.status = draining ? 503 : 200;
-        res.set_content(json{{"status", draining ? "draining" : "ok"}}.dump() + "\n", "application/json");
+        // the model's context and characters: what a client (tools/load_gpt) may send
+        json body = {{"status", draining ? "draining" : "ok"},
+                     {"context", engine.model().config().block_size},
+                     {"vocabulary", engine.vocab().chars()}};
+        res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n", "application/json");
     });
     server.Get("/v1/blocks", [&](const httplib::Request&, httplib::Response& res) {
         res.set_content(engine.blocks().dump() + "\n", "application/json");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """serve_gpt end to end, over real sockets on 127.0.0.1 (ctest -L serving).
 
-usage: test_serve_gpt.py SERVE_GPT TRAIN_GPT SCRATCH_DIR
+usage: test_serve_gpt.py SERVE_GPT TRAIN_GPT SCRATCH_DIR [LOAD_GPT]
 
 A tiny model is trained for a few steps with train_gpt, which also samples 20 characters
 with the uncached forward pass; the server must give the same characters for the same
@@ -10,7 +10,10 @@ the texts they get alone; every bad request is answered 400 (413 for a body over
 with a JSON error naming the field, and the server goes on; a full queue answers 503 with
 Retry-After; 200 clients that go away mid-stream leave the pool whole; a few thousand
 random bodies leave the server alive; SIGTERM lets the running stream finish, refuses new
-requests and exits 0.
+requests and exits 0. A request sent while another streams is answered before that stream
+ends (it joins the running batch). load_gpt's levels receive what the server counts as
+generated, and its bad input (another machine, no server, bad flags, a text the model cannot
+read) gets one line.
 """
 import atexit
 import http.client
@@ -25,6 +28,7 @@ import threading
 import time
 
 SERVE, TRAIN, SCRATCH = sys.argv[1:4]
+LOAD = sys.argv[4] if len(sys.argv) > 4 else None  # load_gpt, when built
 RUN = os.path.join(SCRATCH, "run")
 failures = []
 servers = []
@@ -303,6 +307,73 @@ except subprocess.TimeoutExpired:
     s.proc.kill()
     out, _ = s.proc.communicate()
 check(s.proc.returncode == 0 and "stopped" in out, f"then serve_gpt exits 0 ({s.proc.returncode})")
+
+# --- a request sent while another streams joins the batch (continuous batching) ----------------
+# Paced at 5 ms a step, the long stream takes block - 5 steps (over 100 ms); the short
+# request, sent at its first token, must be answered in a step or two, long before it ends.
+s = Server("--step-ms", "5")
+order = []
+long_tokens = block - len("ROMEO:") + 1  # the whole context
+
+
+def long_one():
+    status, text, closed = s.stream(prompt="ROMEO:", max_tokens=long_tokens, seed=5)
+    order.append("long" if status == 200 and closed and len(text) == long_tokens else f"long failed ({status})")
+
+
+long_thread = threading.Thread(target=long_one)
+long_thread.start()
+for _ in range(200):  # until the long one is decoding
+    if s.metrics()["serve_tokens_total"] >= 1:
+        break
+    time.sleep(0.005)
+status = s.complete(prompt="a", max_tokens=2)[0]
+order.append("short")
+long_thread.join()
+check(status == 200 and order == ["short", "long"],
+      f"a request sent while a {long_tokens}-token stream runs is answered before the stream ends ({order})")
+s.stop()
+
+# --- load_gpt: many streamed clients, counted against the server's own count -------------------
+if LOAD:
+    s = Server()
+    url = f"http://127.0.0.1:{s.port}"
+    p = subprocess.run([LOAD, url, "--clients", "1,4", "--requests", "8", "--max-tokens", "4:12",
+                        "--prompt-chars", "4:10", "--seconds", "120"],
+                       capture_output=True, text=True, timeout=300)
+    rows = [line.split() for line in p.stdout.splitlines() if re.match(r"\s+\d+\s+\d+\s+\d+\s", line)]
+    server_tokens = s.metrics()["serve_tokens_total"]
+    check(p.returncode == 0 and [r[0] for r in rows] == ["1", "4"] and all(r[1] == "8" for r in rows),
+          f"load_gpt: a row for 1 and for 4 clients, 8 requests each ({p.returncode}: {p.stderr.strip()[-200:]})")
+    check(rows and rows[0][2] == rows[1][2] and int(rows[0][2]) + int(rows[1][2]) == server_tokens,
+          f"load_gpt: both levels received the same tokens, and together what the server counts "
+          f"generated ({[r[2] for r in rows]} against {server_tokens:.0f})")
+    check(all(8 * 4 <= int(r[2]) <= 8 * 12 for r in rows), "load_gpt: 4 to 12 tokens a request")
+    p = subprocess.run([LOAD, url, "--clients", "3", "--requests", "7", "--max-tokens", "2:4", "--rounds"],
+                       capture_output=True, text=True, timeout=300)
+    check(p.returncode == 0 and re.search(r"^\s+3\s+7\s", p.stdout, re.M) is not None,
+          f"load_gpt --rounds: 3 clients answer 7 requests in rounds ({p.returncode}: {p.stderr.strip()[-200:]})")
+    bad_text = os.path.join(SCRATCH, "not_the_vocabulary.txt")
+    with open(bad_text, "w") as f:
+        f.write("\u00e9\u00e8" * 200)
+    free_port = s.port  # taken now; a closed one below
+    s.stop()
+    for args, what in [(["http://example.com:80"], "a server on another machine"),
+                       ([f"http://127.0.0.1:{free_port}"], "no server at the address"),
+                       ([url, "--clients", "0"], "no clients"),
+                       ([url, "--max-tokens", "9:3"], "a backwards range"),
+                       ([url, "--bogus"], "an unknown flag")]:
+        p = subprocess.run([LOAD, *args], capture_output=True, text=True, timeout=30)
+        lines = p.stderr.strip().splitlines()
+        check(p.returncode != 0 and len(lines) == 1 and lines[0].startswith("load_gpt: "),
+              f"load_gpt, {what}: one line and a non-zero exit ({p.returncode}: {p.stderr.strip()[:100]})")
+    s = Server()
+    p = subprocess.run([LOAD, f"http://127.0.0.1:{s.port}", "--text", bad_text, "--requests", "2"],
+                       capture_output=True, text=True, timeout=30)
+    lines = p.stderr.strip().splitlines()
+    check(p.returncode != 0 and lines and "vocabulary" in lines[-1] and lines[-1].startswith("load_gpt: "),
+          f"load_gpt, a text outside the model's vocabulary: one line naming it ({p.stderr.strip()[-120:]})")
+    s.stop()
 
 # --- bad flags and checkpoints: one line, non-zero ---------------------------------------------
 for args, what in [([os.path.join(SCRATCH, "nothing")], "a missing checkpoint"),
