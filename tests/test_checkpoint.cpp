@@ -230,3 +230,17 @@ TEST_CASE("a config that is missing a size, malformed or inconsistent is rejecte
         CHECK(load_error(dir).find(file.string() + ": cannot open") == 0);
     }
 }
+
+TEST_CASE("weights_dir_of takes a run folder or a weights directory, and names a folder that is neither") {
+    const fs::path run = attn_test::scratch("attn_checkpoint_run_folder");
+    fs::create_directories(run / "checkpoint");
+    std::ofstream(run / "checkpoint" / "config.json") << "{}";
+    CHECK(attn::weights_dir_of(run) == run / "checkpoint");                 // a train_gpt run
+    CHECK(attn::weights_dir_of(run / "checkpoint") == run / "checkpoint");  // the weights themselves
+    const fs::path empty = attn_test::scratch("attn_checkpoint_empty_folder");
+    fs::create_directories(empty);
+    CHECK_THROWS_WITH_AS(attn::weights_dir_of(empty),
+                         doctest::Contains("not a checkpoint (no config.json in it"), std::runtime_error);
+    CHECK_THROWS_WITH_AS(attn::weights_dir_of(empty / "nothing"),
+                         doctest::Contains("no such checkpoint or run folder"), std::runtime_error);
+}

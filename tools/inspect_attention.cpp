@@ -53,17 +53,6 @@ struct Flags {
     bool prompt_given = false;
 };
 
-// A run folder (holding checkpoint/) or a weights directory itself.
-fs::path weights_dir_of(const fs::path& dir) {
-    if (!fs::exists(dir)) throw std::runtime_error(dir.string() + ": no such checkpoint or run folder");
-    if (fs::exists(dir / "checkpoint" / "config.json")) return dir / "checkpoint";
-    if (!fs::exists(dir / "config.json")) {
-        throw std::runtime_error(dir.string() + ": not a checkpoint (no config.json in it or in " +
-                                 (dir / "checkpoint").string() + ")");
-    }
-    return dir;
-}
-
 // The corpus the model learnt from, when its folder records it (lesson 11 writes corpus.txt).
 std::string corpus_of(const fs::path& weights, const fs::path& given) {
     for (const fs::path& dir : {weights, given, given.parent_path()}) {

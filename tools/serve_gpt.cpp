@@ -72,17 +72,6 @@ struct Flags {
     int step_ms = 0;
 };
 
-// A run folder (holding checkpoint/) or a weights directory itself.
-fs::path weights_dir_of(const fs::path& dir) {
-    if (!fs::exists(dir)) throw std::runtime_error(dir.string() + ": no such checkpoint or run folder");
-    if (fs::exists(dir / "checkpoint" / "config.json")) return dir / "checkpoint";
-    if (!fs::exists(dir / "config.json")) {
-        throw std::runtime_error(dir.string() + ": not a checkpoint (no config.json in it or in " +
-                                 (dir / "checkpoint").string() + ")");
-    }
-    return dir;
-}
-
 // An answer the client gets for a request it should change: the OpenAI error body, with
 // the field it is about (`param`).
 struct BadRequest : std::runtime_error {

@@ -46,6 +46,13 @@ void save_checkpoint(const std::filesystem::path& dir, const GPT& model,
 /// @return the model's sizes, validated
 GPTConfig load_config(const std::filesystem::path& dir, CheckpointInfo* info = nullptr);
 
+/// The weights directory a learner names: a `train_gpt` run folder (its `checkpoint/`) or a
+/// weights directory itself.
+/// @param dir the folder given
+/// @return `dir/checkpoint` when it holds `config.json`, else `dir`
+/// @throws std::runtime_error naming `dir` when it does not exist or neither holds `config.json`
+std::filesystem::path weights_dir_of(const std::filesystem::path& dir);
+
 /// Loads a weights directory written by save_checkpoint() or exported from nanoGPT.
 /// @param dir the directory
 /// @param info if not nullptr, receives the vocabulary and step

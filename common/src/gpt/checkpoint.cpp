@@ -136,6 +136,16 @@ GPTConfig load_config(const fs::path& dir, CheckpointInfo* info) {
     return c;
 }
 
+fs::path weights_dir_of(const fs::path& dir) {
+    if (!fs::exists(dir)) throw std::runtime_error(dir.string() + ": no such checkpoint or run folder");
+    if (fs::exists(dir / "checkpoint" / "config.json")) return dir / "checkpoint";
+    if (!fs::exists(dir / "config.json")) {
+        throw std::runtime_error(dir.string() + ": not a checkpoint (no config.json in it or in " +
+                                 (dir / "checkpoint").string() + ")");
+    }
+    return dir;
+}
+
 GPT load_checkpoint(const fs::path& dir, CheckpointInfo* info) {
     GPT model(load_config(dir, info));
     float* params = model.parameters().data();
