@@ -432,11 +432,23 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
         }
     }
     attach_device(*trainer, f, setup.device);
+}
+
 #if ATTN_HAVE_MPI
-    if (job.world) {
-        const mpi::AllreduceSchedule schedule =
-            mpi::parse_schedule(f.allreduce.empty() ? "overlapped" : f.allreduce);
-        trainer->use_group(std::make_shared<mpi::DataParallel>(schedule));
+// The ranks join one data-parallel group, once every rank has set up without an error (its
+// calls are collective: a rank that failed before them would leave the others waiting in
+// them). Every setting that changes the computation must be the same on every rank: the
+// trainer's state (its settings, weights, optimizer, step and corpus) and --allreduce.
+void join_group(const Flags& f, const Job& job, Setup& setup) {
+    std::optional<Trainer>& trainer = setup.trainer;
+    {
+        const std::string schedule_name = f.allreduce.empty() ? "overlapped" : f.allreduce;
+        const mpi::AllreduceSchedule schedule = mpi::parse_schedule(schedule_name);
+        auto group = std::make_shared<mpi::DataParallel>(schedule);
+        std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the schedule's name
+        for (const char c : schedule_name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
+        group->check_same(h, "--allreduce (how the gradients are summed)");
+        trainer->use_group(group);
         const int B = trainer->config().batch_size;
         std::string shares;
         for (int r = 0; r < job.size; ++r) {
@@ -453,8 +465,8 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
                           : std::string("after the backward pass"))
                   << "\n";
     }
-#endif
 }
+#endif
 
 // The work itself, once every rank has set up without an error.
 int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
@@ -621,6 +633,7 @@ int run(const Flags& f, const Job& job) {
 #if ATTN_HAVE_MPI
     if (job.world) {
         mpi::run_on_every_rank([&] { set_up(f, job, setup); });
+        mpi::run_on_every_rank([&] { join_group(f, job, setup); });
         return train_or_dump(f, job, setup);
     }
 #endif
@@ -749,12 +762,31 @@ int main(int argc, char** argv) {
                    "how the ranks sum their gradients: overlapped (the default: bucket by bucket "
                    "while the backward pass runs) or after (one allreduce after it)")
         ->check(CLI::IsMember({"overlapped", "after"}));
+    std::string parse_error;
     try {
         app.parse(argc, argv);
     } catch (const CLI::CallForHelp& e) {
         return app.exit(e);
     } catch (const CLI::ParseError& e) {
-        errors << "train_gpt: " << e.what() << " (see --help)\n";
+        parse_error = e.what();
+    }
+#if ATTN_HAVE_MPI
+    // In a job the ranks may have been given different arguments (mpirun's MPMD form): they
+    // agree on whether every rank parsed its own, and rank 0 says the first one's error.
+    if (job.world) {
+        try {
+            mpi::run_on_every_rank([&] {
+                if (!parse_error.empty()) throw std::invalid_argument(parse_error);
+            });
+        } catch (const mpi::JobError& e) {
+            errors << "train_gpt: " << (e.every_rank() ? "" : "rank " + std::to_string(e.rank()) + " on " + e.host() + ": ")
+                   << e.what() << " (see --help)\n";
+            return exit_usage;
+        }
+    }
+#endif
+    if (!parse_error.empty()) {
+        errors << "train_gpt: " << parse_error << " (see --help)\n";
         return exit_usage;
     }
     if (!job.started_by_mpirun && f.ranks > 0) {
@@ -777,7 +809,8 @@ int main(int argc, char** argv) {
     } catch (const mpi::JobError& e) {
         // Setting up failed on some rank; every rank knows the first one's reason.
         std::cout.flush();
-        errors << "train_gpt: error: " << (e.rank() > 0 ? "rank " + std::to_string(e.rank()) + ": " : "")
+        errors << "train_gpt: error: "
+               << (e.every_rank() ? "" : "rank " + std::to_string(e.rank()) + " on " + e.host() + ": ")
                << e.what() << "\n";
         return exit_error;
 #endif

@@ -124,7 +124,7 @@ void DataParallel::check_same(std::uint64_t fingerprint, const std::string& what
         MPI_Allreduce(&differs, &count, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         throw std::runtime_error("the ranks do not start from the same state: " + what + " differ in " +
                                  std::to_string(count) + " of " + std::to_string(size_) +
-                                 " ranks from rank 0's");
+                                 " ranks from rank 0's");  // thrown in every rank alike
     }
 }
 

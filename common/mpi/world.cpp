@@ -74,12 +74,23 @@ void run_on_every_rank(const std::function<void()>& work) {
     int mine = failed ? rank : size, first = size;
     MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     if (first == size) return;
+    int failing = failed ? 1 : 0, failures = 0;
+    MPI_Allreduce(&failing, &failures, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    // Its host's name, then a newline, then its message.
+    if (rank == first) {
+        char host[MPI_MAX_PROCESSOR_NAME] = {};
+        int host_length = 0;
+        MPI_Get_processor_name(host, &host_length);
+        message = std::string(host, static_cast<std::size_t>(host_length)) + "\n" + message;
+    }
     int length = static_cast<int>(message.size());
     MPI_Bcast(&length, 1, MPI_INT, first, MPI_COMM_WORLD);
     std::vector<char> text(static_cast<std::size_t>(length));
     if (rank == first) std::copy(message.begin(), message.end(), text.begin());
     MPI_Bcast(text.data(), length, MPI_CHAR, first, MPI_COMM_WORLD);
-    throw JobError(std::string(text.begin(), text.end()), first);
+    const std::string all(text.begin(), text.end());
+    const std::size_t newline = all.find('\n');
+    throw JobError(all.substr(newline + 1), first, all.substr(0, newline), failures == size);
 }
 
 void abort_job(int status) {

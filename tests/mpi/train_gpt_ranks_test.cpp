@@ -560,6 +560,54 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
     } else {
         std::cout << "ok: mpirun -np 2 train_gpt --ranks 3: " << lines[0] << "\n";
     }
+    // mpirun's MPMD form: rank 1 given other arguments than rank 0. Each ends within 60 s
+    // with one line from train_gpt naming the rank, its host and the cause, never a hang or
+    // an MPI error in place of the cause.
+    struct Mpmd {
+        std::string what;
+        std::vector<std::string> rank1;  // added to rank 1's arguments
+        std::string expected;            // in train_gpt's line
+        int status;
+    };
+    const std::vector<Mpmd> mpmd = {
+        {"rank 1 cannot read its corpus", {"--data", (root / "missing.txt").string()}, "rank 1 on ", 1},
+        {"rank 1's corpus is a folder", {"--data", root.string()}, "is a directory", 1},
+        {"rank 1 sums its gradients after the backward pass, rank 0 during it", {"--allreduce", "after"},
+         "--allreduce", 1},
+        {"rank 1's corpus differs", {"--data", (root / "other.txt").string()}, "do not start from the same state", 1},
+        {"an option rank 1 cannot parse", {"--max-iters", "x"}, "rank 1 on ", 2},
+    };
+    {
+        std::ofstream other(root / "other.txt");
+        other << read_text(corpus) << "\nAnother line, on rank 1 only.\n";
+    }
+    for (std::size_t i = 0; i < mpmd.size(); ++i) {
+        const Mpmd& c = mpmd[i];
+        const std::string out = (root / ("mpmd" + std::to_string(i))).string();
+        std::vector<std::string> a = {"-np", "1", "--oversubscribe", "--allow-run-as-root", program};
+        a.insert(a.end(), base.begin(), base.end());
+        a.insert(a.end(), {"--ranks", "2", "--out", out, ":", "-np", "1", program});
+        for (std::size_t j = 0; j < base.size(); j += 2) {  // the base, less what rank 1 is given
+            if (std::find(c.rank1.begin(), c.rank1.end(), base[j]) == c.rank1.end()) {
+                a.insert(a.end(), {base[j], base[j + 1]});
+            }
+        }
+        a.insert(a.end(), {"--ranks", "2", "--out", out});
+        a.insert(a.end(), c.rank1.begin(), c.rank1.end());
+        const fs::path log = root / ("mpmd" + std::to_string(i) + "_log");
+        const Outcome m = finish(start(mpirun, a, log), log, 90.0);  // a hang is killed at 90 s
+        const std::vector<std::string> said = message_lines(m.err);
+        const auto ours = std::count_if(said.begin(), said.end(),
+                                        [](const std::string& l) { return l.rfind("train_gpt:", 0) == 0; });
+        if (m.status != c.status || said.empty() || ours != 1 || said[0].find(c.expected) == std::string::npos ||
+            m.seconds > 60) {
+            fail("mpmd: " + c.what, "expected exit " + std::to_string(c.status) + " within 60 s and one line from "
+                 "train_gpt saying '" + c.expected + "', got exit " + std::to_string(m.status) + " after " +
+                 std::to_string(static_cast<int>(m.seconds)) + " s: " + m.err.substr(0, 600));
+        } else {
+            std::cout << "ok: mpmd: " << c.what << ": " << said[0] << "\n";
+        }
+    }
     return failures ? 1 : 0;
 }
 

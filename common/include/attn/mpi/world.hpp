@@ -56,12 +56,22 @@ private:
 class JobError : public std::runtime_error {
 public:
     /// @param what the first failing rank's message @param rank that rank
-    JobError(const std::string& what, int rank) : std::runtime_error(what), rank_(rank) {}
+    /// @param host the name of the machine that rank runs on
+    /// @param every_rank whether the work threw in every rank (a finding about the whole job,
+    /// such as ranks that differ, rather than one rank's problem)
+    JobError(const std::string& what, int rank, std::string host = "", bool every_rank = false)
+        : std::runtime_error(what), rank_(rank), host_(std::move(host)), every_rank_(every_rank) {}
     /// The lowest rank whose work threw.
     int rank() const { return rank_; }
+    /// The machine it runs on (MPI_Get_processor_name).
+    const std::string& host() const { return host_; }
+    /// Whether it threw in every rank.
+    bool every_rank() const { return every_rank_; }
 
 private:
     int rank_;
+    std::string host_;
+    bool every_rank_;
 };
 
 /// Runs `work` in every rank (each calls it) and agrees on how it went: if it threw in any
