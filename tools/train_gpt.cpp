@@ -606,6 +606,8 @@ int launch_ranks(const Flags& f, int argc, char** argv) {
     refuse_to_replace_a_run(f);
     mpi::LaunchOptions options;
     options.ranks = f.ranks;
+    options.stop_line = "train_gpt: stopping: every rank ends its step, then a checkpoint is saved "
+                        "(press Ctrl-C again to stop at once, without one)";
     const mpi::LaunchResult result =
         mpi::run_ranks(mpi::this_program(), std::vector<std::string>(argv + 1, argv + argc), options);
     if (result.status == 0) return 0;
@@ -632,6 +634,9 @@ int run(const Flags& f, const Job& job) {
     Setup setup;
 #if ATTN_HAVE_MPI
     if (job.world) {
+        // From now on a stop the launcher passes on (SIGUSR1) waits for the first step's end
+        // instead of ending this rank in the middle of its setup.
+        StopRequest early_stop;
         mpi::run_on_every_rank([&] { set_up(f, job, setup); });
         mpi::run_on_every_rank([&] { join_group(f, job, setup); });
         return train_or_dump(f, job, setup);

@@ -13,6 +13,8 @@
 #include <poll.h>
 #include <stdexcept>
 #include <string>
+#include <fcntl.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -27,10 +29,24 @@ namespace attn::mpi {
 namespace {
 
 volatile sig_atomic_t g_mpirun_pid = 0;
+volatile sig_atomic_t g_signals = 0;
+char g_stop_line[512] = {};  // LaunchOptions::stop_line, with its newline; empty: none
 
-// SIGTERM to the launcher is passed on to mpirun, which stops the ranks.
-void forward_term(int) {
-    if (g_mpirun_pid > 0) kill(static_cast<pid_t>(g_mpirun_pid), SIGTERM);
+// Ctrl-C or SIGTERM to the launcher, which mpirun (in a process group of its own) does not
+// see: the first asks the ranks to stop (SIGUSR1, which mpirun passes on) when they can, the
+// second, or the first when they cannot, has mpirun end them (SIGTERM).
+void on_stop_signal(int) {
+    const int saved = errno;
+    if (g_mpirun_pid > 0) {
+        if (g_signals++ == 0 && g_stop_line[0] != '\0') {
+            kill(static_cast<pid_t>(g_mpirun_pid), SIGUSR1);
+            ssize_t ignored = write(STDERR_FILENO, g_stop_line, std::strlen(g_stop_line));
+            (void)ignored;
+        } else {
+            kill(static_cast<pid_t>(g_mpirun_pid), SIGTERM);
+        }
+    }
+    errno = saved;
 }
 
 // mpirun frames each report of its own between lines of dashes.
@@ -132,11 +148,35 @@ LaunchResult run_ranks(const std::string& program, const std::vector<std::string
     if (pipe(err_pipe) != 0 || (options.capture_output && pipe(out_pipe) != 0)) {
         throw std::runtime_error(std::string("cannot make a pipe for mpirun: ") + std::strerror(errno));
     }
+    std::snprintf(g_stop_line, sizeof g_stop_line, "%s%s", options.stop_line.c_str(),
+                  options.stop_line.empty() ? "" : "\n");
+    g_signals = 0;
+    // The signals are blocked across the fork, so that none reaches this process between
+    // mpirun's start and the handlers below without being passed on.
+    sigset_t stops, old_mask;
+    sigemptyset(&stops);
+    sigaddset(&stops, SIGINT);
+    sigaddset(&stops, SIGTERM);
+    sigprocmask(SIG_BLOCK, &stops, &old_mask);
+    const pid_t parent = getpid();
     std::fflush(stdout);
     std::fflush(stderr);
     const pid_t pid = fork();
-    if (pid < 0) throw std::runtime_error(std::string("cannot start mpirun: ") + std::strerror(errno));
+    if (pid < 0) {
+        sigprocmask(SIG_SETMASK, &old_mask, nullptr);
+        throw std::runtime_error(std::string("cannot start mpirun: ") + std::strerror(errno));
+    }
     if (pid == 0) {
+        // mpirun in a process group of its own: a Ctrl-C at the terminal reaches this
+        // process only, which decides what the ranks get. It reads no terminal (a process
+        // outside the terminal's foreground group that did would be stopped), and it ends
+        // when this process does, however that ends (SIGKILL included).
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(1);  // this process had ended already
+        const int null = open("/dev/null", O_RDONLY);
+        if (null >= 0) dup2(null, STDIN_FILENO);
+        sigprocmask(SIG_SETMASK, &old_mask, nullptr);
         dup2(err_pipe[1], STDERR_FILENO);
         if (options.capture_output) dup2(out_pipe[1], STDOUT_FILENO);
         for (int fd : {err_pipe[0], err_pipe[1], out_pipe[0], out_pipe[1]}) {
@@ -151,20 +191,24 @@ LaunchResult run_ranks(const std::string& program, const std::vector<std::string
     close(err_pipe[1]);
     if (options.capture_output) close(out_pipe[1]);
 
-    // While mpirun runs, Ctrl-C reaches it (and the ranks) from the terminal, and it stops
-    // them; this process waits to say how the job ended. SIGTERM is passed on.
+    // While mpirun runs, Ctrl-C and SIGTERM come to this process (see on_stop_signal), which
+    // waits to say how the job ended.
     g_mpirun_pid = pid;
-    struct sigaction ignore{}, forward{}, old_int{}, old_term{};
-    ignore.sa_handler = SIG_IGN;
-    forward.sa_handler = forward_term;
-    sigaction(SIGINT, &ignore, &old_int);
+    struct sigaction forward{}, old_int{}, old_term{};
+    forward.sa_handler = on_stop_signal;
+    sigemptyset(&forward.sa_mask);
+    sigaction(SIGINT, &forward, &old_int);
     sigaction(SIGTERM, &forward, &old_term);
+    sigprocmask(SIG_SETMASK, &old_mask, nullptr);
 
     LaunchResult result;
     LineReader err_lines, out_lines;
     bool in_frame = false;
     std::string report;
     auto on_err_line = [&](const std::string& line) {
+        // mpirun's note that it passed a signal on ("mpiexec: Forwarding signal 10 to job"):
+        // the launcher has said what the signal does.
+        if (line.find(": Forwarding signal ") != std::string::npos && line.size() < 80) return;
         if (is_frame(line)) {
             in_frame = !in_frame;
             if (!in_frame) read_report(report, result);

@@ -170,25 +170,31 @@ namespace {
 std::atomic<int> g_stops{0};
 void on_signal(int sig) {
     if (g_stops.fetch_add(1) >= 1) {
-        std::signal(sig, SIG_DFL);
-        std::raise(sig);
+        // SIGUSR1's default would end the process too, but say "User defined signal 1"
+        std::signal(sig == SIGUSR1 ? SIGTERM : sig, SIG_DFL);
+        std::raise(sig == SIGUSR1 ? SIGTERM : sig);
     }
 }
-struct sigaction g_old_int, g_old_term;
+struct sigaction g_old_int, g_old_term, g_old_usr1;
+int g_depth = 0;  // StopRequests alive: the outermost installs and restores the handlers
 }  // namespace
 
 StopRequest::StopRequest() {
+    if (g_depth++ > 0) return;  // an outer one already listens, and keeps what it heard
     g_stops = 0;
     struct sigaction sa{};
     sa.sa_handler = on_signal;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &g_old_int);
     sigaction(SIGTERM, &sa, &g_old_term);
+    sigaction(SIGUSR1, &sa, &g_old_usr1);
 }
 
 StopRequest::~StopRequest() {
+    if (--g_depth > 0) return;
     sigaction(SIGINT, &g_old_int, nullptr);
     sigaction(SIGTERM, &g_old_term, nullptr);
+    sigaction(SIGUSR1, &g_old_usr1, nullptr);
 }
 
 bool StopRequest::requested() const { return g_stops.load() > 0; }

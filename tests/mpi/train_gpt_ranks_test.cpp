@@ -15,6 +15,10 @@
 //       stops, the job ends with one line naming the rank and the checkpoint, the checkpoint
 //       resumes on 2 ranks, and the resumed run's losses are those of a run that never
 //       stopped (on one process).
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR stop
+//       SIGTERM to the launcher of a 2-rank run: every rank ends its step, the checkpoint is
+//       saved, one line, exit 0, no process left, and the run resumes from it; two signals
+//       end the job at once; the launcher killed (SIGKILL) takes mpirun and the ranks along.
 //   train_gpt_ranks_test compare RUN REFERENCE_RUN
 //       The same comparison of two run folders (for the test across network namespaces).
 #include "attn/checkpoint.hpp"
@@ -734,6 +738,126 @@ int test_kill(const std::string& program, const fs::path& root) {
 
 }  // namespace
 
+// ---------------------------------------------------------------------------------------
+// Stopping a job: a signal to the launcher, two signals, the launcher killed.
+
+// Whether process `p` still runs (a zombie has ended).
+bool still_running(pid_t p) {
+    if (kill(p, 0) != 0 || !fs::exists("/proc/" + std::to_string(p))) return false;
+    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    return line.find(") Z") == std::string::npos;
+}
+
+// The steps metrics.jsonl records so far.
+long long logged_steps(const fs::path& run) {
+    std::ifstream in(run / "metrics.jsonl");
+    long long n = 0;
+    for (std::string line; std::getline(in, line);) n += line.find("\"loss\"") != std::string::npos ? 1 : 0;
+    return n;
+}
+
+int test_stop(const std::string& program, const fs::path& root) {
+    const fs::path corpus = root / "corpus.txt";
+    write_corpus(corpus);
+    const std::vector<std::string> base = {"--recipe", "tiny", "--max-iters", "100000", "--eval-interval", "100000",
+                                           "--eval-iters", "1", "--sample", "0", "--threads", "1",
+                                           "--ranks", "2", "--data", corpus.string()};
+    // Starts a job in `run` and waits until it has logged 5 steps; returns the launcher, its
+    // mpirun and the ranks.
+    struct Job {
+        pid_t launcher = -1, mpirun = -1;
+        std::vector<pid_t> ranks;
+    };
+    const auto start_job = [&](const fs::path& run, const fs::path& log) {
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--out", run.string()});
+        Job j;
+        j.launcher = start(program, args, log);
+        for (int waited = 0; waited < 6000 && logged_steps(run) < 5; ++waited) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        const std::vector<pid_t> m = children_of(j.launcher);
+        if (!m.empty()) {
+            j.mpirun = m[0];
+            j.ranks = children_of(m[0]);
+        }
+        return j;
+    };
+    const auto all_gone = [](const std::vector<pid_t>& ps, double seconds) {
+        for (int waited = 0; waited < seconds * 100; ++waited) {
+            if (std::none_of(ps.begin(), ps.end(), still_running)) return true;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return std::none_of(ps.begin(), ps.end(), still_running);
+    };
+
+    // 1. SIGTERM to the launcher: every rank ends its step, a checkpoint, one line, exit 0.
+    const fs::path stopped = root / "stopped";
+    Job j = start_job(stopped, root / "stopped_log");
+    if (logged_steps(stopped) < 5 || j.ranks.size() != 2) {
+        kill(j.launcher, SIGKILL);
+        finish(j.launcher, root / "stopped_log");
+        fail("the run to stop", "fewer than 5 steps logged, or not 2 ranks");
+        return 1;
+    }
+    kill(j.launcher, SIGTERM);
+    Outcome o = finish(j.launcher, root / "stopped_log", 60.0);
+    const long long step = checkpoint_step(stopped);
+    const std::vector<std::string> said = message_lines(o.err);
+    if (o.status != 0 || step < 5 || o.out.find("stopped at step " + std::to_string(step) + ":") == std::string::npos ||
+        said.size() != 1 || said[0].rfind("train_gpt: stopping", 0) != 0) {
+        fail("SIGTERM to the launcher", "expected exit 0, 'stopped at step N' with the checkpoint's step (" +
+             std::to_string(step) + ") and one line, got exit " + std::to_string(o.status) + ": " +
+             o.err.substr(0, 600) + " / " + o.out.substr(o.out.size() > 300 ? o.out.size() - 300 : 0));
+    } else {
+        std::cout << "ok: SIGTERM to the launcher: exit 0 after " << o.seconds << " s, " << said[0]
+                  << "; checkpoint at step " << step << "\n";
+    }
+    if (!all_gone(j.ranks, 10)) fail("SIGTERM to the launcher", "a rank still runs 10 s after the job ended");
+    // It goes on from there.
+    std::vector<std::string> args = {"--resume", stopped.string(), "--max-iters", std::to_string(step + 3),
+                                     "--ranks", "2", "--threads", "1", "--sample", "0", "--data", corpus.string()};
+    o = run(program, args, root / "resumed_log");
+    if (o.status != 0 || checkpoint_step(stopped) != step + 3) {
+        fail("the stopped run resumed", "exit " + std::to_string(o.status) + ", checkpoint at step " +
+             std::to_string(checkpoint_step(stopped)) + ": " + o.err.substr(0, 400));
+    } else {
+        std::cout << "ok: the stopped run resumes at step " << step << " and ends at " << step + 3 << "\n";
+    }
+
+    // 2. Two signals: the second ends the job at once, every process with it.
+    const fs::path twice = root / "twice";
+    j = start_job(twice, root / "twice_log");
+    kill(j.launcher, SIGINT);
+    kill(j.launcher, SIGINT);
+    o = finish(j.launcher, root / "twice_log", 60.0);
+    std::vector<pid_t> everyone = j.ranks;
+    if (j.mpirun > 0) everyone.push_back(j.mpirun);
+    if (o.seconds > 30 || !all_gone(everyone, 10)) {
+        fail("two Ctrl-Cs", "the job took " + std::to_string(o.seconds) + " s to end, or left a process running");
+    } else {
+        std::cout << "ok: two Ctrl-Cs end the job in " << o.seconds << " s (exit " << o.status << ")\n";
+    }
+
+    // 3. The launcher killed (SIGKILL, which it cannot catch): mpirun and the ranks go too.
+    const fs::path orphaned = root / "orphaned";
+    j = start_job(orphaned, root / "orphaned_log");
+    everyone = j.ranks;
+    if (j.mpirun > 0) everyone.push_back(j.mpirun);
+    kill(j.launcher, SIGKILL);
+    finish(j.launcher, root / "orphaned_log", 10.0);
+    if (everyone.size() != 3 || !all_gone(everyone, 15)) {
+        fail("the launcher killed", "mpirun or a rank still runs 15 s later (" + std::to_string(everyone.size()) +
+             " processes watched)");
+        for (pid_t p : everyone) kill(p, SIGKILL);
+    } else {
+        std::cout << "ok: the launcher killed: mpirun and both ranks ended with it\n";
+    }
+    return failures ? 1 : 0;
+}
+
 int main(int argc, char** argv) {
     if (argc == 4 && std::string(argv[1]) == "compare") {
         // Two run folders: the second is the reference (tests/mpi/multihost_netns.sh).
@@ -744,7 +868,7 @@ int main(int argc, char** argv) {
         return failures ? 1 : 0;
     }
     if (argc != 4 && argc != 5) {
-        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill [MPIRUN]\n"
+        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|stop [MPIRUN]\n"
                      "       train_gpt_ranks_test compare RUN REFERENCE_RUN\n";
         return 2;
     }
@@ -756,6 +880,7 @@ int main(int argc, char** argv) {
     if (part == "options") status = test_options(program, root);
     else if (part == "refusals") status = test_refusals(program, root, argc == 5 ? argv[4] : "mpirun");
     else if (part == "kill") status = test_kill(program, root);
+    else if (part == "stop") status = test_stop(program, root);
     else std::cerr << "unknown part '" << part << "'\n";
     std::cout << (status == 0 ? "passed" : "FAILED") << " (" << failures << " failures)\n";
     return status;

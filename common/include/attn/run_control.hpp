@@ -30,8 +30,10 @@ void write_directory_atomically(const std::filesystem::path& target,
 /// @return whether a version was put back
 bool recover_directory(const std::filesystem::path& target);
 
-/// Turns Ctrl-C (SIGINT) and SIGTERM into a request to stop that a loop polls, so that a
-/// training run can save a checkpoint and exit cleanly. A second Ctrl-C stops at once.
+/// Turns Ctrl-C (SIGINT), SIGTERM and SIGUSR1 (what a launcher of ranks sends them through
+/// mpirun, mpi::LaunchOptions::stop_line) into a request to stop that a loop polls, so that
+/// a training run can save a checkpoint and exit cleanly. A second signal stops at once.
+/// StopRequests may nest: an inner one sees what the outermost has heard since it was made.
 class StopRequest {
 public:
     /// Installs the signal handlers; the destructor restores the previous ones.

@@ -15,6 +15,11 @@ struct LaunchOptions {
     std::vector<std::string> environment;
     /// Keep the ranks' standard output in LaunchResult::output instead of passing it on.
     bool capture_output = false;
+    /// What the first Ctrl-C (SIGINT) or SIGTERM to this process does. Empty: mpirun is told
+    /// to end the job (SIGTERM). Otherwise the ranks get SIGUSR1 (mpirun passes it on without
+    /// ending them), which a program that handles it (attn::StopRequest) takes as a request
+    /// to stop cleanly, and this line is printed. A second signal ends the job at once.
+    std::string stop_line;
 };
 
 /// How a job ended.
