@@ -846,37 +846,41 @@ void cost_model(const Sizes& s, const DataParallelPoints& dp, const SequencePoin
     std::printf("(nanoGPT's GPU recipe, %.1fM parameters: %.1f ms on 8 nodes, %.1f ms on 64)\n", gpu_params / 1e6,
                 1e3 * predicted(8, gpu_bytes, net_alpha, net_beta), 1e3 * predicted(64, gpu_bytes, net_alpha, net_beta));
 
-    // Ring attention: a step of the ring computes a (c, c) block of every head and passes k,
-    // v of c positions on. Measured here: this machine's rate on the long sequence.
+    // Ring attention: a step of the ring passes k, v of c positions on while it computes. A
+    // whole (c, c) block is 4·c²·hs·NH FLOPs; the causal ring with the zig-zag split computes
+    // half of one at every step (two of its four (c/2, c/2) pairs), 2·c²·hs·NH. Measured here:
+    // this machine's rate on the long sequence.
     const double T = static_cast<double>(s.T_long), NH = static_cast<double>(s.NH), hs = static_cast<double>(s.hs);
     const double causal_flops = 4 * T * (T + 1) / 2 * hs * NH;  // q·kᵀ and P·v over the visible pairs
     const double rate = causal_flops / std::max(seq.single_forward, 1e-9);
     std::printf("\nring attention, forward, T = %.0f, %.0f heads of %.0f: this machine computes it at %.1f GFLOP/s\n"
-                "(%.2f s in one process, measured above). Per ring step a rank computes about 4·c²·hs·NH FLOPs\n"
-                "and sends k and v, 2·c·hs·NH·4 bytes: the sends hide while c ≥ 2·rate/β = %.0f positions\n\n",
-                T, NH, hs, rate / 1e9, seq.single_forward, 2 * rate / net_beta);
+                "(%.2f s in one process, measured above). Per step of the causal zig-zag ring a rank computes\n"
+                "half a (c, c) block, 2·c²·hs·NH FLOPs, and sends k and v, 2·c·hs·NH·4 bytes: the sends hide\n"
+                "while c ≥ 4·rate/β = %.0f positions\n\n",
+                T, NH, hs, rate / 1e9, seq.single_forward, 4 * rate / net_beta);
     std::printf("%6s  %10s  %14s  %14s  %s\n", "nodes", "c = T/N", "compute ms", "send ms", "");
     for (double n : {8.0, 64.0}) {
         const double c = T / n;
-        const double compute = 4 * c * c * hs * NH / rate, send = 2 * c * hs * NH * 4 / net_beta + net_alpha;
+        const double compute = 2 * c * c * hs * NH / rate, send = 2 * c * hs * NH * 4 / net_beta + net_alpha;
         std::printf("%6.0f  %10.0f  %14.3f  %14.3f  %s\n", n, c, 1e3 * compute, 1e3 * send,
                     send < compute ? "hidden" : "exposed: the ring waits");
         print_claim("ring_hidden_" + std::to_string(static_cast<int>(n)), send < compute ? "hidden" : "exposed");
     }
     // A node that computes as fast as an H100 does on dense BF16 products (989 TFLOP/s, the
     // datasheet's figure) on the same links, its k and v in bfloat16 too: 2 bytes a number
-    // instead of 4, so the condition becomes c ≥ F/β (Liu et al.'s c ≥ F/B), half of 2F/β.
+    // instead of 4, so the causal ring's condition becomes c ≥ 2F/β (Liu et al.'s c ≥ F/B is
+    // for whole blocks, without the mask).
     const double h100 = 989e12;
     std::printf("\na node computing at an H100's %.0f TFLOP/s (dense BF16, its datasheet) on the same links,\n"
-                "sending k and v in bfloat16 (2 bytes), needs c ≥ F/β = %.0f positions per rank: %.1fM tokens\n"
+                "sending k and v in bfloat16 (2 bytes), needs c ≥ 2F/β = %.0f positions per rank: %.1fM tokens\n"
                 "on 8 nodes, %.1fM on 64\n",
-                h100 / 1e12, h100 / net_beta, 8 * h100 / net_beta / 1e6, 64 * h100 / net_beta / 1e6);
-    print_claim("ring_threshold_h100", h100 / net_beta, 0);
+                h100 / 1e12, 2 * h100 / net_beta, 16 * h100 / net_beta / 1e6, 128 * h100 / net_beta / 1e6);
+    print_claim("ring_threshold_h100", 2 * h100 / net_beta, 0);
     print_claim("h100_tflops", h100 / 1e12, 0);
     print_claim("net_gbs", net_beta / 1e9, 1);
     print_claim("net_latency_us", 1e6 * net_alpha, 0);
     print_claim("gpu_recipe_params_m", gpu_params / 1e6, 1);
-    print_claim("ring_threshold", 2 * rate / net_beta, 0);
+    print_claim("ring_threshold", 4 * rate / net_beta, 0);
     print_claim("this_rate_gflops", rate / 1e9, 1);
     print_claim("fitted_beta_gbs", beta / 1e9, 2);
 }
