@@ -22,6 +22,8 @@
 #include "attn/entropy.hpp"
 #include "attn/gpt.hpp"
 
+#include "tool_main.hpp"
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -36,8 +38,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-constexpr int exit_error = 1, exit_usage = 2;
 
 // The prompt the course site shows: a line every character of which tiny shakespeare has.
 const char* const default_prompt = "ROMEO:\nBut soft, what light through yonder window breaks?";
@@ -261,20 +261,7 @@ int main(int argc, char** argv) {
     app.add_option("--corpus", f.corpus, "the corpus's name, for the page (default: corpus.txt "
                                          "beside the weights)");
     app.add_option("--assets", f.assets, "the folder of the page's files");
-    try {
-        app.parse(argc, argv);
-        f.prompt_given = prompt->count() > 0;
-    } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError& e) {
-        std::cerr << "inspect_attention: " << e.what() << " (see --help)\n";
-        return exit_usage;
-    }
-    try {
-        return run(f);
-    } catch (const std::exception& e) {
-        std::cout.flush();
-        std::cerr << "inspect_attention: " << e.what() << "\n";
-        return exit_error;
-    }
+    return attn_tools::tool_main(
+        "inspect_attention", app, argc, argv, [&] { f.prompt_given = prompt->count() > 0; },
+        [&] { return run(f); });
 }

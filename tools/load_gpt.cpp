@@ -17,6 +17,8 @@
 #include "attn/data.hpp"
 #include "attn/random.hpp"
 
+#include "tool_main.hpp"
+
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -42,8 +44,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr int exit_error = 1, exit_usage = 2;
 
 struct Range {
     int lo, hi;
@@ -363,21 +363,9 @@ int main(int argc, char** argv) {
     app.add_option("--seed", f.seed, "the same seed, the same requests");
     app.add_flag("--rounds", f.rounds, "clients send together and wait for the slowest (static batching)");
     Range prompt{}, tokens{};
-    try {
-        app.parse(argc, argv);
+    const auto check = [&] {
         prompt = parse_range(f.prompt_chars, "--prompt-chars");
         tokens = parse_range(f.max_tokens, "--max-tokens");
-    } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError& e) {
-        std::cerr << "load_gpt: " << e.what() << " (see --help)\n";
-        return exit_usage;
-    }
-    try {
-        return run(f, prompt, tokens);
-    } catch (const std::exception& e) {
-        std::cout.flush();
-        std::cerr << "load_gpt: " << e.what() << "\n";
-        return exit_error;
-    }
+    };
+    return attn_tools::tool_main("load_gpt", app, argc, argv, check, [&] { return run(f, prompt, tokens); });
 }

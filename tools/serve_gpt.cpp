@@ -23,6 +23,8 @@
 #include "attn/paged_cache.hpp"
 #include "attn/scheduler.hpp"
 
+#include "tool_main.hpp"
+
 #include <CLI/CLI.hpp>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -56,8 +58,6 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-constexpr int exit_error = 1, exit_usage = 2;
 
 struct Flags {
     fs::path checkpoint;
@@ -633,22 +633,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0, 10000));
     app.add_option("--step-tokens", f.step_tokens, "rows of one forward pass (at least --max-running)")
         ->check(CLI::Range(1, 65536));
-    try {
-        app.parse(argc, argv);
+    const auto check = [&] {
         if (f.step_tokens < f.max_running)
             throw CLI::ValidationError("--step-tokens", "must be at least --max-running (" +
                                                             std::to_string(f.max_running) + ")");
-    } catch (const CLI::CallForHelp& e) {
-        return app.exit(e);
-    } catch (const CLI::ParseError& e) {
-        std::cerr << "serve_gpt: " << e.what() << " (see --help)\n";
-        return exit_usage;
-    }
-    try {
-        return run(f);
-    } catch (const std::exception& e) {
-        std::cout.flush();
-        std::cerr << "serve_gpt: " << e.what() << "\n";
-        return exit_error;
-    }
+    };
+    return attn_tools::tool_main("serve_gpt", app, argc, argv, check, [&] { return run(f); });
 }
