@@ -828,7 +828,8 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
                 line["rounded_gradients"] = r.rounded_gradients;
             }
             if (trainer.scales_loss()) line["loss_scale"] = r.loss_scale;
-            metrics << line.dump() << "\n";
+            // flushed at each step: a run killed mid-way keeps the log of every step it took
+            metrics << line.dump() << "\n" << std::flush;
         }
         if (progress_out) {
             const bool show = options.progress_is_terminal || (r.step + 1) % options.progress_interval == 0;
