@@ -3,10 +3,19 @@
 
 #include "attn/gpt.hpp"
 
+#include <chrono>
 #include <cstdint>
 #include <stdexcept>
 
 namespace attn::mpi {
+
+namespace {
+// The machine's monotonic clock, the same for every process on it (MPI_Wtime is not: Open MPI
+// counts it from each process's own start).
+double machine_seconds() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+}  // namespace
 
 const char* schedule_name(AllreduceSchedule schedule) {
     return schedule == AllreduceSchedule::after ? "after" : "overlapped";
@@ -40,7 +49,10 @@ void DataParallel::begin_gradients(GPT& model, double share) {
     buckets_.resize(buckets.size());
     for (std::size_t b = 0; b < buckets.size(); ++b) buckets_[b].resize(buckets[b].size);
     requests_.clear();
-    model.set_gradient_ready_hook([this, &model](int bucket) { start_bucket(model, bucket); });
+    model.set_gradient_ready_hook([this, &model](int bucket) {
+        start_bucket(model, bucket);
+        timing_.handed_in = machine_seconds();  // the last bucket's time stays
+    });
 }
 
 //! [bucket]
@@ -69,6 +81,8 @@ void DataParallel::start_bucket(GPT& model, int bucket) {
 void DataParallel::finish_gradients(GPT& model) {
     const double backward_end = MPI_Wtime();
     timing_.backward_seconds = backward_end - backward_start_;
+    timing_.backward_end = machine_seconds();
+    if (schedule_ == AllreduceSchedule::after) timing_.handed_in = timing_.backward_end;
     std::vector<float>& grads = model.gradients();
     if (schedule_ == AllreduceSchedule::after) {
         //! [after]

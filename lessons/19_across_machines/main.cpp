@@ -276,7 +276,7 @@ void data_parallel_part(const Part& part) {
     for (mpi::AllreduceSchedule schedule : {mpi::AllreduceSchedule::overlapped, mpi::AllreduceSchedule::after}) {
         auto timed = std::make_shared<mpi::DataParallel>(schedule);
         trainer.use_group(timed);
-        std::vector<double> step, backward, exposed;
+        std::vector<double> step, backward, exposed, skew, communication;
         for (int i = 0; i < 2 + part.s.timed_steps; ++i) {  // 2 warm-up steps
             MPI_Barrier(MPI_COMM_WORLD);
             const double start = mpi::wall_seconds();
@@ -286,10 +286,18 @@ void data_parallel_part(const Part& part) {
             step.push_back(took);
             backward.push_back(part.max_over_ranks(timed->last_timing().backward_seconds));
             exposed.push_back(part.max_over_ranks(timed->last_timing().exposed_seconds));
+            // The wait splits in two: until the last rank hands in its gradients (skew: no sum
+            // can finish before every rank has), then communication.
+            const double last_hand_in = part.max_over_ranks(timed->last_timing().handed_in);
+            const double waited = std::max(0.0, last_hand_in - timed->last_timing().backward_end);
+            skew.push_back(part.max_over_ranks(waited));
+            communication.push_back(part.max_over_ranks(
+                std::max(0.0, timed->last_timing().exposed_seconds - waited)));
         }
         part.say(std::string("time_") + mpi::schedule_name(schedule),
                  {median(step), median(backward), median(exposed),
-                  static_cast<double>(timed->last_timing().allreduce_calls)});
+                  static_cast<double>(timed->last_timing().allreduce_calls), median(skew),
+                  median(communication)});
     }
 
     // MPI_Allreduce alone, on the gradient's size and on others, for the cost model: the
@@ -596,13 +604,17 @@ DataParallelPoints data_parallel(const Launcher& launcher) {
 
     print_heading("Summing the gradients: bucket by bucket during the backward pass, or once after it");
     std::printf("median of %d steps, milliseconds; the slowest rank's each time. 'exposed' is the wait for\n"
-                "the sums after the backward pass: the communication that did not hide behind it\n\n",
+                "the sums after the backward pass, in two parts: 'skew', waiting for the last rank to hand in\n"
+                "its gradients (the ranks' clocks of this one machine compared), and 'comm.', the rest:\n"
+                "the communication that did not hide behind the computation\n\n",
                 launcher.s.timed_steps);
-    std::printf("%5s  %-11s  %8s  %9s  %8s  %8s\n", "ranks", "schedule", "step", "backward", "exposed", "calls");
+    std::printf("%5s  %-11s  %8s  %9s  %8s  %8s  %8s  %6s\n", "ranks", "schedule", "step", "backward", "exposed",
+                "skew", "comm.", "calls");
     for (int N : {1, 2, 4}) {
         for (const char* schedule : {"overlapped", "after"}) {
             const std::vector<double>& t = need(points.by_ranks[N], std::string("time_") + schedule);
-            std::printf("%5d  %-11s  %8.2f  %9.2f  %8.2f  %8.0f\n", N, schedule, 1e3 * t[0], 1e3 * t[1], 1e3 * t[2], t[3]);
+            std::printf("%5d  %-11s  %8.2f  %9.2f  %8.2f  %8.2f  %8.2f  %6.0f\n", N, schedule, 1e3 * t[0],
+                        1e3 * t[1], 1e3 * t[2], 1e3 * t.at(4), 1e3 * t.at(5), t[3]);
         }
     }
     std::printf("\neach rank sends about 2(N - 1)/N of the %.0f gradient bytes per step (a ring allreduce):\n"
@@ -612,6 +624,9 @@ DataParallelPoints data_parallel(const Launcher& launcher) {
     const std::vector<double>& a2 = need(points.by_ranks[2], "time_after");
     print_claim("exposed_overlapped_2", 1e3 * o2[2], 2);
     print_claim("exposed_after_2", 1e3 * a2[2], 2);
+    print_claim("skew_overlapped_2", 1e3 * o2.at(4), 2);
+    print_claim("comm_overlapped_2", 1e3 * o2.at(5), 2);
+    print_claim("comm_after_2", 1e3 * a2.at(5), 2);
     print_claim("overlap_word_2", o2[2] < a2[2] ? "less than" : "no less than");
     print_claim("step_1", 1e3 * need(points.by_ranks[1], "time_overlapped")[0], 1);
     print_claim("step_2", 1e3 * o2[0], 1);

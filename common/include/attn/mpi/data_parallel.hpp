@@ -40,6 +40,14 @@ struct AllreduceTiming {
     /// Wall time the step spent waiting for the sums after the backward pass: the
     /// communication that did not hide behind it (with `after`, the whole allreduce).
     double exposed_seconds = 0.0;
+    /// When this rank's backward pass ended, in seconds of the machine's monotonic clock
+    /// (std::chrono::steady_clock), which the ranks of one machine share.
+    double backward_end = 0.0;
+    /// When this rank handed in its last gradients to be summed (its last bucket's start, or
+    /// the one allreduce after the pass). No sum ends before every rank's hand-in: the time
+    /// from a rank's backward_end to the last rank's hand-in is skew, a rank waiting for a
+    /// slower one, not communication.
+    double handed_in = 0.0;
     std::size_t bytes = 0;   ///< the gradient bytes handed to MPI (4 per parameter)
     int allreduce_calls = 0; ///< allreduces started: one per bucket, or one
 };
