@@ -32,7 +32,6 @@
 #include <filesystem>
 #include <iostream>
 #include <mutex>
-#include <regex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -61,15 +60,24 @@ struct Flags {
     double temperature = 1.0;
 };
 
+// A whole number of 1 to `digits` digits, or -1.
+int whole_number(const std::string& s, std::size_t digits) {
+    if (s.empty() || s.size() > digits) return -1;
+    for (char c : s) {
+        if (c < '0' || c > '9') return -1;
+    }
+    return std::stoi(s);
+}
+
 Range parse_range(const std::string& s, const char* flag) {
-    static const std::regex re(R"((\d{1,6})(?::(\d{1,6}))?)");
-    std::smatch m;
-    if (!std::regex_match(s, m, re)) {
+    const std::size_t colon = s.find(':');
+    const int lo = whole_number(s.substr(0, colon), 6);
+    const int hi = colon == std::string::npos ? lo : whole_number(s.substr(colon + 1), 6);
+    if (lo < 0 || hi < 0) {
         throw CLI::ValidationError(flag, "'" + s + "' is not a count or a range LO:HI (e.g. 16:64)");
     }
-    Range r{std::stoi(m[1]), m[2].matched ? std::stoi(m[2]) : std::stoi(m[1])};
-    if (r.lo < 1 || r.hi < r.lo) throw CLI::ValidationError(flag, "'" + s + "': need 1 ≤ LO ≤ HI");
-    return r;
+    if (lo < 1 || hi < lo) throw CLI::ValidationError(flag, "'" + s + "': need 1 ≤ LO ≤ HI");
+    return {lo, hi};
 }
 
 struct Target {
@@ -77,18 +85,21 @@ struct Target {
     int port;
 };
 
+// http://HOST:PORT, with an optional closing slash.
 Target parse_url(const std::string& url) {
-    static const std::regex re(R"(http://([^/:]+|\[[^\]]+\]):(\d{1,5})/?)");
-    std::smatch m;
-    if (!std::regex_match(url, m, re)) {
+    const std::string scheme = "http://";
+    std::string rest = url.rfind(scheme, 0) == 0 ? url.substr(scheme.size()) : "";
+    if (!rest.empty() && rest.back() == '/') rest.pop_back();
+    const std::size_t colon = rest.rfind(':');
+    const std::string host = colon == std::string::npos ? "" : rest.substr(0, colon);
+    const int port = colon == std::string::npos ? -1 : whole_number(rest.substr(colon + 1), 5);
+    if (host.empty() || port < 0 || host.find('/') != std::string::npos) {
         throw std::runtime_error("'" + url + "' is not a server's address: http://127.0.0.1:PORT");
     }
-    const std::string host = m[1];
     if (host != "127.0.0.1" && host != "localhost") {
         throw std::runtime_error("'" + url + "': load is only sent to a server on this machine "
                                  "(host 127.0.0.1 or localhost)");
     }
-    const int port = std::stoi(m[2]);
     if (port < 1 || port > 65535) throw std::runtime_error("'" + url + "': the port must be in 1..65535");
     return {"127.0.0.1", port};
 }
