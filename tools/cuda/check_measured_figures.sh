@@ -36,4 +36,19 @@ for log in "$m/2026-11-26-h200-two-grids/attention-hs128.log" "$m/2026-11-26-h20
     echo "lesson 13's page does not quote '$ms ms' from $log"; status=1
   fi
 done
+# Lesson 20: the paged decode kernel's smallest and largest error against float64 on the H100,
+# and the CPU's, as the log prints them, from the test's "paged" lines.
+page20="$src/lessons/20_serving/lesson.md"
+log20="$m/2026-11-26-h100/test-attention.log"
+for side in device cpu; do
+  range=$(awk -v side="$side" '/^paged NH=/ { for (i = 1; i < NF; ++i) if ($i == side) print $(i + 1) }' "$log20" |
+          sort -g | sed -n '1p;$p' | sed 's/e-0*/e-/' | tr '\n' ' ')
+  set -- $range
+  if [ $# -ne 2 ]; then echo "no paged $side errors in $log20"; status=1; continue; fi
+  if tr '\n' ' ' < "$page20" | grep -qF "$1 to $2"; then
+    echo "lesson 20 quotes the paged kernel's $side errors $1 to $2 from $log20"
+  else
+    echo "lesson 20's page does not quote the $side errors '$1 to $2' of $log20"; status=1
+  fi
+done
 exit $status
