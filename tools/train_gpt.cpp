@@ -79,6 +79,8 @@ struct Flags {
     std::optional<int> batch_size;  // --batch-size: sequences per step (not given: the recipe's)
     bool batch_per_rank = false;    // --batch-per-rank: that batch on each rank, not shared
     std::string allreduce;   // how the ranks sum their gradients (empty: not given)
+    std::optional<double> bucket_cap_mb, first_bucket_mb;  // --bucket-cap-mb, --first-bucket-mb
+    bool bucket_view = false;                               // --bucket-view
 };
 
 // This process's place in a data-parallel job: rank 0 of 1 when it trains alone.
@@ -139,6 +141,25 @@ GPT with_flags(GPT model, const Flags& f) {
 }
 
 // A validator for counts: a whole number of at least `least`, with a message that says so.
+// A size in megabytes from 0 to a million (the bucket caps).
+CLI::Validator megabytes() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            std::size_t used = 0;
+            double mb = -1.0;
+            try {
+                mb = std::stod(value, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != value.size() || used == 0 || !(mb >= 0.0 && mb <= 1e6)) {
+                return "expected megabytes from 0 to 1e6, got '" + value + "'";
+            }
+            return "";
+        },
+        "MB");
+}
+
 CLI::Validator whole_number_at_least(long long least) {
     return CLI::Validator(
         [least](std::string& value) -> std::string {
@@ -357,6 +378,21 @@ void check_rank_options(const Flags& f, const Job& job) {
         throw std::invalid_argument("--allreduce chooses how ranks sum their gradients: it needs "
                                     "--ranks N or a start by mpirun");
     }
+    const bool bucket_options = f.bucket_cap_mb || f.first_bucket_mb || f.bucket_view;
+    if (bucket_options && !job.parallel() && f.ranks == 0) {
+        throw std::invalid_argument("--bucket-cap-mb, --first-bucket-mb and --bucket-view choose how "
+                                    "ranks group their gradient sums: they need --ranks N or a start "
+                                    "by mpirun");
+    }
+    if (bucket_options && f.allreduce == "after") {
+        throw std::invalid_argument("--allreduce after sums every gradient in one call after the "
+                                    "backward pass: it has no buckets for --bucket-cap-mb, "
+                                    "--first-bucket-mb or --bucket-view");
+    }
+    if (f.first_bucket_mb && !f.bucket_cap_mb) {
+        throw std::invalid_argument("--first-bucket-mb sets the first bucket apart from the others: "
+                                    "give --bucket-cap-mb too");
+    }
     if (f.batch_per_rank && !job.parallel() && f.ranks == 0) {
         throw std::invalid_argument("--batch-per-rank gives each rank the whole batch (the step's "
                                     "batch grows with the ranks): it needs --ranks N or a start by "
@@ -444,10 +480,18 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
     {
         const std::string schedule_name = f.allreduce.empty() ? "overlapped" : f.allreduce;
         const mpi::AllreduceSchedule schedule = mpi::parse_schedule(schedule_name);
-        auto group = std::make_shared<mpi::DataParallel>(schedule);
-        std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a of the schedule's name
-        for (const char c : schedule_name) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
-        group->check_same(h, "--allreduce (how the gradients are summed)");
+        mpi::BucketPlan plan;
+        if (f.bucket_cap_mb) plan.cap_bytes = mpi::bucket_cap_bytes(*f.bucket_cap_mb);
+        if (f.first_bucket_mb) plan.first_cap_bytes = mpi::bucket_cap_bytes(*f.first_bucket_mb);
+        plan.view = f.bucket_view;
+        auto group = std::make_shared<mpi::DataParallel>(schedule, plan);
+        // FNV-1a of the schedule's name and the bucket plan: every rank must sum the same
+        // buckets in the same order, or their collectives do not match.
+        const std::string settings = schedule_name + " " + std::to_string(plan.cap_bytes) + " " +
+                                     std::to_string(plan.first_cap_bytes) + " " + (plan.view ? "view" : "copy");
+        std::uint64_t h = 0xcbf29ce484222325ull;
+        for (const char c : settings) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
+        group->check_same(h, "--allreduce, --bucket-cap-mb, --first-bucket-mb or --bucket-view (how the gradients are summed)");
         trainer->use_group(group);
         const int B = trainer->config().batch_size;
         std::string shares;
@@ -461,7 +505,8 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
                   << "; gradients summed by MPI allreduce "
                   << (schedule == mpi::AllreduceSchedule::overlapped
                           ? "bucket by bucket during the backward pass (" +
-                                std::to_string(trainer->model().gradient_buckets().size()) + " buckets)"
+                                std::to_string(mpi::DataParallel::plan_buckets(trainer->model(), plan).size()) +
+                                " buckets: " + mpi::describe(plan) + ")"
                           : std::string("after the backward pass"))
                   << "\n";
     }
@@ -767,6 +812,17 @@ int main(int argc, char** argv) {
                    "how the ranks sum their gradients: overlapped (the default: bucket by bucket "
                    "while the backward pass runs) or after (one allreduce after it)")
         ->check(CLI::IsMember({"overlapped", "after"}));
+    app.add_option("--bucket-cap-mb", f.bucket_cap_mb,
+                   "with ranks: a gradient bucket takes whole blocks until it holds this many MiB, "
+                   "then its sum starts (PyTorch DDP's bucket_cap_mb; default: each block its own bucket)")
+        ->check(megabytes());
+    app.add_option("--first-bucket-mb", f.first_bucket_mb,
+                   "with --bucket-cap-mb: the first bucket's size, smaller so that the first sum "
+                   "starts early (DDP: 1 MiB then 25 MiB)")
+        ->check(megabytes());
+    app.add_flag("--bucket-view", f.bucket_view,
+                 "with ranks: sum the gradients in place, range by range, instead of copying each "
+                 "bucket into a buffer and the sum back (DDP's gradient_as_bucket_view)");
     std::string parse_error;
     try {
         app.parse(argc, argv);

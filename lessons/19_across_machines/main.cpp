@@ -245,7 +245,25 @@ struct Part {
     }
 };
 
-// Data parallelism: 10 steps to compare with one rank, the two schedules timed, and
+// The ways of summing the gradients that the lesson times: the bucket per block of the
+// library, the same summed in place (DDP's gradient_as_bucket_view), DDP's default caps (a
+// first bucket of 1 MiB, then 25 MiB), and one allreduce after the backward pass.
+struct SumPlan {
+    const char* key;
+    const char* label;
+    mpi::AllreduceSchedule schedule;
+    mpi::BucketPlan plan;
+};
+
+std::vector<SumPlan> sum_plans() {
+    using mpi::AllreduceSchedule;
+    return {{"overlapped", "per block", AllreduceSchedule::overlapped, {}},
+            {"view", "in place", AllreduceSchedule::overlapped, {0, 0, true}},
+            {"ddp", "1+25 MiB", AllreduceSchedule::overlapped, {mpi::bucket_cap_bytes(25), mpi::bucket_cap_bytes(1), false}},
+            {"after", "after", AllreduceSchedule::after, {}}};
+}
+
+// Data parallelism: 10 steps to compare with one rank, the ways of summing timed, and
 // MPI_Allreduce timed alone on a few sizes.
 void data_parallel_part(const Part& part) {
     const TextDataset data = make_dataset(read_corpus(part.corpus));
@@ -273,8 +291,8 @@ void data_parallel_part(const Part& part) {
     part.say("identical", {identical ? 1.0 : 0.0});
     part.say("parameters", {static_cast<double>(trainer.model().parameters().size())});
 
-    for (mpi::AllreduceSchedule schedule : {mpi::AllreduceSchedule::overlapped, mpi::AllreduceSchedule::after}) {
-        auto timed = std::make_shared<mpi::DataParallel>(schedule);
+    for (const SumPlan& sums : sum_plans()) {
+        auto timed = std::make_shared<mpi::DataParallel>(sums.schedule, sums.plan);
         trainer.use_group(timed);
         std::vector<double> step, backward, exposed, skew, communication;
         for (int i = 0; i < 2 + part.s.timed_steps; ++i) {  // 2 warm-up steps
@@ -294,10 +312,10 @@ void data_parallel_part(const Part& part) {
             communication.push_back(part.max_over_ranks(
                 std::max(0.0, timed->last_timing().exposed_seconds - waited)));
         }
-        part.say(std::string("time_") + mpi::schedule_name(schedule),
+        part.say(std::string("time_") + sums.key,
                  {median(step), median(backward), median(exposed),
                   static_cast<double>(timed->last_timing().allreduce_calls), median(skew),
-                  median(communication)});
+                  median(communication), static_cast<double>(timed->last_timing().buckets)});
     }
 
     // MPI_Allreduce alone, on the gradient's size and on others, for the cost model: the
@@ -606,15 +624,18 @@ DataParallelPoints data_parallel(const Launcher& launcher) {
     std::printf("median of %d steps, milliseconds; the slowest rank's each time. 'exposed' is the wait for\n"
                 "the sums after the backward pass, in two parts: 'skew', waiting for the last rank to hand in\n"
                 "its gradients (the ranks' clocks of this one machine compared), and 'comm.', the rest:\n"
-                "the communication that did not hide behind the computation\n\n",
+                "the communication that did not hide behind the computation. The buckets: 'per block'\n"
+                "(the library's), 'in place' (the same, summed where the gradients lie: no copy, one\n"
+                "allreduce per range), '1+25 MiB' (DDP's caps: blocks join a bucket until it holds 1 MiB,\n"
+                "then 25), 'after' (one allreduce after the backward pass)\n\n",
                 launcher.s.timed_steps);
-    std::printf("%5s  %-11s  %8s  %9s  %8s  %8s  %8s  %6s\n", "ranks", "schedule", "step", "backward", "exposed",
-                "skew", "comm.", "calls");
+    std::printf("%5s  %-9s  %8s  %9s  %8s  %8s  %8s  %7s  %5s\n", "ranks", "buckets", "step", "backward", "exposed",
+                "skew", "comm.", "buckets", "calls");
     for (int N : {1, 2, 4}) {
-        for (const char* schedule : {"overlapped", "after"}) {
-            const std::vector<double>& t = need(points.by_ranks[N], std::string("time_") + schedule);
-            std::printf("%5d  %-11s  %8.2f  %9.2f  %8.2f  %8.2f  %8.2f  %6.0f\n", N, schedule, 1e3 * t[0],
-                        1e3 * t[1], 1e3 * t[2], 1e3 * t.at(4), 1e3 * t.at(5), t[3]);
+        for (const SumPlan& sums : sum_plans()) {
+            const std::vector<double>& t = need(points.by_ranks[N], std::string("time_") + sums.key);
+            std::printf("%5d  %-9s  %8.2f  %9.2f  %8.2f  %8.2f  %8.2f  %7.0f  %5.0f\n", N, sums.label, 1e3 * t[0],
+                        1e3 * t[1], 1e3 * t[2], 1e3 * t.at(4), 1e3 * t.at(5), t.at(6), t[3]);
         }
     }
     std::printf("\neach rank sends about 2(N - 1)/N of the %.0f gradient bytes per step (a ring allreduce):\n"
@@ -627,6 +648,41 @@ DataParallelPoints data_parallel(const Launcher& launcher) {
     print_claim("skew_overlapped_2", 1e3 * o2.at(4), 2);
     print_claim("comm_overlapped_2", 1e3 * o2.at(5), 2);
     print_claim("comm_after_2", 1e3 * a2.at(5), 2);
+    // The other bucket plans against the library's, on 2 and 4 ranks: the step and the
+    // communication left after the backward pass.
+    for (int N : {2, 4}) {
+        const std::vector<double>& base = need(points.by_ranks[N], "time_overlapped");
+        for (const char* key : {"view", "ddp"}) {
+            const std::vector<double>& t = need(points.by_ranks[N], std::string("time_") + key);
+            const std::string at = std::string("_") + key + "_" + std::to_string(N);
+            print_claim("step" + at, 1e3 * t[0], 1);
+            print_claim("comm" + at, 1e3 * t.at(5), 2);
+            print_claim("step_word" + at, t[0] < base[0] ? "shorter than" : "no shorter than");
+        }
+        print_claim("step_overlapped_" + std::to_string(N), 1e3 * base[0], 1);
+        print_claim("comm_overlapped_" + std::to_string(N) + "_b", 1e3 * base.at(5), 2);
+    }
+    double spread = 0.0;  // the largest difference of a step from the bucket per block's
+    for (int N : {2, 4}) {
+        const double base = need(points.by_ranks[N], "time_overlapped")[0];
+        for (const char* key : {"view", "ddp"}) {
+            spread = std::max(spread, std::fabs(need(points.by_ranks[N], std::string("time_") + key)[0] - base) / base);
+        }
+    }
+    // On 1 rank the ways of summing do the same work but for the copy: how far their steps
+    // differ there is the machine's noise, which the differences above are measured against.
+    double noise = 0.0;
+    const double one_base = need(points.by_ranks[1], "time_overlapped")[0];
+    for (const SumPlan& sums : sum_plans()) {
+        noise = std::max(noise, std::fabs(need(points.by_ranks[1], std::string("time_") + sums.key)[0] - one_base) / one_base);
+    }
+    print_claim("bucket_step_spread", 100 * spread, 0);
+    print_claim("one_rank_spread", 100 * noise, 0);
+    print_claim("spread_word", spread <= noise ? "no more than" : "more than");
+    print_claim("buckets_ddp", std::to_string(static_cast<int>(need(points.by_ranks[2], "time_ddp").at(6))));
+    print_claim("calls_view", std::to_string(static_cast<int>(need(points.by_ranks[2], "time_view").at(3))));
+    print_claim("calls_per_block", std::to_string(static_cast<int>(o2[3])));
+    print_claim("gradient_mb", 4 * points.P / 1e6, 1);
     print_claim("overlap_word_2", o2[2] < a2[2] ? "less than" : "no less than");
     print_claim("step_1", 1e3 * need(points.by_ranks[1], "time_overlapped")[0], 1);
     print_claim("step_2", 1e3 * o2[0], 1);

@@ -1,7 +1,8 @@
 // Data parallelism over N ranks against one process: N ranks with batch B/N each give the
 // losses and weights of one process with batch B, to the rounding of the reduction order,
-// after 10 steps, with the gradients summed bucket by bucket during the backward pass and
-// in one allreduce after it, with dropout and without; every rank holds the same weights,
+// after 10 steps, with the gradients summed bucket by bucket during the backward pass (every
+// kind of bucket plan: one per block, capped, a small first bucket, one bucket; packed or in
+// place) and in one allreduce after it, with dropout and without; every rank holds the same weights,
 // bit for bit; a checkpoint written by N ranks resumes in one process, and one written by
 // one process resumes on N ranks, with the losses of a run that never stopped.
 //
@@ -13,6 +14,7 @@
 #include "attn/mpi/world.hpp"
 #include "attn/trainer.hpp"
 
+#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -67,6 +69,52 @@ Run train(Trainer& t, int steps) {
     return r;
 }
 
+// Every schedule, and for the overlapped one every kind of bucket plan: one bucket per block
+// (the default), blocks joined up to a cap, a small first bucket before a large cap (DDP's
+// habit), everything in one bucket, and each of them summed in place. The caps are made from
+// the model's own block size, so that each plan really joins blocks.
+std::vector<std::pair<mpi::AllreduceSchedule, mpi::BucketPlan>> schedules_and_plans(const GPT& model) {
+    const std::size_t block = model.gradient_buckets().front().size * sizeof(float);
+    std::vector<std::pair<mpi::AllreduceSchedule, mpi::BucketPlan>> out;
+    for (bool view : {false, true}) {
+        for (mpi::BucketPlan plan : {mpi::BucketPlan{}, mpi::BucketPlan{block + 1, 0, false},
+                                     mpi::BucketPlan{std::size_t{1} << 30, 1, false},
+                                     mpi::BucketPlan{std::size_t{1} << 30, 0, false}}) {
+            plan.view = view;
+            out.emplace_back(mpi::AllreduceSchedule::overlapped, plan);
+        }
+    }
+    out.emplace_back(mpi::AllreduceSchedule::after, mpi::BucketPlan{});
+    return out;
+}
+
+// The buckets of each plan: every gradient in exactly one of them, and as many buckets as the
+// plan's caps make of the model's blocks (counted by hand for the tiny recipe's 2 blocks and
+// the embeddings: 3 buckets, 2 (both blocks, then the rest), 2 (the last block alone, then
+// the rest), 1).
+void check_plans(mpi_test::Checks& checks, const GPT& model) {
+    const std::vector<int> expected = {3, 2, 2, 1};
+    const auto plans = schedules_and_plans(model);
+    for (std::size_t k = 0; k < plans.size() - 1; ++k) {
+        const mpi::BucketPlan& plan = plans[k].second;
+        const auto buckets = mpi::DataParallel::plan_buckets(model, plan);
+        std::vector<int> seen(model.parameters().size(), 0);
+        std::size_t floats = 0;
+        for (const auto& b : buckets) {
+            for (const auto& [offset, size] : b.ranges) {
+                for (std::size_t i = 0; i < size; ++i) ++seen[offset + i];
+                floats += size;
+            }
+        }
+        const bool once = std::all_of(seen.begin(), seen.end(), [](int n) { return n == 1; });
+        checks.check(once && floats == seen.size(), "buckets " + mpi::describe(plan) + ": every gradient in one bucket",
+                     mpi_test::format("%.0f floats in the buckets, %.0f parameters", double(floats), double(seen.size())));
+        checks.check(static_cast<int>(buckets.size()) == expected[k % expected.size()],
+                     "buckets " + mpi::describe(plan) + ": as many buckets as the caps make",
+                     mpi_test::format("%.0f buckets, %.0f expected", double(buckets.size()), expected[k % expected.size()]));
+    }
+}
+
 // The largest relative difference of two sequences of numbers.
 double relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
     const mpi_test::Difference d = mpi_test::difference(a.data(), b.data(), a.size());
@@ -94,6 +142,7 @@ int main(int argc, char** argv) {
     checks.note("data parallelism on " + std::to_string(N) + " rank" + (N == 1 ? "" : "s") +
                 ", batch 8 = " + std::to_string(N) + " x " + std::to_string(8 / N));
     const TextDataset data = make_dataset(generated_text());
+    check_plans(checks, Trainer(recipe(0.0f), data).model());
 
     // Reduction-order rounding, and where its size comes from: a gradient summed in another
     // order differs in its last bits (float32: 6e-8 relative); AdamW divides m by √v, which
@@ -113,12 +162,12 @@ int main(int argc, char** argv) {
         const TrainConfig config = recipe(dropout);
         Trainer single(config, data);
         const Run reference = train(single, 10);
-        for (mpi::AllreduceSchedule schedule :
-             {mpi::AllreduceSchedule::overlapped, mpi::AllreduceSchedule::after}) {
+        for (const auto& [schedule, plan] : schedules_and_plans(single.model())) {
             const std::string what = std::string("dropout ") + (dropout > 0 ? "0.1" : "0") +
-                                     ", gradients summed " + mpi::schedule_name(schedule);
+                                     ", gradients summed " + mpi::schedule_name(schedule) +
+                                     (schedule == mpi::AllreduceSchedule::overlapped ? ", buckets " + mpi::describe(plan) : "");
             Trainer shared(config, data);
-            shared.use_group(std::make_shared<mpi::DataParallel>(schedule));
+            shared.use_group(std::make_shared<mpi::DataParallel>(schedule, plan));
             const Run run = train(shared, 10);
             const double losses = relative_gap(run.losses, reference.losses);
             const double norms = relative_gap(run.norms, reference.norms);

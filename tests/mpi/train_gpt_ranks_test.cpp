@@ -4,8 +4,9 @@
 //       Every option `train_gpt --help` lists, each alone on a tiny run: with --ranks 2 the
 //       run must give one process's losses, gradient norms, evaluations, weights and sample
 //       (to the rounding of the reduction order), or be refused in one line before any work
-//       where the ranks do not implement the option; the base run also on 4 ranks and with
-//       the gradients summed after the backward pass. The options come from --help: one this
+//       where the ranks do not implement the option; the base run also on 4 ranks, with
+//       the gradients summed after the backward pass, and with other gradient buckets (capped,
+//       a small first one, summed in place). The options come from --help: one this
 //       test's table does not know (or the reverse) fails it.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR refusals MPIRUN
 //       Bad uses of ranks get one line on stderr and exit status 1 or 2 (under mpirun, one
@@ -284,6 +285,10 @@ std::vector<Use> option_table() {
         {"--overwrite", Role::plumbing, {}, "every run writes its own, new folder"},
         {"--ranks", Role::axis, {}, "1 (no ranks) against 2; the base run also on 4"},
         {"--allreduce", Role::axis, {}, "overlapped (the default) on every run; after on the base run"},
+        {"--bucket-cap-mb", Role::axis, {}, "on the base run with 2 ranks (0.06: the two blocks in one "
+                                             "bucket) and 4 ranks (25 after a first of 0.03)"},
+        {"--first-bucket-mb", Role::axis, {}, "with --bucket-cap-mb on the base run, 4 ranks"},
+        {"--bucket-view", Role::axis, {}, "on the base run with 2 ranks, alone and with --bucket-cap-mb 0.06"},
         {"--batch-per-rank", Role::axis, {}, "2 ranks of the base's batch of 8 each against one process "
                                               "of --batch-size 16; refused without ranks"},
         {"--batch-size", Role::varied, {"6"}, ""},
@@ -411,6 +416,10 @@ int test_options(const std::string& program, const fs::path& root) {
             extra.push_back({"--ranks", "4"});
             extra.push_back({"--ranks", "2", "--allreduce", "after"});
             extra.push_back({"--ranks", "4", "--allreduce", "after"});
+            extra.push_back({"--ranks", "2", "--bucket-cap-mb", "0.06"});
+            extra.push_back({"--ranks", "4", "--bucket-cap-mb", "25", "--first-bucket-mb", "0.03"});
+            extra.push_back({"--ranks", "2", "--bucket-view"});
+            extra.push_back({"--ranks", "2", "--bucket-view", "--bucket-cap-mb", "0.06"});
         }
         for (std::size_t k = 0; k < extra.size(); ++k) {
             const fs::path dir = root / ("entry" + std::to_string(i)) / ("run" + std::to_string(k));
@@ -518,6 +527,12 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"more ranks than sequences in a batch", {"--ranks", "9"}},
         {"--allreduce without ranks", {"--allreduce", "after"}},
         {"--allreduce with a schedule that does not exist", {"--ranks", "2", "--allreduce", "sometimes"}},
+        {"--bucket-cap-mb without ranks", {"--bucket-cap-mb", "1"}},
+        {"--bucket-view without ranks", {"--bucket-view"}},
+        {"--bucket-view with --allreduce after", {"--ranks", "2", "--allreduce", "after", "--bucket-view"}},
+        {"--bucket-cap-mb with --allreduce after", {"--ranks", "2", "--allreduce", "after", "--bucket-cap-mb", "1"}},
+        {"--first-bucket-mb without --bucket-cap-mb", {"--ranks", "2", "--first-bucket-mb", "1"}},
+        {"a negative bucket cap", {"--ranks", "2", "--bucket-cap-mb", "-1"}},
         {"a corpus that does not exist, with ranks", {"--ranks", "2", "--data", (root / "missing.txt").string()}},
         {"a checkpoint that does not exist, with ranks", {"--ranks", "2", "--resume", (root / "nothing").string()}},
         {"--device sim with ranks", {"--ranks", "2", "--device", "sim"}},
@@ -578,6 +593,8 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"rank 1's corpus is a folder", {"--data", root.string()}, "is a directory", 1},
         {"rank 1 sums its gradients after the backward pass, rank 0 during it", {"--allreduce", "after"},
          "--allreduce", 1},
+        {"rank 1 sums its gradients in place, rank 0 copies them", {"--bucket-view"}, "--bucket-view", 1},
+        {"rank 1 caps its buckets, rank 0 does not", {"--bucket-cap-mb", "0.06"}, "--bucket-cap-mb", 1},
         {"rank 1's corpus differs", {"--data", (root / "other.txt").string()}, "do not start from the same state", 1},
         {"an option rank 1 cannot parse", {"--max-iters", "x"}, "rank 1 on ", 2},
     };

@@ -551,11 +551,17 @@ void GPT::backward(float loss_scale) {
         // In the same parallel region, after every slice is done: a new region would have
         // to wake the threads again, which on a busy machine can cost a scheduler time slice.
 #pragma omp barrier
-        float* g = grads_memory_.data();
-        const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(grads_memory_.size());
+        // With a hook, the blocks' gradients are summed already and may be in the hands of
+        // the hook's owner (an in-place allreduce in flight must not be read or written):
+        // only the embeddings' and ln_f's ranges are left.
+        const std::vector<std::pair<std::size_t, std::size_t>> whole = {{0, grads_memory_.size()}};
+        for (const auto& [offset, size] : hook ? buckets_[static_cast<size_t>(L)].ranges : whole) {
+            float* g = grads_memory_.data() + offset;
+            const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(size);
 #pragma omp for schedule(static)
-        for (std::ptrdiff_t i = 0; i < n; ++i) {
-            for (int s = 0; s < team - 1; ++s) g[i] += slice_grads_[s][i];
+            for (std::ptrdiff_t i = 0; i < n; ++i) {
+                for (int s = 0; s < team - 1; ++s) g[i] += slice_grads_[s][offset + i];
+            }
         }
     }
     if (gradient_ready_) gradient_ready_(L);  // the embeddings and ln_f
