@@ -278,6 +278,15 @@ std::vector<Use> option_table() {
         fixed("--batch-per-rank", Role::plumbing,
               "gives each of --ranks its own batch (refused without ranks); "
               "tests/mpi/train_gpt_ranks_test compares 2 ranks with one process of twice the batch"),
+        fixed("--bucket-cap-mb", Role::plumbing,
+              "how --ranks groups its gradient sums (refused without ranks); "
+              "tests/mpi/train_gpt_ranks_test compares capped buckets with one process"),
+        fixed("--first-bucket-mb", Role::plumbing,
+              "the first bucket's cap with --bucket-cap-mb (refused without ranks); "
+              "tests/mpi/train_gpt_ranks_test compares it with one process"),
+        fixed("--bucket-view", Role::plumbing,
+              "--ranks sums the gradients in place (refused without ranks); "
+              "tests/mpi/train_gpt_ranks_test compares it with one process"),
     };
 }
 

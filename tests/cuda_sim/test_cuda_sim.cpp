@@ -65,6 +65,17 @@ __global__ void early_return(int* out) {
 
 __global__ void nothing(int*) {}
 
+// What the lost-update search must let through: atomics, writes ordered by a barrier, and
+// every thread writing the same value.
+__global__ void count_atomically(int* counter) { atomicAdd(counter, 1); }
+__global__ void write_in_turn(int* out) {
+    if (threadIdx.x == 0) out[0] = 1;
+    __syncthreads();
+    if (threadIdx.x == 1) out[0] += 1;  // after the barrier: ordered after thread 0's write
+}
+__global__ void all_write_one_value(int* flag) { *flag = 7; }
+__global__ void count_plainly(int* counter) { *counter += 1; }
+
 }  // namespace
 
 TEST_CASE("every thread of a 3-D grid of 3-D blocks sees its own indices") {
@@ -284,4 +295,27 @@ TEST_CASE("cuBLAS refuses an output that overlaps an input") {
           CUBLAS_STATUS_SUCCESS);
     CHECK(ab.get()[4] == 2.0f);
     cublasDestroy(handle);
+}
+
+TEST_CASE("the race check finds lost updates, and lets atomics, ordered writes and same-value writes through") {
+    Buffer<int> counter(1), out(1), flag(1);
+    cudaMemset(counter.p, 0, sizeof(int));
+    cudaMemset(out.p, 0, sizeof(int));
+    cuda_sim::set_racecheck(true);
+    const std::size_t searched = cuda_sim::stats().lost_update_checked;
+    ATTN_LAUNCH(count_atomically, 4, 256, 0, nullptr)(counter.p);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(counter.get()[0] == 1024);
+    ATTN_LAUNCH(write_in_turn, 1, 64, 0, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(out.get()[0] == 2);
+    ATTN_LAUNCH(all_write_one_value, 2, 64, 0, nullptr)(flag.p);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cuda_sim::stats().lost_update_checked == searched + 3);  // each launch was searched
+    // The same count without the atomic: right here, one at a time, and refused.
+    cudaMemset(counter.p, 0, sizeof(int));
+    ATTN_LAUNCH(count_plainly, 1, 64, 0, nullptr)(counter.p);
+    CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+    CHECK(cuda_sim::take_failure().find("a lost update") != std::string::npos);
+    cuda_sim::set_racecheck(false);
 }

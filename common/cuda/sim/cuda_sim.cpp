@@ -62,6 +62,14 @@ constexpr unsigned max_block_dim[3] = {1024, 1024, 64};
 constexpr unsigned max_grid_dim[3] = {2147483647u, 65535, 65535};
 constexpr std::size_t default_shared = 48 * 1024;
 constexpr std::size_t optin_shared = 232448;  // 227 KiB
+// The lost-update search compares, after every thread's segment, all the memory the launch
+// can write: it runs where threads × those bytes stays under this many byte comparisons
+// (about 0.1 s); larger launches get the two-order check only. In the course's simulated
+// tests that is every attention kernel at its smaller shapes, and 11 of the 29 kernels of
+// the GPT test (the others take the model's whole parameter or gradient buffer): the
+// search costs those tests about a fifth more time, where searching every launch would
+// make them two to five times slower.
+constexpr std::size_t lost_update_budget = std::size_t{1} << 29;
 
 constexpr std::size_t stack_bytes = 256 * 1024;  // each CUDA thread's stack (mostly untouched)
 
@@ -149,6 +157,24 @@ struct Runner {
     const void* entered_from_bottom = nullptr;  // the stack a new fiber was entered from
     std::size_t entered_from_size = 0;
 #endif
+    // The lost-update check (the race check's first run): the memory the launch can write,
+    // as it was after the last thread's segment, and which thread last changed each byte.
+    struct Writer {
+        int thread = -1;  // in the block; -1: nobody yet (or an atomic)
+        std::size_t block = 0;
+        std::size_t epoch = 0;  // barriers the block had passed
+    };
+    struct Tracked {
+        unsigned char* start = nullptr;
+        std::size_t bytes = 0;
+        bool shared = false;  // the dynamic shared memory: one block's, refilled for the next
+        std::vector<unsigned char> shadow;
+        std::vector<Writer> writers;
+    };
+    bool track = false;
+    std::vector<Tracked> tracked;
+    std::size_t block_serial = 0, epoch = 0;
+    std::vector<std::pair<std::uintptr_t, std::size_t>> atomics;  // this segment's atomic bytes
     // Stacks of threads that a smaller block left over, kept for the next larger one:
     // launches alternate between block sizes, and mapping the stacks again each time
     // costs more than the kernels.
@@ -169,6 +195,7 @@ Runner& runner() {
 
 // Back on the scheduler's stack after a fiber ran.
 void fiber_main();
+void record_writes(Runner& r);
 
 void switch_context(Context* from, Context* to) {
 #ifdef CUDA_SIM_ASM_SWITCH
@@ -283,6 +310,7 @@ void fiber_main() {
     }
 #endif
     r.body(r.arg);
+    record_writes(r);
     r.threads[static_cast<std::size_t>(r.current)].state = State::done;
     ++r.done;
     yield(r);
@@ -321,6 +349,50 @@ std::string deadlock(const Runner& r) {
 }
 
 // Runs one block; false (with r.failure set) when a thread broke a rule.
+// The lost-update check: the bytes of the tracked memory that the thread now running changed
+// since the last thread's segment ended (its writes since its last barrier, shuffle or
+// start) are its writes. Two threads writing one byte with nothing to order them (in one
+// block between two barriers, or in two blocks of a launch) is a race even when the result
+// comes out right here: a GPU runs them at once and one write is lost. A byte written with
+// the same value it held is no write here (a benign race). Atomics are told apart.
+void record_writes(Runner& r) {
+    if (!r.track || r.current < 0) return;
+    const int me = r.current;
+    for (Runner::Tracked& m : r.tracked) {
+        for (std::size_t at = 0; at < m.bytes; at += 64) {
+            const std::size_t n = std::min<std::size_t>(64, m.bytes - at);
+            if (std::memcmp(m.start + at, m.shadow.data() + at, n) == 0) continue;
+            for (std::size_t b = at; b < at + n; ++b) {
+                if (m.start[b] == m.shadow[b]) continue;
+                m.shadow[b] = m.start[b];
+                const auto address = reinterpret_cast<std::uintptr_t>(m.start + b);
+                const bool atomic = std::any_of(r.atomics.begin(), r.atomics.end(), [&](const auto& a) {
+                    return address >= a.first && address < a.first + a.second;
+                });
+                Runner::Writer& w = m.writers[b];
+                if (atomic) {
+                    w = {};
+                    continue;
+                }
+                const bool unordered = m.shared ? w.epoch == r.epoch : (w.block != r.block_serial || w.epoch == r.epoch);
+                if (w.thread >= 0 && (w.thread != me || w.block != r.block_serial) && unordered) {
+                    const Thread& other = r.threads[static_cast<std::size_t>(w.thread)];
+                    const Thread& self = r.threads[static_cast<std::size_t>(me)];
+                    std::string what = "a lost update: threads " + name3(other.idx) + " and " + name3(self.idx) +
+                                       (w.block != r.block_serial ? " of two blocks" : " of the block") +
+                                       " both wrote byte " + std::to_string(b) + " of " +
+                                       (m.shared ? "the dynamic shared memory" : "a device buffer of " + std::to_string(m.bytes) + " bytes") +
+                                       (w.block != r.block_serial ? "" : " between two barriers") +
+                                       " without an atomic (on a GPU they run at once, and one write is lost)";
+                    fail(r, std::move(what));
+                }
+                w = {me, r.block_serial, r.epoch};
+            }
+        }
+    }
+    r.atomics.clear();
+}
+
 bool run_block(Runner& r, uint3 block, bool reverse) {
     blockIdx = block;
     const int n = static_cast<int>(r.threads.size());
@@ -340,6 +412,16 @@ bool run_block(Runner& r, uint3 block, bool reverse) {
     r.done = 0;
     std::fill(r.dynamic_shared.begin(), r.dynamic_shared.end(), 0xff);  // as uninitialised
     r.reverse = reverse;
+    if (r.track) {
+        ++r.block_serial;
+        r.epoch = 0;
+        r.atomics.clear();
+        for (Runner::Tracked& m : r.tracked) {
+            if (!m.shared) continue;
+            std::memcpy(m.shadow.data(), m.start, m.bytes);  // this block's own, fresh
+            std::fill(m.writers.begin(), m.writers.end(), Runner::Writer{});
+        }
+    }
     for (;;) {
         const int first = next_in_round(r, reverse ? n : -1);
         const bool ran = first >= 0;
@@ -555,6 +637,11 @@ std::string take_failure() {
     return out;
 }
 
+void note_atomic(const void* address, std::size_t bytes) {
+    Runner& r = runner();
+    if (r.track && r.current >= 0) r.atomics.emplace_back(reinterpret_cast<std::uintptr_t>(address), bytes);
+}
+
 int lane_id() {
     Runner& r = runner();
     return r.current < 0 ? 0 : r.threads[static_cast<std::size_t>(r.current)].lane;
@@ -565,6 +652,7 @@ void* dynamic_shared_memory() { return runner().dynamic_shared.data(); }
 void syncthreads(const char* file, int line) {
     Runner& r = runner();
     if (r.current < 0) return;  // host code: nothing to wait for
+    record_writes(r);
     Thread& t = r.threads[static_cast<std::size_t>(r.current)];
     if (r.arrived > 0 && (r.sync_file != file || r.sync_line != line)) {
         std::string m = "threads of one block wait at two different barriers, __syncthreads at " +
@@ -578,6 +666,7 @@ void syncthreads(const char* file, int line) {
     if (++r.arrived == static_cast<int>(r.threads.size())) {
         for (Thread& u : r.threads) u.state = State::ready;
         r.arrived = 0;
+        ++r.epoch;  // what each thread wrote before it is ordered before what follows
     }
     yield(r);
 }
@@ -586,6 +675,7 @@ std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, c
                       int line) {
     Runner& r = runner();
     if (r.current < 0) return bits;
+    record_writes(r);
     Thread& t = r.threads[static_cast<std::size_t>(r.current)];
     Warp& w = r.warps[static_cast<std::size_t>(t.warp)];
     if (mask != 0xffffffffu || w.size != 32) {
@@ -626,6 +716,7 @@ void warp_collective(const char* what, void* lane_arg, std::string (*op)(void* c
                      where(file, line).c_str());
         std::abort();
     }
+    record_writes(r);
     Thread& t = r.threads[static_cast<std::size_t>(r.current)];
     Warp& w = r.warps[static_cast<std::size_t>(t.warp)];
     if (w.size != 32) {
@@ -676,7 +767,7 @@ cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {
 }
 
 namespace {
-void execute(const LaunchConfig& c, void (*body)(void*), void* arg);
+void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::vector<std::uintptr_t>& allocations);
 }  // namespace
 
 void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_ptr<void> keep,
@@ -741,8 +832,8 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_p
     }
     std::vector<std::uintptr_t> allocations = allocations_of(d, pointers);
     if (queues(c.stream)) {
-        c.stream->pending.push_back({"kernel " + kernel, std::move(allocations),
-                                     [c, body, arg, keep] { execute(c, body, arg); }});
+        c.stream->pending.push_back({"kernel " + kernel, allocations,
+                                     [c, body, arg, keep, allocations] { execute(c, body, arg, allocations); }});
         return;
     }
     const std::string race = race_with_queued(d, "kernel " + kernel, allocations);
@@ -750,7 +841,7 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_p
         refuse_race(race);
         return;
     }
-    execute(c, body, arg);
+    execute(c, body, arg, allocations);
 }
 
 cudaError_t submit(cudaStream_t stream, const std::string& what, std::vector<const void*> pointers,
@@ -770,7 +861,7 @@ cudaError_t submit(cudaStream_t stream, const std::string& what, std::vector<con
 
 namespace {
 // A launch that passed launch()'s checks, run now.
-void execute(const LaunchConfig& c, void (*body)(void*), void* arg) {
+void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::vector<std::uintptr_t>& allocations) {
     Device& d = device();
     const std::string kernel = std::string(c.name) + " (launched at " + where(c.file, c.line) + ")";
     const unsigned bd[3] = {c.block.x, c.block.y, c.block.z};
@@ -836,7 +927,35 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg) {
     const std::size_t nth = d.racecheck ? ++d.race_checked[shape] : 0;
     if (d.racecheck && (nth & (nth - 1)) == 0) {  // a power of two
         const auto before = snapshot(d);
+        // The first run also looks for lost updates, in the memory the launch's pointers
+        // reach and its dynamic shared memory, where that costs a bounded number of byte
+        // comparisons (each thread's segment compares all of it once).
+        std::size_t reach = r.dynamic_shared.size();
+        for (std::uintptr_t a : allocations) reach += d.allocations.at(a);
+        const std::size_t all_threads = threads * gd[0] * gd[1] * gd[2];
+        r.track = reach > 0 && all_threads * reach <= lost_update_budget;
+        if (r.track) {
+            r.tracked.clear();
+            for (std::uintptr_t a : allocations) {
+                if (std::any_of(r.tracked.begin(), r.tracked.end(), [a](const Runner::Tracked& m) {
+                        return reinterpret_cast<std::uintptr_t>(m.start) == a;
+                    })) continue;  // two arguments into one allocation
+                auto* start = reinterpret_cast<unsigned char*>(a);
+                const std::size_t n = d.allocations.at(a);
+                r.tracked.push_back({start, n, false, std::vector<unsigned char>(start, start + n),
+                                     std::vector<Runner::Writer>(n)});
+            }
+            if (!r.dynamic_shared.empty()) {
+                r.tracked.push_back({r.dynamic_shared.data(), r.dynamic_shared.size(), true,
+                                     std::vector<unsigned char>(r.dynamic_shared.size()),
+                                     std::vector<Runner::Writer>(r.dynamic_shared.size())});
+            }
+            r.block_serial = 0;
+            ++d.stats.lost_update_checked;
+        }
         failure = run_grid(c, false);
+        r.track = false;
+        r.tracked.clear();
         if (failure.empty()) {
             const auto forward = snapshot(d);
             restore(d, before);

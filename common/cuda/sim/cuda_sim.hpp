@@ -32,6 +32,11 @@
 //     then in reverse order, from the same device memory; any byte of device memory that
 //     differs between the two runs is a race (or an atomic whose order matters). Each
 //     kernel is checked on its 1st, 2nd, 4th, 8th, … launch at each grid and block shape.
+//     The first of the two runs also looks for lost updates: after each thread's segment
+//     (up to a barrier, a shuffle or its end) the bytes it changed in the memory the launch
+//     can write are its writes, and two threads writing one byte with nothing to order
+//     them (between the same two barriers of a block, or in two blocks) is refused, though
+//     one-at-a-time execution gave the right result; atomics are told apart (atomicAdd).
 //
 // What it cannot show: speed, occupancy, the memory model between threads that are not
 // ordered by a barrier (it runs them one at a time), bank conflicts, the real cuBLAS; the
@@ -159,8 +164,13 @@ T shfl_idx_(const char* file, int line, unsigned mask, T v, int src, int width =
 }  // namespace cuda_sim
 
 // Blocks run one at a time on one OS thread: an atomic is a plain read-modify-write.
+namespace cuda_sim {
+// The race check's lost-update search is told which bytes an atomic wrote.
+void note_atomic(const void* address, std::size_t bytes);
+}  // namespace cuda_sim
 template <class T>
 inline T atomicAdd(T* address, T value) {
+    cuda_sim::note_atomic(address, sizeof(T));
     const T old = *address;
     *address = old + value;
     return old;
@@ -380,6 +390,7 @@ Launcher<F> make_launcher(const char* name, Kernel* kernel, F f, dim3 grid, dim3
 // The simulator's settings and counters (tests and lessons read them).
 struct Stats {
     std::size_t launches = 0, blocks = 0, threads = 0, switches = 0;
+    std::size_t lost_update_checked = 0;  // race-checked launches also searched for lost updates
 };
 Stats& stats();
 // Runs every launch twice in two thread orders and compares (also CUDA_SIM_RACECHECK=1).
