@@ -112,8 +112,10 @@ public:
     /// A bucket of the plan: the model's gradient buckets (blocks) first..last, and its
     /// contiguous ranges in the flat gradient buffer (adjacent ranges joined).
     struct Bucket {
-        int first = 0, last = 0;
+        int first = 0;         ///< its first gradient bucket of the model (GPT::gradient_buckets())
+        int last = 0;          ///< its last: the sum starts when the backward pass has finished it
         std::size_t size = 0;  ///< floats
+        /// (offset, size) of each contiguous range in the flat gradient buffer, by offset
         std::vector<std::pair<std::size_t, std::size_t>> ranges;
     };
     /// The plan's buckets for a model, in the order their sums start.
