@@ -140,7 +140,6 @@ GPT with_flags(GPT model, const Flags& f) {
     return changed;
 }
 
-// A validator for counts: a whole number of at least `least`, with a message that says so.
 // A size in megabytes from 0 to a million (the bucket caps).
 CLI::Validator megabytes() {
     return CLI::Validator(
@@ -160,6 +159,7 @@ CLI::Validator megabytes() {
         "MB");
 }
 
+// A validator for counts: a whole number of at least `least`, with a message that says so.
 CLI::Validator whole_number_at_least(long long least) {
     return CLI::Validator(
         [least](std::string& value) -> std::string {
