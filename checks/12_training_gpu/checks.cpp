@@ -22,7 +22,11 @@ namespace {
 // `fill`, and returns the output.
 std::vector<float> run(const std::vector<float>& scores, int rows, int T, float fill = 7.0f) {
 #ifdef ATTN_CUDA_SIMULATED
-    cuda_sim::set_racecheck(true);  // each launch twice, threads in two orders: races fail
+    // The simulator's strictest mode: each launch twice, threads in two orders (races fail),
+    // expf and the other device functions off by up to CUDA's bound in ulp (a tolerance that
+    // rests on libm's exact bits fails).
+    cuda_sim::set_racecheck(true);
+    cuda_sim::set_device_math_perturbed(true);
 #endif
     const std::size_t bytes = scores.size() * sizeof(float);
     float *d_scores = nullptr, *d_out = nullptr;

@@ -6,6 +6,10 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -75,6 +79,27 @@ __global__ void write_in_turn(int* out) {
 }
 __global__ void all_write_one_value(int* flag) { *flag = 7; }
 __global__ void count_plainly(int* counter) { *counter += 1; }
+
+// Static __shared__: one thread reads a variable nobody wrote in this block, then writes it
+// (a GPU leaves shared memory uninitialised: the first read is garbage in every block); and
+// 40 KiB of it, which needs an opt-in with any dynamic shared memory beside it.
+__global__ void read_before_write(float* out) {
+    __shared__ float carried;
+    if (threadIdx.x == 0) {
+        out[blockIdx.x] = carried;
+        carried = 5.0f;
+    }
+}
+__global__ void device_exp(float* out, const float* in, int n) {
+    const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) out[i] = expf(in[i]);
+}
+__global__ void forty_kib(float* out) {
+    __shared__ float tile[10240];
+    tile[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[0] = tile[0];
+}
 
 }  // namespace
 
@@ -149,6 +174,75 @@ TEST_CASE("dynamic shared memory above 48 KiB needs cudaFuncSetAttribute, up to 
     CHECK(cudaFuncSetAttribute(dynamic_shared_sum, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                300 * 1024) == cudaErrorInvalidValue);
     cuda_sim::take_failure();
+}
+
+TEST_CASE("static __shared__ is counted against the limits, reported, and uninitialised in every block") {
+    // The sizes come from the program's symbol table: the release and sanitizer builds keep
+    // it (a stripped program would count 0 and is not what the tests run).
+    cudaFuncAttributes attributes{};
+    REQUIRE(cudaFuncGetAttributes(&attributes, forty_kib) == cudaSuccess);
+    CHECK(attributes.sharedSizeBytes == 40 * 1024);
+    REQUIRE(cudaFuncGetAttributes(&attributes, read_before_write) == cudaSuccess);
+    CHECK(attributes.sharedSizeBytes == sizeof(float));
+    REQUIRE(cudaFuncGetAttributes(&attributes, nothing) == cudaSuccess);
+    CHECK(attributes.sharedSizeBytes == 0);
+
+    Buffer<float> out(3);
+    ATTN_LAUNCH(forty_kib, 1, 32, 8 * 1024, nullptr)(out.p);  // 48 KiB exactly: allowed
+    CHECK(cudaGetLastError() == cudaSuccess);
+    ATTN_LAUNCH(forty_kib, 1, 32, 8 * 1024 + 4, nullptr)(out.p);
+    const std::string why = cuda_sim::take_failure();
+    CAPTURE(why);
+    CHECK(why.find("40960 bytes of static __shared__ memory and 8196 of dynamic") != std::string::npos);
+    // Opting in: the dynamic maximum plus the static bytes may not pass 227 KiB.
+    CHECK(cudaFuncSetAttribute(forty_kib, cudaFuncAttributeMaxDynamicSharedMemorySize, 200 * 1024) ==
+          cudaErrorInvalidValue);
+    cuda_sim::take_failure();
+    CHECK(cudaFuncSetAttribute(forty_kib, cudaFuncAttributeMaxDynamicSharedMemorySize, 16 * 1024) == cudaSuccess);
+    ATTN_LAUNCH(forty_kib, 1, 32, 16 * 1024, nullptr)(out.p);
+    CHECK(cudaGetLastError() == cudaSuccess);
+
+    // Every block, and the next launch, starts from NaN bytes: not the 0 of a C++ static,
+    // not what the last block left.
+    for (int launch = 0; launch < 2; ++launch) {
+        ATTN_LAUNCH(read_before_write, 3, 32, 0, nullptr)(out.p);
+        REQUIRE(cudaGetLastError() == cudaSuccess);
+        for (float x : out.get()) CHECK(std::isnan(x));
+    }
+}
+
+TEST_CASE("CUDA_SIM_DEVICE_MATH=ulp moves expf within CUDA's 2 ulp, the same way for the same argument") {
+    // Units in the last place between two floats of one sign: the distance of their bits.
+    auto ulps = [](float a, float b) {
+        std::int32_t x = 0, y = 0;
+        std::memcpy(&x, &a, 4);
+        std::memcpy(&y, &b, 4);
+        return x > y ? x - y : y - x;
+    };
+    const int n = 1000;
+    std::vector<float> in(n);
+    for (int i = 0; i < n; ++i) in[static_cast<std::size_t>(i)] = -20.0f + 0.04f * static_cast<float>(i);
+    Buffer<float> x(in), out(n);
+    const bool was = cuda_sim::device_math_perturbed();
+    for (bool perturbed : {false, true}) {
+        cuda_sim::set_device_math_perturbed(perturbed);
+        ATTN_LAUNCH(device_exp, (n + 127) / 128, 128, 0, nullptr)(out.p, x.p, n);
+        REQUIRE(cudaGetLastError() == cudaSuccess);
+        const std::vector<float> first = out.get();
+        ATTN_LAUNCH(device_exp, (n + 127) / 128, 128, 0, nullptr)(out.p, x.p, n);
+        CHECK(out.get() == first);  // a function of the argument alone
+        int moved = 0, worst = 0;
+        for (int i = 0; i < n; ++i) {
+            const float exact = std::exp(in[static_cast<std::size_t>(i)]);
+            const int d = ulps(first[static_cast<std::size_t>(i)], exact);
+            moved += d != 0;
+            worst = std::max(worst, d);
+        }
+        CAPTURE(perturbed);
+        CHECK(worst <= (perturbed ? 2 : 0));
+        if (perturbed) CHECK(moved > n / 2);  // 4 of the 5 whole offsets in [-2, 2] move it
+    }
+    cuda_sim::set_device_math_perturbed(was);
 }
 
 TEST_CASE("a __syncthreads that half the block returns before is reported, not a hang") {

@@ -229,6 +229,42 @@ TEST_CASE("element-wise work on a fragment: fill_fragment, then every element sc
     for (float x : d.get()) CHECK(x == 6.0f);
 }
 
+TEST_CASE("fragment layouts: CUDA's element counts, every element held as often as CUDA holds it, drawn anew") {
+    // What the layout-dependent code of the mistake catalogue relies on being refused: a
+    // 16-bit input fragment holds each of the 256 elements in two slots of two different
+    // lanes (16 slots a lane), the accumulator each once (8 a lane); and the race check's
+    // second draw is another layout, so a result that depends on it changes.
+    using Kind = cuda_sim::FragmentKind;
+    CHECK(wmma::fragment<wmma::matrix_a, 16, 16, 16, __half, wmma::row_major>::num_elements == 16);
+    CHECK(wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>::num_elements == 16);
+    CHECK(wmma::fragment<wmma::accumulator, 16, 16, 16, float>::num_elements == 8);
+    for (Kind kind : {Kind::matrix_a, Kind::matrix_b, Kind::accumulator}) {
+        const cuda_sim::FragmentLayout& l = cuda_sim::fragment_layout(kind);
+        const int copies = kind == Kind::accumulator ? 1 : 2;
+        CHECK(l.elements == 8 * copies);
+        std::vector<std::vector<int>> lanes(256);
+        for (int lane = 0; lane < 32; ++lane) {
+            for (int e = 0; e < l.elements; ++e) {
+                REQUIRE(l.row[lane][e] < 16);
+                REQUIRE(l.col[lane][e] < 16);
+                lanes[static_cast<std::size_t>(16 * l.row[lane][e] + l.col[lane][e])].push_back(lane);
+            }
+        }
+        for (const auto& holders : lanes) {
+            REQUIRE(holders.size() == static_cast<std::size_t>(copies));
+            if (copies == 2) CHECK(holders[0] != holders[1]);
+        }
+    }
+    // Not lane l holding row l/2 (the layout of one GPU's documentation, and this simulator's
+    // before): a draw that happened to be it would let the catalogue's mistakes through.
+    const cuda_sim::FragmentLayout& acc = cuda_sim::fragment_layout(Kind::accumulator);
+    int documented = 0;
+    for (int lane = 0; lane < 32; ++lane) {
+        for (int e = 0; e < 8; ++e) documented += acc.row[lane][e] == lane / 2 && acc.col[lane][e] == 8 * (lane % 2) + e;
+    }
+    CHECK(documented < 32);
+}
+
 TEST_CASE("WMMA calls are warp-collective and check what a GPU requires") {
     Buffer<__half> a(to_16bit<__half>(std::vector<float>(16 * 64, 1.0f)));
     Buffer<float> d(256);

@@ -2,6 +2,9 @@
 // checks a GPU makes), device memory, streams, events and the error state. See cuda_sim.hpp.
 #include "cuda_sim.hpp"
 
+#include <cxxabi.h>
+#include <elf.h>
+#include <link.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -11,9 +14,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <new>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -167,14 +172,27 @@ struct Runner {
     struct Tracked {
         unsigned char* start = nullptr;
         std::size_t bytes = 0;
-        bool shared = false;  // the dynamic shared memory: one block's, refilled for the next
+        bool shared = false;  // shared memory: one block's, refilled for the next
         std::vector<unsigned char> shadow;
         std::vector<Writer> writers;
+        std::string name = {};  // of a static __shared__ variable; "" otherwise
     };
     bool track = false;
     std::vector<Tracked> tracked;
     std::size_t block_serial = 0, epoch = 0;
     std::vector<std::pair<std::uintptr_t, std::size_t>> atomics;  // this segment's atomic bytes
+    // The tensor cores' fragment layouts in use: the run's first draw, or (the race check's
+    // second run) its second; and whether the launch asked for one.
+    int layout_set = 0;
+    bool used_fragments = false;
+    // The launched kernel's static __shared__ variables (filled with NaN bytes for each block,
+    // as a GPU leaves shared memory uninitialised), in this OS thread's copy.
+    struct Static {
+        unsigned char* start;
+        std::size_t bytes;
+        std::string name;  // demangled: kernel(arguments)::variable
+    };
+    std::vector<Static> static_shared;
     // Stacks of threads that a smaller block left over, kept for the next larger one:
     // launches alternate between block sizes, and mapping the stacks again each time
     // costs more than the kernels.
@@ -381,7 +399,7 @@ void record_writes(Runner& r) {
                     std::string what = "a lost update: threads " + name3(other.idx) + " and " + name3(self.idx) +
                                        (w.block != r.block_serial ? " of two blocks" : " of the block") +
                                        " both wrote byte " + std::to_string(b) + " of " +
-                                       (m.shared ? "the dynamic shared memory" : "a device buffer of " + std::to_string(m.bytes) + " bytes") +
+                                       (!m.name.empty() ? m.name : m.shared ? "the dynamic shared memory" : "a device buffer of " + std::to_string(m.bytes) + " bytes") +
                                        (w.block != r.block_serial ? "" : " between two barriers") +
                                        " without an atomic (on a GPU they run at once, and one write is lost)";
                     fail(r, std::move(what));
@@ -411,6 +429,7 @@ bool run_block(Runner& r, uint3 block, bool reverse) {
     r.arrived = 0;
     r.done = 0;
     std::fill(r.dynamic_shared.begin(), r.dynamic_shared.end(), 0xff);  // as uninitialised
+    for (const Runner::Static& v : r.static_shared) std::memset(v.start, 0xff, v.bytes);
     r.reverse = reverse;
     if (r.track) {
         ++r.block_serial;
@@ -439,6 +458,130 @@ bool run_block(Runner& r, uint3 block, bool reverse) {
 // ---------------------------------------------------------------------------------------
 // The device: memory, streams, events, the error state.
 
+// Static __shared__ memory. `__shared__` is `static thread_local` here, which C++ gives no
+// way to measure where it is declared; the program's symbol table does: a variable declared
+// in function f is the thread-local symbol _ZZ<f's mangled name>E<its name>, with its size
+// and its offset in the program's thread-local block. This finds, for a kernel, the
+// variables declared in its body (not those of the device functions it calls).
+struct StaticVariable {
+    std::string name;  // mangled
+    std::size_t offset = 0, bytes = 0;
+};
+struct StaticShared {
+    bool known = false;  // the kernel was found in the symbol table
+    std::size_t bytes = 0;
+    std::vector<StaticVariable> variables;
+};
+
+class SymbolTable {
+public:
+    static const SymbolTable& get() {
+        static const SymbolTable table;
+        return table;
+    }
+
+    StaticShared of(std::uintptr_t kernel) const {
+        StaticShared out;
+        const auto f = functions_.find(kernel);
+        if (f == functions_.end() || f->second.name.compare(0, 2, "_Z") != 0) return out;
+        out.known = true;
+        const std::string prefix = "_ZZ" + f->second.name.substr(2) + "E";
+        for (const Tls& v : tls_) {
+            if (v.name.compare(0, prefix.size(), prefix) != 0) continue;
+            if (v.file >= 0 && f->second.file >= 0 && v.file != f->second.file) continue;  // another file's
+            out.variables.push_back({v.name, v.offset, v.bytes});
+            out.bytes += v.bytes;
+        }
+        return out;
+    }
+
+private:
+    struct Function {
+        std::string name;
+        int file;  // the object file of a local symbol; -1 for a global one
+    };
+    struct Tls {
+        std::string name;
+        std::size_t offset, bytes;
+        int file;
+    };
+
+    SymbolTable() {
+        std::uintptr_t bias = 0;
+        dl_iterate_phdr([](dl_phdr_info* info, std::size_t, void* out) {
+            *static_cast<std::uintptr_t*>(out) = info->dlpi_addr;  // the program comes first
+            return 1;
+        }, &bias);
+        std::ifstream in("/proc/self/exe", std::ios::binary);
+        Elf64_Ehdr header{};
+        if (!in.read(reinterpret_cast<char*>(&header), sizeof header) ||
+            std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0 || header.e_ident[EI_CLASS] != ELFCLASS64) {
+            return;
+        }
+        std::vector<Elf64_Shdr> sections(header.e_shnum);
+        in.seekg(static_cast<std::streamoff>(header.e_shoff));
+        if (!in.read(reinterpret_cast<char*>(sections.data()),
+                     static_cast<std::streamsize>(sections.size() * sizeof(Elf64_Shdr)))) {
+            return;
+        }
+        auto read = [&in](const Elf64_Shdr& section) {
+            std::vector<char> bytes(section.sh_size);
+            in.seekg(static_cast<std::streamoff>(section.sh_offset));
+            in.read(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+            if (!in) bytes.clear();
+            return bytes;
+        };
+        for (const Elf64_Shdr& section : sections) {
+            if (section.sh_type != SHT_SYMTAB || section.sh_link >= sections.size()) continue;
+            const std::vector<char> symbols = read(section);
+            const std::vector<char> names = read(sections[section.sh_link]);
+            if (names.empty()) continue;
+            int file = -1;
+            for (std::size_t at = 0; at + sizeof(Elf64_Sym) <= symbols.size(); at += sizeof(Elf64_Sym)) {
+                Elf64_Sym sym;
+                std::memcpy(&sym, symbols.data() + at, sizeof sym);
+                if (sym.st_name >= names.size()) continue;
+                const int type = ELF64_ST_TYPE(sym.st_info);
+                const bool local = ELF64_ST_BIND(sym.st_info) == STB_LOCAL;
+                if (type == STT_FILE) {
+                    ++file;
+                    continue;
+                }
+                const char* name = names.data() + sym.st_name;
+                if (type == STT_FUNC && sym.st_value != 0) {
+                    functions_.emplace(bias + sym.st_value, Function{name, local ? file : -1});
+                } else if (type == STT_TLS && std::strncmp(name, "_ZZ", 3) == 0) {
+                    tls_.push_back({name, sym.st_value, sym.st_size, local ? file : -1});
+                }
+            }
+        }
+    }
+
+    std::map<std::uintptr_t, Function> functions_;
+    std::vector<Tls> tls_;
+};
+
+std::string demangle(const std::string& name) {
+    int status = 0;
+    char* d = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+    std::string out = status == 0 && d ? d : name;
+    std::free(d);
+    return out;
+}
+
+// This OS thread's copy of the program's thread-local block (where static __shared__ lives).
+unsigned char* program_tls() {
+    thread_local unsigned char* block = [] {
+        void* out = nullptr;
+        dl_iterate_phdr([](dl_phdr_info* info, std::size_t, void* o) {
+            *static_cast<void**>(o) = info->dlpi_tls_data;
+            return 1;
+        }, &out);
+        return static_cast<unsigned char*>(out);
+    }();
+    return block;
+}
+
 struct Device {
     std::recursive_mutex mutex;  // a synchronisation runs queued work, which takes it again
     std::map<std::uintptr_t, std::size_t> allocations;  // device memory: start → bytes
@@ -446,6 +589,13 @@ struct Device {
     std::set<CUstream_st*> streams;
     std::set<CUevent_st*> events;
     std::map<std::uintptr_t, int> max_dynamic_shared;  // kernel → bytes allowed
+    std::map<std::uintptr_t, StaticShared> static_shared;  // kernel → its static __shared__
+
+    const StaticShared& statics(std::uintptr_t kernel) {
+        auto it = static_shared.find(kernel);
+        if (it == static_shared.end()) it = static_shared.emplace(kernel, SymbolTable::get().of(kernel)).first;
+        return it->second;
+    }
     cudaError_t last = cudaSuccess;
     cudaError_t sticky = cudaSuccess;  // a kernel failed: every later call reports it
     std::string detail;                // the last error in the simulator's words
@@ -607,6 +757,90 @@ void restore(const Device& d, const std::vector<std::vector<unsigned char>>& s) 
     }
 }
 
+// The first byte of device memory that differs from a snapshot, in words ("" if none).
+std::string first_difference(const Device& d, const std::vector<std::vector<unsigned char>>& s) {
+    std::size_t i = 0;
+    for (const auto& [start, bytes] : d.allocations) {
+        const auto* now = reinterpret_cast<const unsigned char*>(start);
+        for (std::size_t b = 0; b < bytes; ++b) {
+            if (now[b] != s[i][b]) {
+                return "the device buffer of " + std::to_string(bytes) + " bytes differs at byte " +
+                       std::to_string(b);
+            }
+        }
+        ++i;
+    }
+    return "";
+}
+
+// The run's two draws of fragment layouts (see cuda_sim.hpp).
+struct FragmentLayouts {
+    std::uint64_t seed = 0;
+    FragmentLayout sets[2][3];
+};
+
+FragmentLayouts draw_fragment_layouts() {
+    FragmentLayouts out;
+    const char* env = std::getenv("CUDA_SIM_WMMA_SEED");
+    if (env && *env) {
+        char* end = nullptr;
+        out.seed = std::strtoull(env, &end, 10);
+        if (*end != '\0') {
+            std::fprintf(stderr, "CUDA simulator: CUDA_SIM_WMMA_SEED=%s is not a whole number\n", env);
+            std::exit(2);
+        }
+    } else {
+        std::random_device device_random;
+        out.seed = (static_cast<std::uint64_t>(device_random()) << 32) ^ device_random();
+    }
+    std::mt19937_64 random(out.seed);
+    for (auto& set : out.sets) {
+        for (int kind = 0; kind < 3; ++kind) {
+            FragmentLayout& l = set[kind];
+            const int copies = kind == 2 ? 1 : 2;  // 16-bit fragments hold each element twice
+            l.elements = 8 * copies;
+            // cell[lane][e]: the element (16·row + column) in slot e of the lane; each copy
+            // of the matrix spread over 8 slots of every lane, the second copy of an element
+            // never in the lane of the first (two lanes hold it, as on a GPU).
+            int cell[32][16];
+            for (int c = 0; c < copies; ++c) {
+                std::vector<int> cells(256);
+                for (int i = 0; i < 256; ++i) cells[static_cast<std::size_t>(i)] = i;
+                std::shuffle(cells.begin(), cells.end(), random);
+                for (int i = 0; i < 256; ++i) cell[i / 8][8 * c + i % 8] = cells[static_cast<std::size_t>(i)];
+            }
+            if (copies == 2) {
+                std::vector<int> lane_of(256);
+                for (int i = 0; i < 256; ++i) lane_of[static_cast<std::size_t>(cell[i / 8][i % 8])] = i / 8;
+                std::uniform_int_distribution<int> any_slot(0, 255);
+                for (bool moved = true; moved;) {  // swap second copies out of their first's lane
+                    moved = false;
+                    for (int i = 0; i < 256; ++i) {
+                        int& here = cell[i / 8][8 + i % 8];
+                        if (lane_of[static_cast<std::size_t>(here)] != i / 8) continue;
+                        const int j = any_slot(random);
+                        std::swap(here, cell[j / 8][8 + j % 8]);
+                        moved = true;
+                    }
+                }
+            }
+            for (int lane = 0; lane < 32; ++lane) {
+                std::shuffle(&cell[lane][0], &cell[lane][0] + l.elements, random);  // slots in any order
+                for (int e = 0; e < l.elements; ++e) {
+                    l.row[lane][e] = static_cast<unsigned char>(cell[lane][e] / 16);
+                    l.col[lane][e] = static_cast<unsigned char>(cell[lane][e] % 16);
+                }
+            }
+        }
+    }
+    return out;
+}
+
+const FragmentLayouts& fragment_layouts() {
+    static const FragmentLayouts layouts = draw_fragment_layouts();
+    return layouts;
+}
+
 // Every block of a launch, in forward or reverse order; "" or the failure.
 std::string run_grid(const LaunchConfig& c, bool reverse) {
     Runner& r = runner();
@@ -626,6 +860,44 @@ std::string run_grid(const LaunchConfig& c, bool reverse) {
 }  // namespace
 
 Stats& stats() { return device().stats; }
+
+namespace {
+bool& perturbed_math() {
+    static bool on = [] {
+        const char* v = std::getenv("CUDA_SIM_DEVICE_MATH");
+        if (!v || !*v || std::string(v) == "exact") return false;
+        if (std::string(v) == "ulp") return true;
+        std::fprintf(stderr, "CUDA simulator: CUDA_SIM_DEVICE_MATH=%s: use ulp or exact\n", v);
+        std::exit(2);
+    }();
+    return on;
+}
+}  // namespace
+
+bool device_math_perturbed() { return perturbed_math(); }
+void set_device_math_perturbed(bool on) { perturbed_math() = on; }
+
+float move_ulp(float exact, float argument, int max_ulp) {
+    if (!std::isfinite(exact) || max_ulp <= 0) return exact;
+    std::uint32_t bits = 0;
+    std::memcpy(&bits, &argument, sizeof bits);
+    std::uint64_t h = bits * 0x9e3779b97f4a7c15ull;  // a multiplicative hash of the argument
+    h ^= h >> 29;
+    const int steps = static_cast<int>(h % static_cast<std::uint64_t>(2 * max_ulp + 1)) - max_ulp;
+    float out = exact;
+    for (int i = 0; i < (steps < 0 ? -steps : steps); ++i) {
+        out = std::nextafter(out, steps < 0 ? -INFINITY : INFINITY);
+    }
+    return std::isfinite(out) ? out : exact;
+}
+
+const FragmentLayout& fragment_layout(FragmentKind kind) {
+    Runner& r = runner();
+    r.used_fragments = true;
+    return fragment_layouts().sets[r.layout_set][static_cast<int>(kind)];
+}
+
+std::uint64_t fragment_layout_seed() { return fragment_layouts().seed; }
 void set_racecheck(bool on) { device().racecheck = on; }
 bool racecheck() { return device().racecheck; }
 
@@ -762,8 +1034,21 @@ cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {
                          " bytes of dynamic shared memory, the device allows at most " +
                          std::to_string(optin_shared));
     }
+    const std::size_t statics = d.statics(kernel).bytes;
+    if (statics + static_cast<std::size_t>(bytes) > optin_shared) {
+        return error(cudaErrorInvalidValue,
+                     "cudaFuncSetAttribute: " + std::to_string(bytes) + " bytes of dynamic shared memory and the kernel's " +
+                         std::to_string(statics) + " bytes of static __shared__ are over the " +
+                         std::to_string(optin_shared) + " a block may have");
+    }
     d.max_dynamic_shared[kernel] = bytes;
     return cudaSuccess;
+}
+
+std::size_t static_shared_bytes(std::uintptr_t kernel) {
+    Device& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    return d.statics(kernel).bytes;
 }
 
 namespace {
@@ -811,6 +1096,24 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_p
                        ? " (above 48 KiB a kernel needs cudaFuncSetAttribute("
                          "cudaFuncAttributeMaxDynamicSharedMemorySize))"
                        : ""));
+        return;
+    }
+    // Static __shared__ counts against the same 48 KiB (ptxas refuses a kernel that declares
+    // more), and with dynamic shared memory against 48 KiB unless the kernel opted in.
+    const std::size_t statics = d.statics(c.kernel).bytes;
+    if (statics > default_shared) {
+        error(cudaErrorInvalidValue, kernel + ": " + std::to_string(statics) +
+                                         " bytes of static __shared__ memory, over the 48 KiB a kernel may "
+                                         "declare (ptxas refuses it; above 48 KiB shared memory must be "
+                                         "dynamic, with cudaFuncSetAttribute)");
+        return;
+    }
+    if (allowed_it == d.max_dynamic_shared.end() && statics + c.shared_bytes > default_shared) {
+        error(cudaErrorInvalidValue,
+              kernel + ": " + std::to_string(statics) + " bytes of static __shared__ memory and " +
+                  std::to_string(c.shared_bytes) +
+                  " of dynamic are over the 48 KiB a block may have without "
+                  "cudaFuncSetAttribute(cudaFuncAttributeMaxDynamicSharedMemorySize)");
         return;
     }
     if (c.stream && !d.streams.count(c.stream)) {
@@ -909,6 +1212,12 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
         r.warps[w].size = static_cast<int>(std::min<std::size_t>(32, threads - w * 32));
     }
     r.dynamic_shared.assign(c.shared_bytes, 0xff);
+    r.static_shared.clear();
+    if (unsigned char* tls = program_tls()) {
+        for (const StaticVariable& v : d.statics(c.kernel).variables) {
+            if (v.bytes > 0) r.static_shared.push_back({tls + v.offset, v.bytes, demangle(v.name)});
+        }
+    }
     r.body = body;
     r.arg = arg;
     r.failure.clear();
@@ -931,6 +1240,7 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
         // reach and its dynamic shared memory, where that costs a bounded number of byte
         // comparisons (each thread's segment compares all of it once).
         std::size_t reach = r.dynamic_shared.size();
+        for (const Runner::Static& v : r.static_shared) reach += v.bytes;
         for (std::uintptr_t a : allocations) reach += d.allocations.at(a);
         const std::size_t all_threads = threads * gd[0] * gd[1] * gd[2];
         r.track = reach > 0 && all_threads * reach <= lost_update_budget;
@@ -950,33 +1260,47 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
                                      std::vector<unsigned char>(r.dynamic_shared.size()),
                                      std::vector<Runner::Writer>(r.dynamic_shared.size())});
             }
+            for (const Runner::Static& v : r.static_shared) {
+                r.tracked.push_back({v.start, v.bytes, true, std::vector<unsigned char>(v.bytes),
+                                     std::vector<Runner::Writer>(v.bytes), "__shared__ " + v.name});
+            }
             r.block_serial = 0;
             ++d.stats.lost_update_checked;
         }
+        r.used_fragments = false;
         failure = run_grid(c, false);
         r.track = false;
         r.tracked.clear();
         if (failure.empty()) {
             const auto forward = snapshot(d);
             restore(d, before);
+            r.layout_set = 1;  // a second draw of the tensor cores' fragment layouts
             failure = run_grid(c, true);
-            std::size_t i = 0;
-            for (const auto& [start, bytes] : d.allocations) {
-                if (!failure.empty()) break;
-                const auto* now = reinterpret_cast<const unsigned char*>(start);
-                for (std::size_t b = 0; b < bytes; ++b) {
-                    if (now[b] != forward[i][b]) {
-                        failure = "a race: the device buffer of " + std::to_string(bytes) +
-                                  " bytes differs at byte " + std::to_string(b) +
-                                  " between two runs with the threads and blocks in forward "
-                                  "and in reverse order (threads that touch the same memory "
-                                  "without a barrier between them, or atomics whose order "
-                                  "changes the result)";
-                        break;
-                    }
+            std::string differs = failure.empty() ? first_difference(d, forward) : "";
+            if (!differs.empty() && r.used_fragments) {
+                // Two things changed between the runs: the order and the fragment layouts.
+                // The forward order with the second layouts tells them apart.
+                restore(d, before);
+                const std::string again = run_grid(c, false);
+                const std::string by_layout = again.empty() ? first_difference(d, forward) : "";
+                if (!by_layout.empty()) {
+                    failure = "the result depends on which lane holds which element of a WMMA "
+                              "fragment: " + by_layout + " between two runs with the fragment "
+                              "layouts drawn twice (CUDA leaves the layout unspecified and it "
+                              "differs between GPUs: code may apply one operation to every "
+                              "element, not pick elements by position; CUDA_SIM_WMMA_SEED=" +
+                              std::to_string(fragment_layout_seed()) + " repeats the draw)";
+                    differs.clear();
                 }
-                ++i;
             }
+            if (!differs.empty()) {
+                failure = "a race: " + differs +
+                          " between two runs with the threads and blocks in forward "
+                          "and in reverse order (threads that touch the same memory "
+                          "without a barrier between them, or atomics whose order "
+                          "changes the result)";
+            }
+            r.layout_set = 0;
         }
     } else {
         failure = run_grid(c, false);

@@ -16,8 +16,10 @@
 //     the same way: every lane must reach the same call, and the last one to arrive does
 //     the warp's work (a load, a matrix product) for all of them.
 //   - __shared__ is `static thread_local`: one copy per OS thread, which runs one block at a
-//     time, so all threads of a block (fibers on that OS thread) share it. Dynamic shared
-//     memory (ATTN_DYNAMIC_SHARED) is a per-launch buffer of the requested size.
+//     time, so all threads of a block (fibers on that OS thread) share it. The program's
+//     symbol table gives each kernel's static __shared__ variables (their sizes count
+//     against the limits, and they are refilled with NaN bytes for each block). Dynamic
+//     shared memory (ATTN_DYNAMIC_SHARED) is a per-launch buffer of the requested size.
 //   - Device memory is host memory from the allocator, filled with 0xff bytes (NaN floats)
 //     when allocated, as a GPU leaves it uninitialised; AddressSanitizer sees every access.
 //     A launch whose pointer arguments point outside device (or cudaMallocHost) memory is
@@ -176,8 +178,27 @@ inline T atomicAdd(T* address, T value) {
     return old;
 }
 
+// Device math. CUDA's expf, logf, erff and rsqrtf are within 2, 1, 2 and 2 units in the last
+// place (ulp) of the exact result (CUDA C++ Programming Guide, "Mathematical Functions",
+// single precision); here they are libm's, which is exact or nearly. Bitwise agreement with
+// the CPU here does not carry to a GPU. With CUDA_SIM_DEVICE_MATH=ulp each result moves by a
+// whole number of ulp within CUDA's bound, drawn from the argument's bits (the same argument
+// gives the same result, as on a GPU), so a test run that way shows its tolerance does not
+// rest on libm's bits.
+namespace cuda_sim {
+bool device_math_perturbed();
+void set_device_math_perturbed(bool on);  // as CUDA_SIM_DEVICE_MATH=ulp (true) or exact
+float move_ulp(float exact, float argument, int max_ulp);
+inline float device_result(float exact, float argument, int max_ulp) {
+    return device_math_perturbed() ? move_ulp(exact, argument, max_ulp) : exact;
+}
+}  // namespace cuda_sim
+#define expf(x) ::cuda_sim::device_result(std::exp(static_cast<float>(x)), static_cast<float>(x), 2)
+#define logf(x) ::cuda_sim::device_result(std::log(static_cast<float>(x)), static_cast<float>(x), 1)
+#define erff(x) ::cuda_sim::device_result(std::erf(static_cast<float>(x)), static_cast<float>(x), 2)
+
 // CUDA's device math that the C++ library lacks, or names differently.
-inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float rsqrtf(float x) { return ::cuda_sim::device_result(1.0f / std::sqrt(x), x, 2); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
@@ -302,15 +323,18 @@ struct cudaFuncAttributes {
     int maxThreadsPerBlock;
     int ptxVersion, binaryVersion;
 };
-// Every kernel "has an image" for the simulator.
-template <class Kernel>
-cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel*) {
-    *attributes = cudaFuncAttributes{0, 1024, 90, 90};
-    return cudaSuccess;
-}
-
 namespace cuda_sim {
 cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes);
+// The bytes of static __shared__ the kernel declares in its body (from the program's symbol
+// table; those of the device functions it calls are not seen).
+std::size_t static_shared_bytes(std::uintptr_t kernel);
+}
+// Every kernel "has an image" for the simulator.
+template <class Kernel>
+cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel* kernel) {
+    *attributes = cudaFuncAttributes{cuda_sim::static_shared_bytes(reinterpret_cast<std::uintptr_t>(kernel)), 1024,
+                                     90, 90};
+    return cudaSuccess;
 }
 template <class Kernel>
 cudaError_t cudaFuncSetAttribute(Kernel* kernel, cudaFuncAttribute attr, int value) {
@@ -396,6 +420,22 @@ Stats& stats();
 // Runs every launch twice in two thread orders and compares (also CUDA_SIM_RACECHECK=1).
 void set_racecheck(bool on);
 bool racecheck();
+// The tensor cores' fragment layouts (cuda_sim_wmma.hpp): which element of its 16×16 matrix
+// each lane holds. CUDA leaves this unspecified and it differs between GPUs, so each run of
+// a program draws one layout per fragment kind at random (CUDA_SIM_WMMA_SEED=N repeats a
+// run's draw). A matrix_a or matrix_b fragment holds 16 elements a lane, every element of
+// the matrix in two slots, as CUDA's 16-bit fragments of sm_70 and later do; an accumulator
+// holds 8, every element once. The race check's second run uses a second draw, so a result
+// that depends on the layout differs between its runs.
+enum class FragmentKind { matrix_a = 0, matrix_b = 1, accumulator = 2 };
+struct FragmentLayout {
+    int elements = 0;                 // slots a lane holds
+    unsigned char row[32][16] = {};   // slot (lane, element) → row of the matrix
+    unsigned char col[32][16] = {};   // … and column
+};
+const FragmentLayout& fragment_layout(FragmentKind kind);
+// The seed of this run's layouts.
+std::uint64_t fragment_layout_seed();
 // Whether [p, p + bytes) lies inside one device allocation; if not, why not.
 bool in_device_memory(const void* p, std::size_t bytes, std::string* why);
 // The last kernel failure in words ("" if none); clears the sticky error (for tests).

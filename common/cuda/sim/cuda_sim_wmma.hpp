@@ -4,10 +4,15 @@
 // As on a GPU, every call is warp-collective: all 32 lanes of a warp must reach the same
 // call with the same pointer, leading dimension and layout (the simulator fails the launch,
 // naming the line, when one does not), and a fragment is spread over the lanes, each
-// holding `num_elements` of its elements. Which lane holds which element is unspecified
-// by CUDA and differs between GPUs; here lane l holds row l/2, columns 8·(l%2) … +7 of the
-// fragment's matrix. Code may apply one operation to every element of a fragment, but
-// code that needs to know where an element lies is wrong on some GPU.
+// holding `num_elements` of its elements: 16 for matrix_a and matrix_b (each element of the
+// matrix in two lanes' slots, as CUDA's 16-bit fragments of sm_70 and later), 8 for the
+// float accumulator. Which lane holds which element is unspecified by CUDA and differs
+// between GPUs; here each run draws a layout per fragment kind at random
+// (cuda_sim::fragment_layout; CUDA_SIM_WMMA_SEED=N repeats one), and the race check's two
+// runs use two draws. Code may apply one operation to every element of a fragment; code
+// that needs to know where an element lies is wrong on some GPU, and here its results
+// change from run to run. mma_sync refuses a matrix_a or matrix_b fragment whose two copies
+// of an element differ (code that changed elements by position).
 //
 // mma_sync computes D = A·B + C with each product of two 16-bit values exact in float32
 // and the sums in float32, in order of k (a tensor core's internal order and rounding of
@@ -21,6 +26,7 @@
 #include "cuda_sim_half.hpp"
 
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <type_traits>
 
@@ -35,10 +41,13 @@ struct col_major {};
 enum layout_t { mem_row_major, mem_col_major };
 
 namespace detail {
-constexpr int lane_elements = 8;  // 16·16 elements over 32 lanes
-// The simulator's layout: element e of lane l is (row, column) of the fragment's matrix.
-inline int element_row(int lane, int) { return lane / 2; }
-inline int element_col(int lane, int e) { return 8 * (lane % 2) + e; }
+// Slots a lane holds: 16-bit input fragments hold each element twice, the accumulator once.
+template <class Use>
+constexpr int lane_elements = std::is_same<Use, accumulator>::value ? 8 : 16;
+template <class Use>
+constexpr ::cuda_sim::FragmentKind kind_of = std::is_same<Use, matrix_a>::value   ? ::cuda_sim::FragmentKind::matrix_a
+                                             : std::is_same<Use, matrix_b>::value ? ::cuda_sim::FragmentKind::matrix_b
+                                                                                : ::cuda_sim::FragmentKind::accumulator;
 
 template <class T>
 constexpr bool is_16bit = std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value;
@@ -60,8 +69,9 @@ class fragment {
                   "__nv_bfloat16 with row_major or col_major, a float accumulator without a layout");
 
 public:
-    static constexpr int num_elements = detail::lane_elements;  ///< elements this lane holds
-    T x[num_elements];                                           ///< this lane's elements
+    using use_type = Use;
+    static constexpr int num_elements = detail::lane_elements<Use>;  ///< elements this lane holds
+    T x[num_elements];                                                ///< this lane's elements
 };
 
 namespace detail {
@@ -117,12 +127,13 @@ std::string load(void* const* args) {
     std::string wrong = same_arguments(args, true, false);
     if (wrong.empty()) wrong = check_matrix<T>(*static_cast<const Call*>(args[0]));
     if (!wrong.empty()) return wrong;
+    const auto& l = ::cuda_sim::fragment_layout(kind_of<typename Fragment::use_type>);
     for (int lane = 0; lane < 32; ++lane) {
         const Call& c = *static_cast<const Call*>(args[lane]);
         auto& f = *static_cast<Fragment*>(c.fragment);
         const T* p = static_cast<const T*>(c.pointer);
-        for (int e = 0; e < lane_elements; ++e) {
-            f.x[e] = p[offset(element_row(lane, e), element_col(lane, e), c.ldm, c.layout)];
+        for (int e = 0; e < Fragment::num_elements; ++e) {
+            f.x[e] = p[offset(l.row[lane][e], l.col[lane][e], c.ldm, c.layout)];
         }
     }
     return "";
@@ -133,12 +144,13 @@ std::string store(void* const* args) {
     std::string wrong = same_arguments(args, true, false);
     if (wrong.empty()) wrong = check_matrix<float>(*static_cast<const Call*>(args[0]));
     if (!wrong.empty()) return wrong;
+    const auto& l = ::cuda_sim::fragment_layout(::cuda_sim::FragmentKind::accumulator);
     for (int lane = 0; lane < 32; ++lane) {
         const Call& c = *static_cast<const Call*>(args[lane]);
         const auto& f = *static_cast<const Fragment*>(c.fragment);
         float* p = static_cast<float*>(const_cast<void*>(c.pointer));
-        for (int e = 0; e < lane_elements; ++e) {
-            p[offset(element_row(lane, e), element_col(lane, e), c.ldm, c.layout)] = f.x[e];
+        for (int e = 0; e < Fragment::num_elements; ++e) {
+            p[offset(l.row[lane][e], l.col[lane][e], c.ldm, c.layout)] = f.x[e];
         }
     }
     return "";
@@ -151,7 +163,7 @@ std::string fill(void* const* args) {
     for (int lane = 0; lane < 32; ++lane) {
         const Call& c = *static_cast<const Call*>(args[lane]);
         auto& f = *static_cast<Fragment*>(c.fragment);
-        for (int e = 0; e < lane_elements; ++e) f.x[e] = c.value;
+        for (int e = 0; e < Fragment::num_elements; ++e) f.x[e] = c.value;
     }
     return "";
 }
@@ -163,20 +175,45 @@ struct MmaCall {
     const void* c;
 };
 
+// Gathers a 16-bit input fragment's matrix from the warp's lanes; "" or, where the two slots
+// holding one element disagree, what is wrong.
+template <class Fragment>
+std::string gather(void* const* args, const void* MmaCall::*which, const char* name, float (&m)[16][16]) {
+    const auto& l = ::cuda_sim::fragment_layout(kind_of<typename Fragment::use_type>);
+    int holder[16][16];
+    for (auto& row : holder) {
+        for (int& h : row) h = -1;
+    }
+    for (int lane = 0; lane < 32; ++lane) {
+        const auto& f = *static_cast<const Fragment*>(static_cast<const MmaCall*>(args[lane])->*which);
+        for (int e = 0; e < Fragment::num_elements; ++e) {
+            const int r = l.row[lane][e], c = l.col[lane][e];
+            const float v = static_cast<float>(f.x[e]);
+            if (holder[r][c] >= 0 && std::memcmp(&v, &m[r][c], sizeof v) != 0) {
+                return std::string(name) + " element (" + std::to_string(r) + ", " + std::to_string(c) +
+                       ") is held by lanes " + std::to_string(holder[r][c]) + " and " + std::to_string(lane) +
+                       " with different values: elements were changed by position, which CUDA leaves "
+                       "unspecified (code may apply one operation to every element of a fragment; "
+                       "CUDA_SIM_WMMA_SEED=" + std::to_string(::cuda_sim::fragment_layout_seed()) +
+                       " repeats this run's layouts)";
+            }
+            m[r][c] = v;
+            holder[r][c] = lane;
+        }
+    }
+    return "";
+}
+
 template <class Acc, class A, class B>
 std::string mma(void* const* args) {
     float a[16][16], b[16][16], d[16][16];  // the warp's whole tiles, gathered from the lanes
+    std::string wrong = gather<A>(args, &MmaCall::a, "matrix_a", a);
+    if (wrong.empty()) wrong = gather<B>(args, &MmaCall::b, "matrix_b", b);
+    if (!wrong.empty()) return wrong;
+    const auto& l = ::cuda_sim::fragment_layout(::cuda_sim::FragmentKind::accumulator);
     for (int lane = 0; lane < 32; ++lane) {
-        const MmaCall& call = *static_cast<const MmaCall*>(args[lane]);
-        const auto& fa = *static_cast<const A*>(call.a);
-        const auto& fb = *static_cast<const B*>(call.b);
-        const auto& fc = *static_cast<const Acc*>(call.c);
-        for (int e = 0; e < lane_elements; ++e) {
-            const int r = element_row(lane, e), col = element_col(lane, e);
-            a[r][col] = static_cast<float>(fa.x[e]);
-            b[r][col] = static_cast<float>(fb.x[e]);
-            d[r][col] = fc.x[e];
-        }
+        const auto& fc = *static_cast<const Acc*>(static_cast<const MmaCall*>(args[lane])->c);
+        for (int e = 0; e < Acc::num_elements; ++e) d[l.row[lane][e]][l.col[lane][e]] = fc.x[e];
     }
     float out[16][16];
     for (int i = 0; i < 16; ++i) {
@@ -188,7 +225,7 @@ std::string mma(void* const* args) {
     }
     for (int lane = 0; lane < 32; ++lane) {  // D may be C: written only after every read
         auto& fd = *static_cast<Acc*>(static_cast<const MmaCall*>(args[lane])->d);
-        for (int e = 0; e < lane_elements; ++e) fd.x[e] = out[element_row(lane, e)][element_col(lane, e)];
+        for (int e = 0; e < Acc::num_elements; ++e) fd.x[e] = out[l.row[lane][e]][l.col[lane][e]];
     }
     return "";
 }
