@@ -331,9 +331,21 @@ TEST_CASE("work on a non-blocking stream runs when the stream is synchronised, a
     pinned[0] = -1.0f;
     ATTN_LAUNCH(fill_with, 1, 32, 0, stream)(out.p, 7.0f);
     REQUIRE(cudaMemcpyAsync(pinned, out.p, 32 * sizeof(float), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
-    CHECK(pinned[0] == -1.0f);  // a copy into pinned memory is not done before the stream is
+    // Reading pinned[0] here, before the stream is synchronised, would end the program with
+    // the copy's name: the catalogue's read_pinned_before_stream_sync shows it.
     REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
     CHECK(pinned[0] == 7.0f);
+    // Bytes of the same page that no copy touches stay the program's to use meanwhile.
+    float* both = nullptr;
+    REQUIRE(cudaMallocHost(&both, 64 * sizeof(float)) == cudaSuccess);
+    both[40] = 5.0f;
+    REQUIRE(cudaMemcpyAsync(both, out.p, 32 * sizeof(float), cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    CHECK(both[40] == 5.0f);
+    both[41] = 6.0f;
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(both[0] == 7.0f);
+    CHECK(both[41] == 6.0f);
+    REQUIRE(cudaFreeHost(both) == cudaSuccess);
 
     // A copy from pageable memory reads it at the call (CUDA stages it); into pageable memory
     // it returns only when done.

@@ -4,12 +4,14 @@
 
 #include <cxxabi.h>
 #include <elf.h>
+#include <signal.h>
 #include <link.h>
 #include <sys/mman.h>
 #include <ucontext.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -44,6 +46,7 @@ struct PendingWork {
     std::string what;                       // "kernel x", "cudaMemcpyAsync", ...
     std::vector<std::uintptr_t> allocations;  // the device allocations it uses
     std::function<void()> run;
+    std::function<void()> release = {};  // called before it runs, or is dropped
 };
 struct CUstream_st {
     unsigned flags;
@@ -696,12 +699,107 @@ bool reachable_from_device(const Device& d, const void* p) {
 
 bool queues(const CUstream_st* s) { return s && (s->flags & cudaStreamNonBlocking); }
 
+std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+// The bytes mapped for cudaMallocHost(bytes): whole pages and one inaccessible page after.
+std::size_t pinned_mapping(std::size_t bytes) {
+    const std::size_t page = page_bytes();
+    return (bytes + page - 1) / page * page + page;
+}
+
+// Pinned memory with a queued copy: its pages are inaccessible (a copy will write them) or
+// read-only (a copy will read them) until the copy runs. A host access faults, and the
+// handler, finding the address in a guard, prints the guard's sentence and ends the
+// program: on a GPU the host would read what the copy has not written yet, or change what
+// it has not read. A fault on the guarded pages outside the copy's bytes opens that page
+// for good (the program's other data there); any other fault goes to the handler before.
+struct PinnedGuard {
+    std::atomic<bool> active{false};
+    std::uintptr_t first_page = 0, end_page = 0, start = 0, end = 0;
+    char sentence[320] = {};
+};
+constexpr int max_pinned_guards = 64;
+PinnedGuard pinned_guards[max_pinned_guards];
+struct sigaction segv_before;
+
+void on_segv(int signal, siginfo_t* info, void* context) {
+    const auto a = reinterpret_cast<std::uintptr_t>(info->si_addr);
+    for (PinnedGuard& g : pinned_guards) {
+        if (!g.active.load() || a < g.first_page || a >= g.end_page) continue;
+        if (a >= g.start && a < g.end) {
+            const ssize_t ignored = write(2, g.sentence, std::strlen(g.sentence));
+            (void)ignored;
+            _exit(70);
+        }
+        const std::uintptr_t page = a / page_bytes() * page_bytes();
+        mprotect(reinterpret_cast<void*>(page), page_bytes(), PROT_READ | PROT_WRITE);
+        return;
+    }
+    (void)signal;
+    (void)context;
+    sigaction(SIGSEGV, &segv_before, nullptr);  // not the simulator's: fault again, as before
+}
+
+// Each page's queued copies: into it (no access) and from it (read-only).
+std::map<std::uintptr_t, std::pair<int, int>>& guarded_pages() {
+    static std::map<std::uintptr_t, std::pair<int, int>> pages;
+    return pages;
+}
+
+void protect_page(std::uintptr_t page) {
+    const auto& [into, from] = guarded_pages()[page];
+    mprotect(reinterpret_cast<void*>(page), page_bytes(),
+             into > 0 ? PROT_NONE : from > 0 ? PROT_READ : PROT_READ | PROT_WRITE);
+}
+
+std::function<void()> guard_pinned(const void* host, std::size_t bytes, bool into_host, const std::string& what) {
+    static const bool installed = [] {
+        struct sigaction action {};
+        action.sa_sigaction = on_segv;
+        action.sa_flags = SA_SIGINFO | SA_NODEFER;
+        sigemptyset(&action.sa_mask);
+        return sigaction(SIGSEGV, &action, &segv_before) == 0;
+    }();
+    int slot = -1;
+    for (int i = 0; i < max_pinned_guards && slot < 0; ++i) {
+        if (!pinned_guards[i].active.load()) slot = i;
+    }
+    if (!installed || slot < 0 || bytes == 0) return {};  // more queued copies than guards: unguarded
+    PinnedGuard& g = pinned_guards[slot];
+    const std::size_t page = page_bytes();
+    g.start = reinterpret_cast<std::uintptr_t>(host);
+    g.end = g.start + bytes;
+    g.first_page = g.start / page * page;
+    g.end_page = (g.end + page - 1) / page * page;
+    std::snprintf(g.sentence, sizeof g.sentence,
+                  "CUDA simulator: host code %s pinned memory that %s, queued on a non-blocking "
+                  "stream, has not %s yet (on a GPU the copy may still be running: synchronise "
+                  "the stream, or an event recorded after the copy, first)\n",
+                  into_host ? "touched" : "wrote", what.c_str(), into_host ? "written" : "read");
+    g.active.store(true);
+    for (std::uintptr_t p = g.first_page; p < g.end_page; p += page) {
+        auto& counts = guarded_pages()[p];
+        ++(into_host ? counts.first : counts.second);
+        protect_page(p);
+    }
+    return [slot, into_host] {
+        PinnedGuard& h = pinned_guards[slot];
+        h.active.store(false);
+        for (std::uintptr_t p = h.first_page; p < h.end_page; p += page_bytes()) {
+            auto& counts = guarded_pages()[p];
+            --(into_host ? counts.first : counts.second);
+            protect_page(p);
+            if (counts.first == 0 && counts.second == 0) guarded_pages().erase(p);
+        }
+    };
+}
+
 // Runs the work queued on s, in order. After a kernel fails, the rest is dropped, as a GPU
 // fails every later call.
 void flush(Device& d, CUstream_st* s) {
     while (!s->pending.empty()) {
         PendingWork w = std::move(s->pending.front());
         s->pending.pop_front();
+        if (w.release) w.release();
         if (d.sticky == cudaSuccess) w.run();
     }
 }
@@ -1478,8 +1576,13 @@ cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
     SIM_STICKY();
     auto& d = device();
     std::lock_guard<std::recursive_mutex> lock(d.mutex);
-    void* p = std::malloc(bytes ? bytes : 1);
-    if (!p) return error(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
+    // Whole pages, as CUDA gives (a queued copy can then protect them; see guard_pinned),
+    // and an inaccessible page after them: an overrun past the last page faults.
+    void* p = mmap(nullptr, cuda_sim::pinned_mapping(bytes), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return error(cudaErrorMemoryAllocation, "cudaMallocHost: out of memory");
+    mprotect(static_cast<char*>(p) + cuda_sim::pinned_mapping(bytes) - cuda_sim::page_bytes(), cuda_sim::page_bytes(),
+             PROT_NONE);
     d.pinned[reinterpret_cast<std::uintptr_t>(p)] = bytes;
     *ptr = p;
     return cudaSuccess;
@@ -1490,10 +1593,12 @@ cudaError_t cudaFreeHost(void* ptr) {
     auto& d = device();
     std::lock_guard<std::recursive_mutex> lock(d.mutex);
     flush_all(d);  // cudaFreeHost waits for the device's work
-    if (!d.pinned.erase(reinterpret_cast<std::uintptr_t>(ptr))) {
+    const auto it = d.pinned.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (it == d.pinned.end()) {
         return error(cudaErrorInvalidValue, "cudaFreeHost: not a pointer from cudaMallocHost");
     }
-    std::free(ptr);
+    munmap(ptr, cuda_sim::pinned_mapping(it->second));
+    d.pinned.erase(it);
     return d.sticky;
 }
 
@@ -1558,8 +1663,15 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
         SIM_STICKY();
         std::memmove(dst, src, bytes);
     } else {
+        // Pinned memory that the copy writes (or reads) later: host code that reads or writes
+        // it (or writes it) before the stream is synchronised is stopped with the copy's name.
+        std::function<void()> release;
+        if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToDevice) {
+            const bool into_host = kind == cudaMemcpyDeviceToHost;
+            release = cuda_sim::guard_pinned(into_host ? dst : src, bytes, into_host, what);
+        }
         stream->pending.push_back({what, std::move(allocations),
-                                   [dst, src, bytes] { std::memmove(dst, src, bytes); }});
+                                   [dst, src, bytes] { std::memmove(dst, src, bytes); }, std::move(release)});
     }
     return cudaSuccess;
 }

@@ -29,7 +29,10 @@
 //     calls and runs them when it is synchronised (cudaStreamSynchronize, an event on it,
 //     cudaDeviceSynchronize, cudaFree), as a GPU may run them late. A copy, memset or kernel
 //     on the legacy stream that touches an allocation such queued work uses is refused
-//     (cudaErrorIllegalState, naming both): the legacy stream does not wait for it.
+//     (cudaErrorIllegalState, naming both): the legacy stream does not wait for it. Pinned
+//     memory (cudaMallocHost) that a queued copy will write is inaccessible until the copy
+//     runs, and read-only where a queued copy will read it: host code touching it ends the
+//     program with one line naming the copy, as a GPU would hand it stale or mixed data.
 //   - Race check (CUDA_SIM_RACECHECK=1): a launch runs twice, threads and blocks in forward
 //     then in reverse order, from the same device memory; any byte of device memory that
 //     differs between the two runs is a race (or an atomic whose order matters). Each

@@ -34,6 +34,11 @@ inline std::string said(cublasStatus_t s) {
     return s == CUBLAS_STATUS_SUCCESS ? "" : cublasGetStatusString(s);
 }
 
+// What the simulator said of a mistake that ends the program (a host read or write it can
+// only stop, with no CUDA call to return an error from): `body` runs in a child process, and
+// the child's standard error is returned if it did not exit 0 ("" if it did).
+std::string said_by_child(void (*body)());
+
 }  // namespace mistakes
 
 #define MISTAKE(name)                                                   \
