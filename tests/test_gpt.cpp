@@ -3,6 +3,7 @@
 #include "attn/fixtures.hpp"
 #include "attn/checkpoint.hpp"
 #include "attn/gpt.hpp"
+#include "attn/threads.hpp"
 #include "attn/trainer.hpp"
 #include "attn/npy.hpp"
 
@@ -157,6 +158,60 @@ TEST_CASE("the parameter count is the sum of the model's tensors, with and witho
             }
         }
     }
+}
+
+TEST_CASE("the bytes a model holds are its buffers': 4 per parameter each for weights and gradients, 8 for AdamW, activations by their shapes") {
+    // The CPU recipe (804 096 parameters, counted by hand above), one thread, so that no
+    // batch slice keeps gradients of its own.
+    const int threads = num_threads();
+    set_num_threads(1);
+    const GPTConfig c = TrainConfig::named("cpu").model_config(65);
+    REQUIRE(c.n_kv_head == 0);
+    const std::size_t P = 804096, L = c.n_layer, C = c.n_embd, V = c.vocab_size, NH = c.n_head;
+    const int B = 2, T = 16;
+    const std::size_t BT = B * T;
+    // What each position keeps, from the shapes of llm.c's activations (floats): per layer
+    // ln1 C + its mean and rstd 2, qkv 3C, the heads' output C, the attention weights NH·T
+    // and their log-sum-exps NH, attn.c_proj C, residual C, ln2 C + 2, fc 4C, GELU 4C,
+    // mlp.c_proj C, residual C; then the embeddings C, ln_f C + 2, logits V, probabilities V,
+    // the loss 1. The backward pass's scratch, one layer at a time: the residual's and a
+    // LayerNorm's gradients C + C, qkv 3C, the heads' output C, fc and GELU 4C + 4C, logits V,
+    // the weights NH·T, a branch's output C.
+    const std::size_t kept = L * (18 * C + 4 + NH * T + NH) + (2 * C + 2 + 2 * V + 1);
+    const std::size_t scratch = 15 * C + V + NH * T;
+    for (AttentionKind kind : {AttentionKind::materialised, AttentionKind::fused}) {
+        CAPTURE(static_cast<int>(kind));
+        GPT model(c, 1);
+        model.set_attention(kind);
+        MemoryUse use = model.memory_use();
+        CHECK(use.weights == 4 * P);
+        CHECK(use.gradients == 4 * P);
+        CHECK(use.activations == 0);  // sized by the first forward pass
+        const std::vector<int> x(BT, 1), y(BT, 2);
+        model.forward(x, y, B, T);
+        model.zero_grad();
+        model.backward();
+        use = model.memory_use();
+        CHECK(use.weights == 4 * P);
+        CHECK(use.gradients == 4 * P);
+        // The fused attention keeps no (T, T) weights, in either pass.
+        const std::size_t weights_TT = kind == AttentionKind::fused ? (L + 1) * NH * T : 0;
+        CHECK(use.activations == 4 * BT * (kept + scratch - weights_TT));
+        AdamW adamw;
+        CHECK(adamw.bytes() == 0);
+        adamw.step(model, 1e-3f);
+        CHECK(adamw.bytes() == 8 * P);
+    }
+    // Two threads: the second slice of the batch sums its gradients in a buffer of its own
+    // (GPT::backward), another 4 bytes per parameter.
+    set_num_threads(2);
+    GPT model(c, 1);
+    const std::vector<int> x(BT, 1), y(BT, 2);
+    model.forward(x, y, B, T);
+    model.zero_grad();
+    model.backward();
+    CHECK(model.memory_use().gradients == 8 * P);
+    set_num_threads(threads);
 }
 
 TEST_CASE("initialisation follows nanoGPT and the loss at initialisation is about ln V") {

@@ -1002,11 +1002,52 @@ void when_the_model_does_not_fit() {
     print_claim("adamw_bytes_per_parameter", 4 + K, 0);
 }
 
+// The same arithmetic for the model this lesson trains, measured: the bytes the library has
+// allocated (GPT::memory_use, AdamW::bytes) after one step of the CPU recipe at its batch, on
+// one thread (more threads add a gradient buffer per extra batch slice). It trains in
+// float32, so its 16 bytes per parameter split 4 + 4 + 8 instead of 2 + 2 + 12.
+void this_model_measured() {
+    //! [measured]
+    const TrainConfig recipe = TrainConfig::named("cpu");
+    const int threads = num_threads();
+    set_num_threads(1);
+    GPT model(recipe.model_config(65), 1);
+    const int B = recipe.batch_size, T = recipe.model_config(65).block_size;
+    const std::vector<int> x(static_cast<std::size_t>(B) * T, 1), y(x.size(), 2);
+    model.forward(x, y, B, T);
+    model.zero_grad();
+    model.backward();
+    AdamW adamw;
+    adamw.step(model, 1e-3f);
+    MemoryUse use = model.memory_use();
+    use.optimizer = adamw.bytes();
+    set_num_threads(threads);
+    //! [measured]
+    const double P = static_cast<double>(model.parameters().size()), mb = 1e6;
+    const double weights = static_cast<double>(use.weights), gradients = static_cast<double>(use.gradients),
+                 optimizer = static_cast<double>(use.optimizer), activations = static_cast<double>(use.activations);
+    const double state = weights + gradients + optimizer;
+    std::printf("\nthis lesson's model (the CPU recipe, %.0f parameters, float32), measured after one step\n"
+                "of batch %d x %d on one thread:\n", P, B, T);
+    std::printf("  weights %8.2f MB  (%.1f bytes per parameter)\n", weights / mb, weights / P);
+    std::printf("  gradients %6.2f MB  (%.1f)\n", gradients / mb, gradients / P);
+    std::printf("  AdamW %10.2f MB  (%.1f)\n", optimizer / mb, optimizer / P);
+    std::printf("  activations %4.2f MB  (%.1f bytes per parameter: %.1f times the rest)\n", activations / mb,
+                activations / P, activations / state);
+    print_claim("measured_params", std::to_string(model.parameters().size()));
+    print_claim("measured_batch", std::to_string(B));
+    print_claim("measured_T", std::to_string(T));
+    print_claim("measured_state_bytes_per_parameter", state / P, 1);
+    print_claim("measured_activations_mb", activations / mb, 1);
+    print_claim("measured_activations_ratio", activations / state, 1);
+}
+
 void lesson(const LessonOptions& options) {
     const Sizes s = sizes(options.quick);
     merge_by_hand();
     causal_blocks(options);
     when_the_model_does_not_fit();
+    this_model_measured();
 #ifdef ATTN_HAVE_MPI
     Launcher launcher{s, fs::absolute(options.corpus()), {}};
     // The corpus is checked here, in one process: a text too short is refused in one line

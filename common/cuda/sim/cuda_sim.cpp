@@ -755,7 +755,7 @@ std::function<void()> guard_pinned(const void* host, std::size_t bytes, bool int
     static const bool installed = [] {
         struct sigaction action {};
         action.sa_sigaction = on_segv;
-        action.sa_flags = SA_SIGINFO | SA_NODEFER;
+        action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;  // an alternate stack where one is set (AddressSanitizer)
         sigemptyset(&action.sa_mask);
         return sigaction(SIGSEGV, &action, &segv_before) == 0;
     }();

@@ -172,6 +172,18 @@ struct GradientScratch {
     std::vector<float> dinner;     ///< (B, T, C) gradient of a block's branch output
 };
 
+/// The bytes a model holds in one process, by what they hold: measured from the buffers the
+/// library has allocated (their capacity), not from a formula. Lesson 19 prints them beside
+/// mixed-precision AdamW's 16 bytes per parameter.
+struct MemoryUse {
+    std::size_t weights = 0;      ///< the float32 parameters, and their 16-bit copy in mixed precision
+    std::size_t gradients = 0;    ///< the gradients, with the batch slices' own (one per extra thread)
+    std::size_t optimizer = 0;    ///< AdamW's two moments (added by the caller: AdamW::bytes())
+    std::size_t activations = 0;  ///< what the forward pass keeps for the backward pass, and its scratch
+    /// Everything. @return the sum of the four
+    std::size_t total() const { return weights + gradients + optimizer + activations; }
+};
+
 /// nanoGPT's GPT with its parameters, gradients and activations in preallocated buffers.
 ///
 /// Typical step: `float loss = model.forward(x, y, B, T); model.zero_grad();
@@ -298,6 +310,9 @@ public:
     const std::vector<float>& gradients() const { return grads_memory_; }  ///< read-only
     const ParameterTensors& params() const { return params_; }  ///< pointers into parameters()
     const ParameterTensors& grads() const { return grads_; }    ///< pointers into gradients()
+    /// The bytes this model holds now (the activations once a forward pass has sized them).
+    /// @return weights, gradients and activations; `optimizer` is 0
+    MemoryUse memory_use() const;
 
     /// The activations of the last forward call.
     const Activations& activations() const { return acts_; }
@@ -359,6 +374,9 @@ struct AdamW {
     std::vector<float> m;       ///< first moment, same layout as GPT::parameters()
     std::vector<float> v;       ///< second moment, same layout as GPT::parameters()
     long step_count = 0;        ///< steps taken so far
+
+    /// The bytes its moments hold (allocated by the first step). @return bytes
+    std::size_t bytes() const { return (m.capacity() + v.capacity()) * sizeof(float); }
 
     /// One update of every parameter from the gradients in `model`.
     /// @param model the model to update (its gradients are read, its parameters changed)

@@ -220,6 +220,32 @@ void GPT::set_batch_offset(int first_sequence) {
     batch_offset_ = first_sequence;
 }
 
+MemoryUse GPT::memory_use() const {
+    const auto bytes = [](const std::vector<float>& v) { return v.capacity() * sizeof(float); };
+    MemoryUse use;
+    use.weights = bytes(params_memory_) + bytes(product_weights_);
+    use.gradients = bytes(grads_memory_);
+    for (const std::vector<float>& g : slice_grads_) use.gradients += bytes(g);
+    const Activations& a = acts_;
+    // Every buffer of Activations and GradientScratch: a member added there and not here
+    // fails the static_asserts.
+    const std::vector<float>* kept[] = {
+        &a.encoded, &a.ln1, &a.ln1_mean, &a.ln1_rstd, &a.qkv, &a.atty, &a.att, &a.att_lse,
+        &a.att_dropped, &a.attproj, &a.residual2, &a.ln2, &a.ln2_mean, &a.ln2_rstd, &a.fch,
+        &a.fch_gelu, &a.fcproj, &a.residual3, &a.lnf, &a.lnf_mean, &a.lnf_rstd, &a.logits,
+        &a.probs, &a.losses, &a.encoded_mask, &a.attproj_mask, &a.fcproj_mask};
+    static_assert(sizeof(Activations) == sizeof(kept) / sizeof(kept[0]) * sizeof(std::vector<float>),
+                  "memory_use() lists every buffer of Activations");
+    const GradientScratch& g = scratch_;
+    const std::vector<float>* scratch[] = {&g.dresidual, &g.dln, &g.dqkv, &g.datty, &g.dfch,
+                                           &g.dfch_gelu, &g.dlogits, &g.datt, &g.dinner};
+    static_assert(sizeof(GradientScratch) == sizeof(scratch) / sizeof(scratch[0]) * sizeof(std::vector<float>),
+                  "memory_use() lists every buffer of GradientScratch");
+    for (const std::vector<float>* v : kept) use.activations += bytes(*v);
+    for (const std::vector<float>* v : scratch) use.activations += bytes(*v);
+    return use;
+}
+
 void GPT::allocate_activations(int B, int T) {
     const size_t BT = static_cast<size_t>(B) * T;
     const size_t C = config_.n_embd, L = config_.n_layer, V = config_.vocab_size,
