@@ -158,6 +158,28 @@ void train_briefly_on_gpu() {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (simulated) {
         std::printf("%d steps of B=%d, T=%d%s\n", last_step + 1, B, T, sim_tag());
+#if ATTN_CUDA_SIMULATED
+        // One more step with the simulator counting each launch's bytes and operations.
+        cuda::count_work(true);
+        sample_batch(data.train, B, T, rng, x, y);
+        gpu.forward_async(x.data(), y.data(), B, T);
+        gpu.zero_grad();
+        gpu.backward();
+        gpu.clip_grad_norm_async(1.0f);
+        gpu.adamw_step(opt, 1e-3f);
+        bool counted = true;
+        const auto launches = cuda::take_counted_work(&counted);
+        cuda::count_work(false);
+        if (counted) {
+            std::printf("\nOne more step, its launches counted by the simulator (bytes each moves at the least;\n"
+                        "operations of cuBLAS only, the kernels' own arithmetic is not seen), and the least\n"
+                        "time an H100 SXM could take for each (H100 roofline bound, not a measurement):\n%s",
+                        roofline::table(launches, 8).c_str());
+            std::size_t n = 0;
+            for (const auto& l : launches) n += l.launches;
+            print_claim("sim_step_launches", static_cast<double>(n), 0);
+        }
+#endif
     } else {
         std::printf("%d steps of B=%d, T=%d in %.2f s on %s\n", last_step + 1, B, T, s,
                     cuda::device_summary().c_str());

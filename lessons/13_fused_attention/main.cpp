@@ -308,6 +308,69 @@ void cpu_timings() {
                 "attention_cpu_bench.py\ntimes the fast one beside PyTorch in alternating rounds)\n");
 }
 
+#if defined(ATTN_HAVE_CUDA) && ATTN_CUDA_SIMULATED
+// The two forward passes again, with the simulator counting what each launch reads, writes
+// and computes; an H100's roofline bound and occupancy from those counts. A model, not a
+// measurement: nothing here ran on a GPU.
+void model_the_runs(const AttentionShape& shape, const std::function<void()>& plain,
+                    const std::function<void()>& fused) {
+    std::vector<roofline::Launch> launches[2];
+    bool all_counted = true;
+    for (int version = 0; version < 2; ++version) {
+        cuda::count_work(true);
+        (version == 0 ? plain : fused)();
+        bool counted = true;
+        launches[version] = cuda::take_counted_work(&counted);
+        cuda::count_work(false);
+        all_counted = all_counted && counted;
+    }
+    if (!all_counted) {
+        std::printf("(the performance model needs the bytes each launch moves, which this build does not\n"
+                    "count: the race check is on, or the sanitizer build's allocations are not whole pages)\n");
+        return;
+    }
+    std::printf("\nWhat each launch moved and computed, counted by the simulator, and the least time an\n"
+                "H100 SXM could take for it (H100 roofline bound, not a measurement):\n");
+    std::printf("%-8s %-26s %3s %9s %9s %7s %9s %8s  %s\n", "version", "kernel or call", "n",
+                "KiB read", "KiB writ.", "MFLOP", "bound µs", "limit", "blocks/SM (limit), registers");
+    // The fused kernel's own arithmetic is C++ the simulator does not see: 4·hs operations
+    // per visible (query, key) pair (q·k and p·v), T(T+1)/2 pairs per head.
+    const double t = static_cast<double>(shape.T);
+    const double fused_formula = 4.0 * static_cast<double>(shape.hs * shape.B * shape.NH) * t * (t + 1) / 2;
+    double totals[2] = {0, 0}, bound_us[2] = {0, 0};
+    const char* names[2] = {"plain", "fused"};
+    for (int version = 0; version < 2; ++version) {
+        for (roofline::Launch& l : launches[version]) {
+            const bool library = l.name.rfind("cublas", 0) == 0;
+            if (version == 1 && !library) l.fp32_flops += fused_formula;
+            const roofline::Bound b = roofline::bound(l);
+            char occupancy[64] = "-";
+            if (!library) {
+                const roofline::Occupancy o = roofline::occupancy(l);
+                std::snprintf(occupancy, sizeof occupancy, "%d (%s), %s regs", o.blocks_per_sm,
+                              o.limited_by.c_str(),
+                              l.registers_per_thread > 0 ? std::to_string(l.registers_per_thread).c_str() : "?");
+            }
+            std::printf("%-8s %-26s %3zu %9.1f %9.1f %7.2f %9.3f %8s  %s\n", names[version],
+                        l.name.c_str(), l.launches, l.bytes_read / 1024, l.bytes_written / 1024,
+                        (l.fp32_flops + l.tf32_flops + l.f16_flops) / 1e6, b.seconds * 1e6,
+                        b.limited_by(), occupancy);
+            totals[version] += l.bytes_read + l.bytes_written;
+            bound_us[version] += b.seconds * 1e6;
+        }
+    }
+    std::printf("in all: plain moved %s and fused %s, %.1fx less; bounds %.2f µs and %.2f µs\n",
+                mib(totals[0]).c_str(), mib(totals[1]).c_str(), totals[0] / totals[1], bound_us[0], bound_us[1]);
+    std::printf("(each byte counted once per launch, as if every cache were large enough; the traffic\n"
+                "table above counts k and v again for each query tile. The softmax kernel's and the\n"
+                "fused kernel's own arithmetic are plain C++ here: the fused kernel's MFLOP come from\n"
+                "the formula 4·hs·T(T+1)/2 per head, the softmax's are left out. Registers per thread\n"
+                "are ptxas's for sm_90 where nvcc was there to report them, '?' where it was not.\n"
+                "At this size any GPU's launch overhead, a few µs, is larger than these bounds.)\n");
+    print_claim("sim_plain_over_fused_bytes", totals[0] / totals[1], 1);
+}
+#endif
+
 void gpu_part() {
 #if ATTN_CUDA_SIMULATED
     print_heading("On the GPU  [simulated on the CPU: results checked, no timing]");
@@ -354,6 +417,13 @@ void gpu_part() {
                 tag);
     std::printf("(plain held %s of scores for this; fused none. Timings: build/tests/attention_bench)%s\n",
                 mib(4.0 * static_cast<double>(att.size())).c_str(), tag);
+#if ATTN_CUDA_SIMULATED
+    model_the_runs(shape, [&] {
+        cuda::plain_attention_forward(d_out.data(), att.data(), d_q.data(), d_k.data(), d_v.data(), shape);
+    }, [&] {
+        cuda::flash_attention_forward(d_out.data(), lse.data(), d_q.data(), d_k.data(), d_v.data(), shape);
+    });
+#endif
 #else
     std::printf("This build has no CUDA: the GPU part needs nvcc and a CUDA device. Its numbers\n"
                 "come from build/tests/attention_bench and tools/cuda/attention_torch.py on one.\n");

@@ -735,6 +735,44 @@ void tensor_cores() {
         }
     }
     std::printf("(timings against the float32 kernels: build/tests/half_attention_bench on a GPU)%s\n", tag);
+#if ATTN_CUDA_SIMULATED
+    {
+        // Both float16 kernels once more, the simulator counting what each launch moves and
+        // carries out: the tensor cores' products are counted (mma_sync), the 16-bit loads
+        // kernel's own arithmetic is C++ the simulator does not see, so its operations come
+        // from the formula 4·hs per visible (query, key) pair, T(T+1)/2 pairs per head.
+        const std::size_t n = shape.qkv_size();
+        const auto [q, k, v, ref, ref_lse] = rounded_attention_inputs(shape, Precision::fp16, 7);
+        cuda::HalfBuffer d_q(q, Precision::fp16), d_k(k, Precision::fp16), d_v(v, Precision::fp16),
+            d_out(n, Precision::fp16);
+        cuda::DeviceBuffer lse(shape.rows());
+        cuda::count_work(true);
+        cuda::flash_attention_forward_16bit(d_out, lse.data(), d_q, d_k, d_v, shape);
+        bool counted = true;
+        auto launches = cuda::take_counted_work(&counted);
+        const double t = static_cast<double>(shape.T);
+        for (auto& l : launches) l.fp32_flops += 4.0 * static_cast<double>(shape.hs * shape.B * shape.NH) * t * (t + 1) / 2;
+        if (cuda::wmma_attention_unsupported(Precision::fp16).empty()) {
+            cuda::wmma_attention_forward(d_out, lse.data(), d_q, d_k, d_v, shape);
+            bool cores_counted = true;
+            for (const auto& l : cuda::take_counted_work(&cores_counted)) launches.push_back(l);
+            counted = counted && cores_counted;
+        }
+        cuda::count_work(false);
+        double formula = 0, cores = 0;
+        for (const auto& l : launches) {
+            if (l.f16_flops > 0) cores += l.f16_flops;
+            else formula += l.fp32_flops;
+        }
+        if (counted) {
+            if (cores > 0) print_claim("sim_cores_over_formula_flops", cores / formula, 2);
+            std::printf("\nThe float16 kernels once more, counted by the simulator, and the least time an H100\n"
+                        "SXM could take for each (H100 roofline bound, not a measurement; the 16-bit loads\n"
+                        "kernel's GFLOP by formula, the tensor cores' counted):\n%s",
+                        roofline::table(launches, 4).c_str());
+        }
+    }
+#endif
 #else
     std::printf("This build has no CUDA: the GPU part needs nvcc. Its numbers come from\n"
                 "build/tests/half_attention_bench on a GPU.\n");

@@ -11,7 +11,12 @@
 #include "attn/paged_cache.hpp"
 #include "attn/flash.hpp"
 #include "attn/random.hpp"
+#include "attn/roofline.hpp"
 #include "device_main.hpp"
+
+#if ATTN_CUDA_SIMULATED
+#include <cuda_runtime.h>  // the simulator's: its race-check switch
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -291,6 +296,59 @@ bool check_paged() {
     return all;
 }
 
+#if ATTN_CUDA_SIMULATED
+// The performance model's formula for a forward pass (roofline::attention_forward_model)
+// against what the simulator counts when the kernels run: the bytes of every version and
+// shape, and cuBLAS's operations (a kernel's own arithmetic is not counted: the fused
+// kernel's is the formula's alone). Each head's slice of every buffer is whole pages here,
+// so the page-by-page count is exact.
+bool check_model() {
+    bool all = true;
+    for (const bool causal : {true, false}) {
+        for (const AttentionShape s : {AttentionShape{1, 2, 128, 64, causal}, AttentionShape{2, 1, 64, 128, causal}}) {
+            Rng rng(5);
+            const std::size_t n = s.qkv_size();
+            DeviceBuffer q(normal_buffer(rng, n)), k(normal_buffer(rng, n)), v(normal_buffer(rng, n)), out(n),
+                lse(s.rows()), att(cuda::plain_attention_scratch_floats(s));
+            for (const bool fused : {false, true}) {
+                const bool racecheck = cuda_sim::racecheck();
+                cuda_sim::set_racecheck(false);
+                cuda::count_work(true);
+                if (fused) cuda::flash_attention_forward(out.data(), lse.data(), q.data(), k.data(), v.data(), s);
+                else cuda::plain_attention_forward(out.data(), att.data(), q.data(), k.data(), v.data(), s);
+                bool counted = true;
+                const auto launches = cuda::take_counted_work(&counted);
+                cuda::count_work(false);
+                cuda_sim::set_racecheck(racecheck);
+                double read = 0, written = 0, flops = 0, model_read = 0, model_written = 0, model_flops = 0;
+                for (const auto& l : launches) {
+                    read += l.bytes_read;
+                    written += l.bytes_written;
+                    flops += l.fp32_flops;
+                }
+                for (const auto& l : roofline::attention_forward_model(s, fused)) {
+                    model_read += l.bytes_read;
+                    model_written += l.bytes_written;
+                    if (!fused) model_flops += l.fp32_flops;
+                }
+                if (!counted) {  // the race check is off here: only the sanitizer build counts no bytes
+                    std::printf("model: skipped, this build does not count bytes (AddressSanitizer's "
+                                "allocations are not whole pages)\n");
+                    return true;
+                }
+                const bool ok = read == model_read && written == model_written && flops == model_flops;
+                std::printf("model %s T=%zu hs=%zu %s: counted %.0f read, %.0f written, %.0f operations; formula "
+                            "%.0f, %.0f, %.0f  %s\n", fused ? "fused" : "plain", s.T, s.hs,
+                            causal ? "causal" : "full", read, written, flops, model_read, model_written,
+                            model_flops, ok ? "ok" : "FAILED");
+                all = all && ok;
+            }
+        }
+    }
+    return all;
+}
+#endif
+
 // `paged` as the only argument runs the paged decode attention alone (ctest -L serving).
 int main(int argc, char** argv) {
     const bool paged_only = argc == 2 && std::string(argv[1]) == "paged";
@@ -305,6 +363,9 @@ int main(int argc, char** argv) {
         int failed = 0, seed = 100;
         for (const AttentionShape& s : cases) failed += check_case(s, seed++) ? 0 : 1;
         failed += check_paged() ? 0 : 1;  // and lesson 20's paged decode attention
+#if ATTN_CUDA_SIMULATED
+        failed += check_model() ? 0 : 1;  // the performance model's counts
+#endif
         if (failed) {
             std::printf("%d of %zu cases FAILED\n", failed, std::size(cases));
             return 1;

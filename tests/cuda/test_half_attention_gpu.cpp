@@ -13,8 +13,11 @@
 #include "attn/mixed_attention.hpp"
 #include "device_main.hpp"
 
+#include "attn/roofline.hpp"
+
 #if ATTN_CUDA_SIMULATED
 #include "attention_wmma.cuh"
+#include <cuda_runtime.h>  // the simulator's: its race-check switch
 #endif
 
 #include <cmath>
@@ -152,6 +155,48 @@ int main() {
             failed += refused ? 0 : 1;
         }
 #if ATTN_CUDA_SIMULATED
+        // The performance model's formula (roofline::attention_forward_model with 16-bit
+        // inputs) against what the simulator counts: the bytes of both kernels, and the
+        // tensor cores' operations between the useful ones and those of every (query, key)
+        // pair. Each head's slice of every buffer is whole pages here, so the count is exact.
+        for (const bool causal : {true, false}) {
+            const AttentionShape s{1, 2, 128, 64, causal};
+            const std::size_t n = s.qkv_size();
+            const std::vector<float> ones(n, 0.5f);
+            HalfBuffer q(ones, Precision::fp16), k(ones, Precision::fp16), v(ones, Precision::fp16),
+                o(n, Precision::fp16);
+            DeviceBuffer l(s.rows());
+            for (const bool cores : {false, true}) {
+                const bool racecheck = cuda_sim::racecheck();
+                cuda_sim::set_racecheck(false);
+                cuda::count_work(true);
+                (cores ? tensor_cores : flash16)(o, l.data(), q, k, v, s);
+                bool counted = true;
+                const auto launches = cuda::take_counted_work(&counted);
+                cuda::count_work(false);
+                cuda_sim::set_racecheck(racecheck);
+                if (!counted) {
+                    std::printf("model: skipped, this build does not count bytes (AddressSanitizer's allocations "
+                                "are not whole pages)\n");
+                    break;
+                }
+                const roofline::Launch m = roofline::attention_forward_model(s, true, 2, cores).front();
+                double read = 0, written = 0, f16 = 0;
+                for (const auto& x : launches) {
+                    read += x.bytes_read;
+                    written += x.bytes_written;
+                    f16 += x.f16_flops;
+                }
+                const double all_pairs = 4.0 * 64 * 2 * 128 * 128;
+                const bool ok = read == m.bytes_read && written == m.bytes_written &&
+                                (!cores || (f16 >= m.f16_flops && f16 <= all_pairs));
+                std::printf("model %s %s: counted %.0f read, %.0f written, %.0f tensor-core operations; formula "
+                            "%.0f, %.0f, %.0f useful  %s\n", cores ? "tensor cores" : "16-bit loads",
+                            causal ? "causal" : "full", read, written, f16, m.bytes_read, m.bytes_written,
+                            m.f16_flops, ok ? "ok" : "FAILED");
+                failed += ok ? 0 : 1;
+            }
+        }
         // The same check on a deliberately wrong fragment layout: it must fail.
         int noticed = 0, wrong_cases = 0;
         for (Precision format : {Precision::fp16, Precision::bf16}) {

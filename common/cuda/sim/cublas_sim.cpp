@@ -132,6 +132,9 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
             }
             return;
         }
+        const double flops = 2.0 * m * n * k;
+        cuda_sim::note_flops(math == CUBLAS_TF32_TENSOR_OP_MATH ? 0 : flops,
+                             math == CUBLAS_TF32_TENSOR_OP_MATH ? flops : 0, 0);
         std::vector<float> a_tf32, b_tf32;
         if (math == CUBLAS_TF32_TENSOR_OP_MATH) {
             a_tf32 = tf32_copy(A, a_rows, a_cols, lda);

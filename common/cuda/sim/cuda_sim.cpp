@@ -498,6 +498,12 @@ public:
         return out;
     }
 
+    // The function's (mangled) name, or "" where the symbol table lacks it.
+    std::string symbol(std::uintptr_t function) const {
+        const auto f = functions_.find(function);
+        return f == functions_.end() ? "" : f->second.name;
+    }
+
 private:
     struct Function {
         std::string name;
@@ -605,10 +611,14 @@ struct Device {
     bool racecheck = false;
     std::map<std::string, std::size_t> race_checked;  // launches per kernel and configuration
     Stats stats;
+    bool count_work = false;  // see cuda_sim::Work
+    std::vector<Work> work;
 
     Device() {
         const char* rc = std::getenv("CUDA_SIM_RACECHECK");
         racecheck = rc && *rc && std::string(rc) != "0";
+        const char* cw = std::getenv("CUDA_SIM_COUNT_WORK");
+        count_work = cw && *cw && std::string(cw) != "0";
     }
 };
 
@@ -700,6 +710,13 @@ bool reachable_from_device(const Device& d, const void* p) {
 bool queues(const CUstream_st* s) { return s && (s->flags & cudaStreamNonBlocking); }
 
 std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
+#ifndef CUDA_SIM_ASAN
+// The bytes mapped for cudaMalloc(bytes) outside the sanitizer build: whole pages.
+std::size_t device_mapping(std::size_t bytes) {
+    const std::size_t page = page_bytes();
+    return bytes == 0 ? page : (bytes + page - 1) / page * page;
+}
+#endif
 // The bytes mapped for cudaMallocHost(bytes): whole pages and one inaccessible page after.
 std::size_t pinned_mapping(std::size_t bytes) {
     const std::size_t page = page_bytes();
@@ -721,8 +738,44 @@ constexpr int max_pinned_guards = 64;
 PinnedGuard pinned_guards[max_pinned_guards];
 struct sigaction segv_before;
 
+// Work counting (cuda_sim::Work): the device allocations a counted launch reaches, each
+// inaccessible while it runs; a page's first read makes it read-only and marks it read (1),
+// its first write makes it writable and marks it written (2). Published to the handler
+// through two atomics; the launch's own thread, and OpenBLAS's for cuBLAS, may fault.
+struct CountedRegion {
+    std::uintptr_t start = 0;
+    std::size_t bytes = 0, mapped = 0;  // the allocation's bytes and its whole pages
+    std::vector<unsigned char> pages;   // per page: 1 read, 2 written
+};
+std::atomic<CountedRegion*> counted_regions{nullptr};
+std::atomic<std::size_t> counted_region_count{0};
+Work* current_work = nullptr;
+
+bool count_fault(std::uintptr_t a, void* context) {
+#if defined(__x86_64__)
+    CountedRegion* regions = counted_regions.load();
+    const std::size_t n = counted_region_count.load();
+    for (std::size_t i = 0; regions && i < n; ++i) {
+        CountedRegion& g = regions[i];
+        if (a < g.start || a >= g.start + g.mapped) continue;
+        // x86-64's page-fault error code: bit 1 set for a write.
+        const bool write = (static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+        const std::size_t page = (a - g.start) / page_bytes();
+        __atomic_fetch_or(&g.pages[page], static_cast<unsigned char>(write ? 2 : 1), __ATOMIC_RELAXED);
+        mprotect(reinterpret_cast<void*>(g.start + page * page_bytes()), page_bytes(),
+                 write ? PROT_READ | PROT_WRITE : PROT_READ);
+        return true;
+    }
+#else
+    (void)a;
+    (void)context;
+#endif
+    return false;
+}
+
 void on_segv(int signal, siginfo_t* info, void* context) {
     const auto a = reinterpret_cast<std::uintptr_t>(info->si_addr);
+    if (count_fault(a, context)) return;
     for (PinnedGuard& g : pinned_guards) {
         if (!g.active.load() || a < g.first_page || a >= g.end_page) continue;
         if (a >= g.start && a < g.end) {
@@ -751,14 +804,73 @@ void protect_page(std::uintptr_t page) {
              into > 0 ? PROT_NONE : from > 0 ? PROT_READ : PROT_READ | PROT_WRITE);
 }
 
+// Installs on_segv, again wherever another handler has replaced it since (a test
+// framework sets and restores its own around each test), keeping that one as the next.
+bool install_segv_handler() {
+    struct sigaction now {};
+    if (sigaction(SIGSEGV, nullptr, &now) != 0) return false;
+    if ((now.sa_flags & SA_SIGINFO) && now.sa_sigaction == on_segv) return true;
+    struct sigaction action {};
+    action.sa_sigaction = on_segv;
+    action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;  // an alternate stack where one is set (AddressSanitizer)
+    sigemptyset(&action.sa_mask);
+    return sigaction(SIGSEGV, &action, &segv_before) == 0;
+}
+
+// Runs `run` as the counted work `w` on `allocations` (see CountedRegion), and keeps the
+// record; without counting, just runs it.
+void run_counted(Device& d, Work w, const std::vector<std::uintptr_t>& allocations,
+                 const std::function<void()>& run) {
+    if (!d.count_work) {
+        run();
+        return;
+    }
+#if !defined(CUDA_SIM_ASAN) && defined(__x86_64__)
+    std::vector<CountedRegion> regions;
+    for (std::uintptr_t a : allocations) {
+        const std::size_t bytes = d.allocations.at(a);
+        if (bytes == 0 || std::any_of(regions.begin(), regions.end(),
+                                      [a](const CountedRegion& g) { return g.start == a; })) continue;
+        CountedRegion g;
+        g.start = a;
+        g.bytes = bytes;
+        g.mapped = (bytes + page_bytes() - 1) / page_bytes() * page_bytes();
+        g.pages.assign(g.mapped / page_bytes(), 0);
+        regions.push_back(std::move(g));
+    }
+    if (install_segv_handler() && current_work == nullptr) {
+        current_work = &w;
+        for (const CountedRegion& g : regions) mprotect(reinterpret_cast<void*>(g.start), g.mapped, PROT_NONE);
+        counted_region_count.store(regions.size());
+        counted_regions.store(regions.data());
+        run();
+        counted_regions.store(nullptr);
+        counted_region_count.store(0);
+        for (const CountedRegion& g : regions) {
+            mprotect(reinterpret_cast<void*>(g.start), g.mapped, PROT_READ | PROT_WRITE);
+            for (std::size_t p = 0; p < g.pages.size(); ++p) {
+                // The allocation's bytes on this page (the last page may hold fewer).
+                const std::size_t on_page = std::min(page_bytes(), g.bytes - p * page_bytes());
+                if (g.pages[p] & 1) w.bytes_read += on_page;
+                if (g.pages[p] & 2) w.bytes_written += on_page;
+            }
+        }
+        current_work = nullptr;
+        w.counted = true;
+        d.work.push_back(std::move(w));
+        return;
+    }
+#endif
+    (void)allocations;
+    Work* outer = current_work;
+    if (!outer) current_work = &w;
+    run();
+    current_work = outer;
+    d.work.push_back(std::move(w));  // bytes not counted (flops are, where the call is not nested)
+}
+
 std::function<void()> guard_pinned(const void* host, std::size_t bytes, bool into_host, const std::string& what) {
-    static const bool installed = [] {
-        struct sigaction action {};
-        action.sa_sigaction = on_segv;
-        action.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;  // an alternate stack where one is set (AddressSanitizer)
-        sigemptyset(&action.sa_mask);
-        return sigaction(SIGSEGV, &action, &segv_before) == 0;
-    }();
+    const bool installed = install_segv_handler();
     int slot = -1;
     for (int i = 0; i < max_pinned_guards && slot < 0; ++i) {
         if (!pinned_guards[i].active.load()) slot = i;
@@ -1007,6 +1119,24 @@ std::string take_failure() {
     return out;
 }
 
+void set_work_counting(bool on) { device().count_work = on; }
+bool work_counting() { return device().count_work; }
+std::vector<Work> take_work() {
+    Device& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    flush_all(d);
+    std::vector<Work> out;
+    out.swap(d.work);
+    return out;
+}
+void note_flops(double fp32, double tf32, double f16) {
+    if (Work* w = current_work) {
+        w->fp32_flops += fp32;
+        w->tf32_flops += tf32;
+        w->f16_flops += f16;
+    }
+}
+
 void note_atomic(const void* address, std::size_t bytes) {
     Runner& r = runner();
     if (r.track && r.current >= 0) r.atomics.emplace_back(reinterpret_cast<std::uintptr_t>(address), bytes);
@@ -1250,17 +1380,34 @@ cudaError_t submit(cudaStream_t stream, const std::string& what, std::vector<con
     Device& d = device();
     std::lock_guard<std::recursive_mutex> lock(d.mutex);
     std::vector<std::uintptr_t> allocations = allocations_of(d, pointers);
+    std::function<void()> counted = [what, allocations, op] {
+        Work w;
+        w.name = what;
+        run_counted(device(), std::move(w), allocations, op);
+    };
     if (queues(stream)) {
-        stream->pending.push_back({what, std::move(allocations), std::move(op)});
+        stream->pending.push_back({what, std::move(allocations), std::move(counted)});
         return cudaSuccess;
     }
     const std::string race = race_with_queued(d, what, allocations);
     if (!race.empty()) return refuse_race(race);
-    op();
+    counted();
     return cudaSuccess;
 }
 
 namespace {
+Work work_of(const LaunchConfig& c) {
+    Work w;
+    w.name = c.name;
+    w.site = where(c.file, c.line);
+    w.grid = c.grid;
+    w.block = c.block;
+    w.kernel = c.kernel;
+    w.symbol = SymbolTable::get().symbol(c.kernel);
+    w.shared_bytes = c.shared_bytes + device().statics(c.kernel).bytes;
+    return w;
+}
+
 // A launch that passed launch()'s checks, run now.
 void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::vector<std::uintptr_t>& allocations) {
     Device& d = device();
@@ -1400,8 +1547,11 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
             }
             r.layout_set = 0;
         }
+        if (d.count_work) {
+            d.work.push_back(work_of(c));  // not counted: the runs are compared instead
+        }
     } else {
-        failure = run_grid(c, false);
+        run_counted(d, work_of(c), allocations, [&] { failure = run_grid(c, false); });
     }
     threadIdx = {0, 0, 0};
     blockIdx = {0, 0, 0};
@@ -1549,8 +1699,15 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
     SIM_STICKY();
     auto& d = device();
     std::lock_guard<std::recursive_mutex> lock(d.mutex);
+#ifdef CUDA_SIM_ASAN
     // Exactly `bytes` long, so that AddressSanitizer catches an access one past the end.
     void* p = ::operator new(bytes ? bytes : 1, std::align_val_t(256), std::nothrow);
+#else
+    // Whole pages of their own, so that work counting (cuda_sim::Work) can protect them.
+    void* p = mmap(nullptr, cuda_sim::device_mapping(bytes), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) p = nullptr;
+#endif
     if (!p) return error(cudaErrorMemoryAllocation, "cudaMalloc: " + std::to_string(bytes) + " bytes");
     std::memset(p, 0xff, bytes);  // uninitialised device memory: NaN floats, -1 ints
     d.allocations[reinterpret_cast<std::uintptr_t>(p)] = bytes;
@@ -1567,8 +1724,12 @@ cudaError_t cudaFree(void* ptr) {
     if (it == d.allocations.end()) {
         return error(cudaErrorInvalidValue, "cudaFree: not a pointer from cudaMalloc");
     }
-    d.allocations.erase(it);
+#ifdef CUDA_SIM_ASAN
     ::operator delete(ptr, std::align_val_t(256));
+#else
+    munmap(ptr, cuda_sim::device_mapping(it->second));
+#endif
+    d.allocations.erase(it);
     return d.sticky;
 }
 

@@ -43,9 +43,13 @@
 //     them (between the same two barriers of a block, or in two blocks) is refused, though
 //     one-at-a-time execution gave the right result; atomics are told apart (atomicAdd).
 //
-// What it cannot show: speed, occupancy, the memory model between threads that are not
-// ordered by a barrier (it runs them one at a time), bank conflicts, the real cuBLAS; the
-// full list, and the catalogue of mistakes it refuses, is in README.md beside this file.
+//   - Work counting (set_work_counting): what each launch reads, writes and (for cuBLAS and
+//     the tensor cores) computes, for a performance model (attn/roofline.hpp); see Work.
+//
+// What it cannot show: speed (only a model's bound), the memory model between threads that
+// are not ordered by a barrier (it runs them one at a time), bank conflicts, the real
+// cuBLAS; the full list, and the catalogue of mistakes it refuses, is in README.md beside
+// this file.
 #pragma once
 
 #include <cmath>
@@ -439,6 +443,36 @@ struct FragmentLayout {
 const FragmentLayout& fragment_layout(FragmentKind kind);
 // The seed of this run's layouts.
 std::uint64_t fragment_layout_seed();
+// Work counted per launch, for a performance model (not a measurement of any GPU). With
+// counting on (set_work_counting, or CUDA_SIM_COUNT_WORK=1), each kernel launch and cuBLAS
+// call leaves a record: the device memory it read and wrote, found page by page (each page
+// of the allocations its pointer arguments reach is made inaccessible before it runs, and
+// the first access of each kind is recorded: read, or written), counted in bytes of the
+// allocations those pages hold; and the floating-point operations the simulator itself
+// carries out: cuBLAS's products (2·m·n·k, float32 or TF32) and the tensor cores'
+// mma_sync (2·16·16·16 per warp). Arithmetic in a kernel's own code is plain C++ here and
+// is not counted. A page read and written counts in both; memory read again after its
+// first access (a cache's business on a GPU) counts once, so the bytes are what the launch
+// must move at the least. Not counted (`counted` false): race-checked launches (their runs
+// are compared byte by byte) and the sanitizer build (AddressSanitizer's allocations are
+// not whole pages).
+struct Work {
+    std::string name;        // the kernel, or the cuBLAS call
+    std::string site;        // file:line of the launch ("" for cuBLAS)
+    dim3 grid, block;
+    std::size_t shared_bytes = 0;  // per block: static and dynamic
+    std::uintptr_t kernel = 0;     // the kernel's address (0 for cuBLAS)
+    std::string symbol;            // its mangled name, from the program's symbol table
+    std::size_t bytes_read = 0, bytes_written = 0;
+    double fp32_flops = 0, tf32_flops = 0, f16_flops = 0;  // counted as above
+    bool counted = false;
+};
+void set_work_counting(bool on);
+bool work_counting();
+// The records since the last call, in launch order.
+std::vector<Work> take_work();
+// Adds to the record of the launch or cuBLAS call running now (no-op when none is).
+void note_flops(double fp32, double tf32, double f16);
 // Whether [p, p + bytes) lies inside one device allocation; if not, why not.
 bool in_device_memory(const void* p, std::size_t bytes, std::string* why);
 // The last kernel failure in words ("" if none); clears the sticky error (for tests).

@@ -223,6 +223,7 @@ std::string mma(void* const* args) {
             out[i][j] = sum;
         }
     }
+    ::cuda_sim::note_flops(0, 0, 2.0 * 16 * 16 * 16);  // a multiply and an add per product
     for (int lane = 0; lane < 32; ++lane) {  // D may be C: written only after every read
         auto& fd = *static_cast<Acc*>(static_cast<const MmaCall*>(args[lane])->d);
         for (int e = 0; e < Acc::num_elements; ++e) fd.x[e] = out[l.row[lane][e]][l.col[lane][e]];
