@@ -24,9 +24,11 @@ std::vector<float> run(const std::vector<float>& scores, int rows, int T, float 
 #ifdef ATTN_CUDA_SIMULATED
     // The simulator's strictest mode: each launch twice, threads in two orders (races fail),
     // expf and the other device functions off by up to CUDA's bound in ulp (a tolerance that
-    // rests on libm's exact bits fails).
+    // rests on libm's exact bits fails), and device memory closed to host code outside the
+    // runtime's calls (a launcher that reads a device pointer on the host is stopped).
     cuda_sim::set_racecheck(true);
     cuda_sim::set_device_math_perturbed(true);
+    cuda_sim::set_device_guard(true);
 #endif
     const std::size_t bytes = scores.size() * sizeof(float);
     float *d_scores = nullptr, *d_out = nullptr;

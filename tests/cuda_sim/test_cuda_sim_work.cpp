@@ -158,3 +158,20 @@ TEST_CASE("work counting: race-checked launches are recorded as not counted") {
     CHECK_FALSE(work[0].counted);
     CHECK(work[0].bytes_read == 0u);
 }
+
+TEST_CASE("the device guard closes device memory to host code, not to the runtime's calls and kernels") {
+    if (!cuda_sim::set_device_guard(true)) {
+        MESSAGE("the device guard is not available in this build (AddressSanitizer's allocations)");
+        return;
+    }
+    // Copies, kernels, cuBLAS and frees work as before; host code is refused (the catalogue's
+    // host_writes_device_memory ends a program that tries).
+    Buffer<float> in(std::vector<float>(1000, 3.0f)), out(1000);
+    ATTN_LAUNCH(copy_floats, 4, 256, 0, nullptr)(out.p, in.p, 1000);
+    ATTN_LAUNCH(add_one, 4, 256, 0, nullptr)(out.p, 1000);
+    CHECK(out.get()[999] == 4.0f);
+    CHECK(cuda_sim::device_guard());
+    cuda_sim::set_device_guard(false);
+    out.p[0] = 5.0f;  // open again: the simulator's memory is the host's
+    CHECK(out.get()[0] == 5.0f);
+}

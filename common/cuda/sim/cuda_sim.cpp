@@ -613,12 +613,18 @@ struct Device {
     Stats stats;
     bool count_work = false;  // see cuda_sim::Work
     std::vector<Work> work;
+    bool guard_device = false;  // device memory closed to host code (set_device_guard)
+    std::atomic<int> open_depth{0};  // simulator calls under way: they open what they touch
 
     Device() {
         const char* rc = std::getenv("CUDA_SIM_RACECHECK");
         racecheck = rc && *rc && std::string(rc) != "0";
         const char* cw = std::getenv("CUDA_SIM_COUNT_WORK");
         count_work = cw && *cw && std::string(cw) != "0";
+#ifndef CUDA_SIM_ASAN
+        const char* gd = std::getenv("CUDA_SIM_GUARD_DEVICE");
+        guard_device = gd && *gd && std::string(gd) != "0";
+#endif
     }
 };
 
@@ -626,6 +632,28 @@ Device& device() {
     static Device d;
     return d;
 }
+
+// Opens (or closes) every device allocation to host code: see DeviceScope.
+void set_device_access(Device& d, bool open);
+// Closes what the simulator's calls opened since the outermost one began.
+void close_opened(Device& d);
+
+// A simulator call under way: holds the device's lock. With the device guard on
+// (set_device_guard), device memory is inaccessible outside such calls; inside one, the
+// first access to an allocation faults and opens it (see device_guard_fault) until the
+// outermost call ends, so a call pays for the allocations it touches, not for all of them.
+struct DeviceScope {
+    Device& d;
+    std::lock_guard<std::recursive_mutex> lock;
+    explicit DeviceScope(Device& device_) : d(device_), lock(device_.mutex) {
+        if (d.guard_device) ++d.open_depth;
+    }
+    ~DeviceScope() {
+        if (d.guard_device && --d.open_depth == 0) close_opened(d);
+    }
+    DeviceScope(const DeviceScope&) = delete;
+    DeviceScope& operator=(const DeviceScope&) = delete;
+};
 
 cudaError_t error(cudaError_t err, const std::string& detail) {
     Device& d = device();
@@ -717,6 +745,50 @@ std::size_t device_mapping(std::size_t bytes) {
     return bytes == 0 ? page : (bytes + page - 1) / page * page;
 }
 #endif
+
+bool install_segv_handler();
+
+// The allocations the device guard opened inside the current simulator call (the fault
+// handler adds to it, from any thread: OpenBLAS's for cuBLAS); past its size, all are
+// closed at the end.
+constexpr std::size_t max_opened = 4096;
+std::uintptr_t opened[max_opened];
+std::atomic<std::size_t> opened_count{0};
+
+void set_device_access(Device& d, bool open) {
+#ifndef CUDA_SIM_ASAN
+    if (!open) install_segv_handler();  // again, where a test framework replaced it
+    for (const auto& [start, bytes] : d.allocations) {
+        mprotect(reinterpret_cast<void*>(start), device_mapping(bytes), open ? PROT_READ | PROT_WRITE : PROT_NONE);
+    }
+#else
+    (void)d;
+    (void)open;
+#endif
+}
+
+void close_opened(Device& d) {
+#ifndef CUDA_SIM_ASAN
+    const std::size_t n = opened_count.exchange(0);
+    if (n > max_opened) {
+        set_device_access(d, false);
+        return;
+    }
+    install_segv_handler();  // again, where a test framework replaced it
+    for (std::size_t i = 0; i < n; ++i) {
+        const auto it = d.allocations.find(opened[i]);  // not one freed since
+        if (it != d.allocations.end()) mprotect(reinterpret_cast<void*>(it->first), device_mapping(it->second), PROT_NONE);
+    }
+#else
+    (void)d;
+#endif
+}
+
+// Marks allocation `start` open until the outermost simulator call ends.
+void note_opened(std::uintptr_t start) {
+    const std::size_t i = opened_count.fetch_add(1);
+    if (i < max_opened) opened[i] = start;
+}
 // The bytes mapped for cudaMallocHost(bytes): whole pages and one inaccessible page after.
 std::size_t pinned_mapping(std::size_t bytes) {
     const std::size_t page = page_bytes();
@@ -773,9 +845,44 @@ bool count_fault(std::uintptr_t a, void* context) {
     return false;
 }
 
+// Host code touching device memory while the device guard holds it closed: one line
+// naming the access and the allocation, and the program ends (on a GPU the host cannot
+// dereference a device pointer: the access would fault there too, or read another page).
+bool device_guard_fault(std::uintptr_t a, void* context) {
+    Device& d = device();
+    if (!d.guard_device) return false;
+    auto it = d.allocations.upper_bound(a);
+    if (it == d.allocations.begin()) return false;
+    --it;
+#ifndef CUDA_SIM_ASAN
+    if (a >= it->first + device_mapping(it->second)) return false;
+    if (d.open_depth.load() > 0) {  // the simulator's own access: open the allocation
+        mprotect(reinterpret_cast<void*>(it->first), device_mapping(it->second), PROT_READ | PROT_WRITE);
+        note_opened(it->first);
+        return true;
+    }
+#endif
+#if defined(__x86_64__)
+    const bool wrote = (static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#else
+    (void)context;
+    const bool wrote = false;
+#endif
+    char sentence[320];
+    std::snprintf(sentence, sizeof sentence,
+                  "CUDA simulator: host code %s device memory, byte %zu of a cudaMalloc allocation of %zu bytes "
+                  "(a GPU's memory is not the host's: copy it with cudaMemcpy, or use cudaMallocHost or "
+                  "managed memory for data both sides touch)\n",
+                  wrote ? "wrote" : "read", static_cast<std::size_t>(a - it->first), it->second);
+    const ssize_t ignored = write(2, sentence, std::strlen(sentence));
+    (void)ignored;
+    _exit(70);
+}
+
 void on_segv(int signal, siginfo_t* info, void* context) {
     const auto a = reinterpret_cast<std::uintptr_t>(info->si_addr);
     if (count_fault(a, context)) return;
+    if (device_guard_fault(a, context)) return;
     for (PinnedGuard& g : pinned_guards) {
         if (!g.active.load() || a < g.first_page || a >= g.end_page) continue;
         if (a >= g.start && a < g.end) {
@@ -847,7 +954,8 @@ void run_counted(Device& d, Work w, const std::vector<std::uintptr_t>& allocatio
         counted_regions.store(nullptr);
         counted_region_count.store(0);
         for (const CountedRegion& g : regions) {
-            mprotect(reinterpret_cast<void*>(g.start), g.mapped, PROT_READ | PROT_WRITE);
+            // Open again, or (under the device guard) closed: the next access opens it.
+            mprotect(reinterpret_cast<void*>(g.start), g.mapped, d.guard_device ? PROT_NONE : PROT_READ | PROT_WRITE);
             for (std::size_t p = 0; p < g.pages.size(); ++p) {
                 // The allocation's bytes on this page (the last page may hold fewer).
                 const std::size_t on_page = std::min(page_bytes(), g.bytes - p * page_bytes());
@@ -1119,11 +1227,28 @@ std::string take_failure() {
     return out;
 }
 
+bool set_device_guard(bool on) {
+#ifdef CUDA_SIM_ASAN
+    (void)on;
+    return false;
+#else
+    Device& d = device();
+    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    if (on && !install_segv_handler()) return false;
+    if (d.guard_device == on) return true;
+    d.guard_device = on;
+    set_device_access(d, !on);
+    if (!on) opened_count.store(0);
+    return true;
+#endif
+}
+bool device_guard() { return device().guard_device; }
+
 void set_work_counting(bool on) { device().count_work = on; }
 bool work_counting() { return device().count_work; }
 std::vector<Work> take_work() {
     Device& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     flush_all(d);
     std::vector<Work> out;
     out.swap(d.work);
@@ -1254,7 +1379,7 @@ void warp_collective(const char* what, void* lane_arg, std::string (*op)(void* c
 
 cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {
     Device& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     SIM_STICKY();
     if (bytes < 0 || static_cast<std::size_t>(bytes) > optin_shared) {
         return error(cudaErrorInvalidValue,
@@ -1275,7 +1400,7 @@ cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes) {
 
 std::size_t static_shared_bytes(std::uintptr_t kernel) {
     Device& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     return d.statics(kernel).bytes;
 }
 
@@ -1286,7 +1411,7 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
 void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_ptr<void> keep,
             std::vector<const void*> pointers) {
     Device& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     const std::string kernel = std::string(c.name) + " (launched at " + where(c.file, c.line) + ")";
     if (d.sticky != cudaSuccess) {
         d.last = d.sticky;
@@ -1378,7 +1503,7 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_p
 cudaError_t submit(cudaStream_t stream, const std::string& what, std::vector<const void*> pointers,
                    std::function<void()> op) {
     Device& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     std::vector<std::uintptr_t> allocations = allocations_of(d, pointers);
     std::function<void()> counted = [what, allocations, op] {
         Work w;
@@ -1567,6 +1692,7 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
 }  // namespace cuda_sim
 
 using cuda_sim::check_device_range;
+using cuda_sim::DeviceScope;
 using cuda_sim::device;
 using cuda_sim::error;
 using cuda_sim::flush;
@@ -1628,7 +1754,7 @@ cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int d) {
 
 cudaError_t cudaDeviceSynchronize() {
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     flush_all(d);
     return d.sticky;
 }
@@ -1685,7 +1811,7 @@ const char* cudaGetErrorString(cudaError_t err) {
 cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     std::size_t used = 0;
     for (const auto& a : d.allocations) used += a.second;
     cudaDeviceProp p;
@@ -1698,7 +1824,7 @@ cudaError_t cudaMemGetInfo(std::size_t* free_bytes, std::size_t* total) {
 cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
 #ifdef CUDA_SIM_ASAN
     // Exactly `bytes` long, so that AddressSanitizer catches an access one past the end.
     void* p = ::operator new(bytes ? bytes : 1, std::align_val_t(256), std::nothrow);
@@ -1711,6 +1837,9 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
     if (!p) return error(cudaErrorMemoryAllocation, "cudaMalloc: " + std::to_string(bytes) + " bytes");
     std::memset(p, 0xff, bytes);  // uninitialised device memory: NaN floats, -1 ints
     d.allocations[reinterpret_cast<std::uintptr_t>(p)] = bytes;
+#ifndef CUDA_SIM_ASAN
+    if (d.guard_device) cuda_sim::note_opened(reinterpret_cast<std::uintptr_t>(p));  // closed when the call ends
+#endif
     *ptr = p;
     return cudaSuccess;
 }
@@ -1718,7 +1847,7 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
 cudaError_t cudaFree(void* ptr) {
     if (!ptr) return cudaSuccess;
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     flush_all(d);  // cudaFree waits for the device's work
     const auto it = d.allocations.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (it == d.allocations.end()) {
@@ -1736,7 +1865,7 @@ cudaError_t cudaFree(void* ptr) {
 cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     // Whole pages, as CUDA gives (a queued copy can then protect them; see guard_pinned),
     // and an inaccessible page after them: an overrun past the last page faults.
     void* p = mmap(nullptr, cuda_sim::pinned_mapping(bytes), PROT_READ | PROT_WRITE,
@@ -1752,7 +1881,7 @@ cudaError_t cudaMallocHost(void** ptr, std::size_t bytes) {
 cudaError_t cudaFreeHost(void* ptr) {
     if (!ptr) return cudaSuccess;
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     flush_all(d);  // cudaFreeHost waits for the device's work
     const auto it = d.pinned.find(reinterpret_cast<std::uintptr_t>(ptr));
     if (it == d.pinned.end()) {
@@ -1786,7 +1915,7 @@ cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpy
                        const char* file, int line) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     std::vector<const void*> device_sides;
     if (const cudaError_t e = check_copy("cudaMemcpy", dst, src, bytes, kind, &device_sides)) return e;
     const std::string race =
@@ -1804,7 +1933,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaM
                             cudaStream_t stream, const char* file, int line) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     if (stream && !d.streams.count(stream)) {
         return error(cudaErrorInvalidResourceHandle, "cudaMemcpyAsync: a destroyed stream");
     }
@@ -1870,7 +1999,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, st
 cudaError_t cudaMemset(void* ptr, int value, std::size_t bytes, const char* file, int line) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     if (const cudaError_t e = check_device_range("cudaMemset", "destination", ptr, bytes)) return e;
     const std::string race = cuda_sim::race_with_queued(d, "cudaMemset at " + cuda_sim::where(file, line),
                                                         cuda_sim::allocations_of(d, {ptr}));
@@ -1883,7 +2012,7 @@ cudaError_t cudaMemsetAsync(void* ptr, int value, std::size_t bytes, cudaStream_
                             const char* file, int line) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     if (stream && !d.streams.count(stream)) {
         return error(cudaErrorInvalidResourceHandle, "cudaMemsetAsync: a destroyed stream");
     }
@@ -1900,14 +2029,14 @@ cudaError_t cudaStreamCreate(cudaStream_t* stream) { return cudaStreamCreateWith
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* stream, unsigned flags) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     *stream = new CUstream_st{flags, {}};
     d.streams.insert(*stream);
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t stream) {
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     if (!d.streams.count(stream)) {
         return error(cudaErrorInvalidResourceHandle, "cudaStreamDestroy: not a live stream");
     }
@@ -1923,7 +2052,7 @@ cudaError_t cudaStreamDestroy(cudaStream_t stream) {
 cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     if (stream && !d.streams.count(stream)) {
         return error(cudaErrorInvalidResourceHandle, "cudaStreamSynchronize: not a live stream");
     }
@@ -1935,14 +2064,14 @@ cudaError_t cudaEventCreate(cudaEvent_t* event) { return cudaEventCreateWithFlag
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* event, unsigned flags) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     *event = new CUevent_st{flags, false, true, nullptr, {}};
     d.events.insert(*event);
     return cudaSuccess;
 }
 cudaError_t cudaEventDestroy(cudaEvent_t event) {
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     if (!d.events.erase(event)) {
         return error(cudaErrorInvalidResourceHandle, "cudaEventDestroy: not a live event");
     }
@@ -1974,7 +2103,7 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
     SIM_STICKY();
     auto& d = device();
-    std::lock_guard<std::recursive_mutex> lock(d.mutex);
+    DeviceScope scope(d);
     if (!d.events.count(event)) {
         return error(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: not a live event");
     }

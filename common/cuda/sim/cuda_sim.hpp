@@ -20,8 +20,11 @@
 //     symbol table gives each kernel's static __shared__ variables (their sizes count
 //     against the limits, and they are refilled with NaN bytes for each block). Dynamic
 //     shared memory (ATTN_DYNAMIC_SHARED) is a per-launch buffer of the requested size.
-//   - Device memory is host memory from the allocator, filled with 0xff bytes (NaN floats)
-//     when allocated, as a GPU leaves it uninitialised; AddressSanitizer sees every access.
+//   - Device memory is host memory on whole pages of its own (in the sanitizer build, from
+//     the allocator, exactly as long as asked, so AddressSanitizer sees every access), filled
+//     with 0xff bytes (NaN floats) when allocated, as a GPU leaves it uninitialised. With the
+//     device guard (set_device_guard) it is inaccessible to host code outside the
+//     simulator's own calls.
 //     A launch whose pointer arguments point outside device (or cudaMallocHost) memory is
 //     refused, naming the argument: on a GPU the kernel would fault on it.
 //   - Streams: the legacy stream and blocking streams run each call when it is made; a
@@ -473,6 +476,13 @@ bool work_counting();
 std::vector<Work> take_work();
 // Adds to the record of the launch or cuBLAS call running now (no-op when none is).
 void note_flops(double fp32, double tf32, double f16);
+// The device guard (also CUDA_SIM_GUARD_DEVICE=1): device memory is inaccessible to host
+// code outside the simulator's own calls, as a GPU's memory is; host code that reads or
+// writes through a device pointer ends the program with one line naming the access and the
+// allocation. Not in the sanitizer build (AddressSanitizer's allocations are not whole
+// pages): there it returns false and nothing is guarded.
+bool set_device_guard(bool on);
+bool device_guard();
 // Whether [p, p + bytes) lies inside one device allocation; if not, why not.
 bool in_device_memory(const void* p, std::size_t bytes, std::string* why);
 // The last kernel failure in words ("" if none); clears the sticky error (for tests).
