@@ -738,15 +738,41 @@ bool reachable_from_device(const Device& d, const void* p) {
 bool queues(const CUstream_st* s) { return s && (s->flags & cudaStreamNonBlocking); }
 
 std::size_t page_bytes() { return static_cast<std::size_t>(sysconf(_SC_PAGESIZE)); }
-#ifndef CUDA_SIM_ASAN
-// The bytes mapped for cudaMalloc(bytes) outside the sanitizer build: whole pages.
-std::size_t device_mapping(std::size_t bytes) {
-    const std::size_t page = page_bytes();
-    return bytes == 0 ? page : (bytes + page - 1) / page * page;
+// Device allocations outside the sanitizer build: whole pages of their own, the data placed
+// at the end of them (at a 256-byte boundary, as cudaMalloc aligns) with an inaccessible
+// page on either side, so that a kernel or host code running past either end faults at
+// once (see overrun_fault), and work counting and the device guard can protect them.
+constexpr std::size_t device_alignment = 256;
+struct Pages {
+    std::uintptr_t first = 0;  // the first of the allocation's own pages (not the guards)
+    std::size_t length = 0;
+};
+Pages pages_of(std::uintptr_t start, std::size_t bytes) {
+    const std::uintptr_t page = page_bytes();
+    const std::uintptr_t first = start / page * page;
+    const std::uintptr_t last = (start + std::max<std::size_t>(bytes, 1) + page - 1) / page * page;
+    return {first, static_cast<std::size_t>(last - first)};
 }
-#endif
+
+// The kernel (or cuBLAS call) running now, for the overrun message: "" when host code runs.
+char running_now[200] = "";
+void set_running(const std::string& what) {
+    std::snprintf(running_now, sizeof running_now, "%s", what.c_str());
+}
 
 bool install_segv_handler();
+
+// Names the kernel or call running now for overrun_fault, until it ends.
+struct Running {
+    explicit Running(const std::string& what) {
+        install_segv_handler();  // again, where a test framework replaced it
+        set_running(what);
+    }
+    ~Running() { set_running(""); }
+    Running(const Running&) = delete;
+    Running& operator=(const Running&) = delete;
+};
+
 
 // The allocations the device guard opened inside the current simulator call (the fault
 // handler adds to it, from any thread: OpenBLAS's for cuBLAS); past its size, all are
@@ -759,7 +785,8 @@ void set_device_access(Device& d, bool open) {
 #ifndef CUDA_SIM_ASAN
     if (!open) install_segv_handler();  // again, where a test framework replaced it
     for (const auto& [start, bytes] : d.allocations) {
-        mprotect(reinterpret_cast<void*>(start), device_mapping(bytes), open ? PROT_READ | PROT_WRITE : PROT_NONE);
+        const Pages p = pages_of(start, bytes);
+        mprotect(reinterpret_cast<void*>(p.first), p.length, open ? PROT_READ | PROT_WRITE : PROT_NONE);
     }
 #else
     (void)d;
@@ -777,7 +804,9 @@ void close_opened(Device& d) {
     install_segv_handler();  // again, where a test framework replaced it
     for (std::size_t i = 0; i < n; ++i) {
         const auto it = d.allocations.find(opened[i]);  // not one freed since
-        if (it != d.allocations.end()) mprotect(reinterpret_cast<void*>(it->first), device_mapping(it->second), PROT_NONE);
+        if (it == d.allocations.end()) continue;
+        const Pages p = pages_of(it->first, it->second);
+        mprotect(reinterpret_cast<void*>(p.first), p.length, PROT_NONE);
     }
 #else
     (void)d;
@@ -815,8 +844,10 @@ struct sigaction segv_before;
 // its first write makes it writable and marks it written (2). Published to the handler
 // through two atomics; the launch's own thread, and OpenBLAS's for cuBLAS, may fault.
 struct CountedRegion {
-    std::uintptr_t start = 0;
-    std::size_t bytes = 0, mapped = 0;  // the allocation's bytes and its whole pages
+    std::uintptr_t start = 0;           // the first of the allocation's pages
+    std::size_t mapped = 0;             // and their bytes
+    std::uintptr_t data = 0;            // the allocation itself
+    std::size_t bytes = 0;
     std::vector<unsigned char> pages;   // per page: 1 read, 2 written
 };
 std::atomic<CountedRegion*> counted_regions{nullptr};
@@ -855,12 +886,15 @@ bool device_guard_fault(std::uintptr_t a, void* context) {
     if (it == d.allocations.begin()) return false;
     --it;
 #ifndef CUDA_SIM_ASAN
-    if (a >= it->first + device_mapping(it->second)) return false;
+    const Pages p = pages_of(it->first, it->second);
+    if (a < p.first || a >= p.first + p.length) return false;
     if (d.open_depth.load() > 0) {  // the simulator's own access: open the allocation
-        mprotect(reinterpret_cast<void*>(it->first), device_mapping(it->second), PROT_READ | PROT_WRITE);
+        mprotect(reinterpret_cast<void*>(p.first), p.length, PROT_READ | PROT_WRITE);
         note_opened(it->first);
         return true;
     }
+#else
+    if (a >= it->first + std::max<std::size_t>(it->second, 1)) return false;
 #endif
 #if defined(__x86_64__)
     const bool wrote = (static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
@@ -879,9 +913,68 @@ bool device_guard_fault(std::uintptr_t a, void* context) {
     _exit(70);
 }
 
+// An access in the inaccessible page after (or before) a device allocation: one line naming
+// who (the kernel running, or host code), the access and the allocation; then the fault
+// goes on to the handler before the simulator's (a test framework names the test that
+// crashed), as a GPU's illegal address ends the program.
+bool overrun_fault(std::uintptr_t a, void* context) {
+#ifndef CUDA_SIM_ASAN
+    const Device& d = device();
+    const std::uintptr_t page = page_bytes();
+    auto next = d.allocations.upper_bound(a);
+    const char* where_ = nullptr;
+    std::uintptr_t start = 0;
+    std::size_t bytes = 0, distance = 0;
+    if (next != d.allocations.begin()) {
+        const auto prev = std::prev(next);
+        const Pages p = pages_of(prev->first, prev->second);
+        if (a >= p.first + p.length && a < p.first + p.length + page) {
+            where_ = "past the end of";
+            start = prev->first;
+            bytes = prev->second;
+            distance = a - (prev->first + prev->second);
+        }
+    }
+    if (!where_ && next != d.allocations.end()) {
+        const Pages p = pages_of(next->first, next->second);
+        if (a < p.first && a + page >= p.first) {
+            where_ = "before the start of";
+            start = next->first;
+            bytes = next->second;
+            distance = next->first - a;
+        }
+    }
+    if (!where_) return false;
+    (void)start;
+#if defined(__x86_64__)
+    const bool wrote = (static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#else
+    (void)context;
+    const bool wrote = false;
+#endif
+    char sentence[400];
+    std::snprintf(sentence, sizeof sentence,
+                  "CUDA simulator: %s %s %s a cudaMalloc allocation of %zu bytes (%zu bytes %s it): on a "
+                  "GPU an illegal address or another buffer's data\n",
+                  running_now[0] ? running_now : "host code", wrote ? "wrote" : "read", where_, bytes, distance,
+                  where_[0] == 'p' ? "past" : "before");
+    const ssize_t ignored = write(2, sentence, std::strlen(sentence));
+    (void)ignored;
+    return true;
+#else
+    (void)a;
+    (void)context;
+    return false;
+#endif
+}
+
 void on_segv(int signal, siginfo_t* info, void* context) {
     const auto a = reinterpret_cast<std::uintptr_t>(info->si_addr);
     if (count_fault(a, context)) return;
+    if (overrun_fault(a, context)) {
+        sigaction(SIGSEGV, &segv_before, nullptr);  // fault again, as before the simulator
+        return;
+    }
     if (device_guard_fault(a, context)) return;
     for (PinnedGuard& g : pinned_guards) {
         if (!g.active.load() || a < g.first_page || a >= g.end_page) continue;
@@ -937,11 +1030,13 @@ void run_counted(Device& d, Work w, const std::vector<std::uintptr_t>& allocatio
     for (std::uintptr_t a : allocations) {
         const std::size_t bytes = d.allocations.at(a);
         if (bytes == 0 || std::any_of(regions.begin(), regions.end(),
-                                      [a](const CountedRegion& g) { return g.start == a; })) continue;
+                                      [a](const CountedRegion& g) { return g.data == a; })) continue;
         CountedRegion g;
-        g.start = a;
+        const Pages p = pages_of(a, bytes);
+        g.start = p.first;
+        g.mapped = p.length;
+        g.data = a;
         g.bytes = bytes;
-        g.mapped = (bytes + page_bytes() - 1) / page_bytes() * page_bytes();
         g.pages.assign(g.mapped / page_bytes(), 0);
         regions.push_back(std::move(g));
     }
@@ -957,8 +1052,10 @@ void run_counted(Device& d, Work w, const std::vector<std::uintptr_t>& allocatio
             // Open again, or (under the device guard) closed: the next access opens it.
             mprotect(reinterpret_cast<void*>(g.start), g.mapped, d.guard_device ? PROT_NONE : PROT_READ | PROT_WRITE);
             for (std::size_t p = 0; p < g.pages.size(); ++p) {
-                // The allocation's bytes on this page (the last page may hold fewer).
-                const std::size_t on_page = std::min(page_bytes(), g.bytes - p * page_bytes());
+                // The allocation's bytes on this page (the first may hold fewer).
+                const std::uintptr_t from = std::max(g.start + p * page_bytes(), g.data),
+                                     to = std::min(g.start + (p + 1) * page_bytes(), g.data + g.bytes);
+                const std::size_t on_page = to > from ? to - from : 0;
                 if (g.pages[p] & 1) w.bytes_read += on_page;
                 if (g.pages[p] & 2) w.bytes_written += on_page;
             }
@@ -1506,6 +1603,7 @@ cudaError_t submit(cudaStream_t stream, const std::string& what, std::vector<con
     DeviceScope scope(d);
     std::vector<std::uintptr_t> allocations = allocations_of(d, pointers);
     std::function<void()> counted = [what, allocations, op] {
+        const Running running(what);
         Work w;
         w.name = what;
         run_counted(device(), std::move(w), allocations, op);
@@ -1537,6 +1635,7 @@ Work work_of(const LaunchConfig& c) {
 void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::vector<std::uintptr_t>& allocations) {
     Device& d = device();
     const std::string kernel = std::string(c.name) + " (launched at " + where(c.file, c.line) + ")";
+    const Running running(kernel);
     const unsigned bd[3] = {c.block.x, c.block.y, c.block.z};
     const unsigned gd[3] = {c.grid.x, c.grid.y, c.grid.z};
     const std::size_t threads = static_cast<std::size_t>(bd[0]) * bd[1] * bd[2];
@@ -1829,10 +1928,18 @@ cudaError_t cudaMalloc(void** ptr, std::size_t bytes) {
     // Exactly `bytes` long, so that AddressSanitizer catches an access one past the end.
     void* p = ::operator new(bytes ? bytes : 1, std::align_val_t(256), std::nothrow);
 #else
-    // Whole pages of their own, so that work counting (cuda_sim::Work) can protect them.
-    void* p = mmap(nullptr, cuda_sim::device_mapping(bytes), PROT_READ | PROT_WRITE,
-                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) p = nullptr;
+    // Whole pages of their own, the data at their end, a guard page either side (see Pages).
+    const std::size_t page = cuda_sim::page_bytes(), align = cuda_sim::device_alignment;
+    const std::size_t data = (std::max<std::size_t>(bytes, 1) + align - 1) / align * align;
+    const std::size_t inner = (data + page - 1) / page * page;
+    void* p = nullptr;
+    void* m = mmap(nullptr, inner + 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m != MAP_FAILED) {
+        char* base = static_cast<char*>(m);
+        mprotect(base, page, PROT_NONE);
+        mprotect(base + page + inner, page, PROT_NONE);
+        p = base + page + inner - data;
+    }
 #endif
     if (!p) return error(cudaErrorMemoryAllocation, "cudaMalloc: " + std::to_string(bytes) + " bytes");
     std::memset(p, 0xff, bytes);  // uninitialised device memory: NaN floats, -1 ints
@@ -1856,7 +1963,8 @@ cudaError_t cudaFree(void* ptr) {
 #ifdef CUDA_SIM_ASAN
     ::operator delete(ptr, std::align_val_t(256));
 #else
-    munmap(ptr, cuda_sim::device_mapping(it->second));
+    const cuda_sim::Pages p = cuda_sim::pages_of(it->first, it->second);
+    munmap(reinterpret_cast<char*>(p.first) - cuda_sim::page_bytes(), p.length + 2 * cuda_sim::page_bytes());
 #endif
     d.allocations.erase(it);
     return d.sticky;

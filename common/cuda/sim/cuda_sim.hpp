@@ -20,8 +20,10 @@
 //     symbol table gives each kernel's static __shared__ variables (their sizes count
 //     against the limits, and they are refilled with NaN bytes for each block). Dynamic
 //     shared memory (ATTN_DYNAMIC_SHARED) is a per-launch buffer of the requested size.
-//   - Device memory is host memory on whole pages of its own (in the sanitizer build, from
-//     the allocator, exactly as long as asked, so AddressSanitizer sees every access), filled
+//   - Device memory is host memory at the end of whole pages of its own, an inaccessible
+//     page on either side, so that running past either end stops the program with a line
+//     naming the kernel (in the sanitizer build, from the allocator, exactly as long as
+//     asked, so AddressSanitizer sees every access), filled
 //     with 0xff bytes (NaN floats) when allocated, as a GPU leaves it uninitialised. With the
 //     device guard (set_device_guard) it is inaccessible to host code outside the
 //     simulator's own calls.
