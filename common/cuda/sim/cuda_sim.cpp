@@ -747,7 +747,7 @@ struct Pages {
     std::uintptr_t first = 0;  // the first of the allocation's own pages (not the guards)
     std::size_t length = 0;
 };
-Pages pages_of(std::uintptr_t start, std::size_t bytes) {
+[[maybe_unused]] Pages pages_of(std::uintptr_t start, std::size_t bytes) {  // not in the sanitizer build
     const std::uintptr_t page = page_bytes();
     const std::uintptr_t first = start / page * page;
     const std::uintptr_t last = (start + std::max<std::size_t>(bytes, 1) + page - 1) / page * page;
@@ -781,7 +781,7 @@ constexpr std::size_t max_opened = 4096;
 std::uintptr_t opened[max_opened];
 std::atomic<std::size_t> opened_count{0};
 
-void set_device_access(Device& d, bool open) {
+[[maybe_unused]] void set_device_access(Device& d, bool open) {
 #ifndef CUDA_SIM_ASAN
     if (!open) install_segv_handler();  // again, where a test framework replaced it
     for (const auto& [start, bytes] : d.allocations) {
@@ -814,7 +814,7 @@ void close_opened(Device& d) {
 }
 
 // Marks allocation `start` open until the outermost simulator call ends.
-void note_opened(std::uintptr_t start) {
+[[maybe_unused]] void note_opened(std::uintptr_t start) {
     const std::size_t i = opened_count.fetch_add(1);
     if (i < max_opened) opened[i] = start;
 }
@@ -854,6 +854,17 @@ std::atomic<CountedRegion*> counted_regions{nullptr};
 std::atomic<std::size_t> counted_region_count{0};
 Work* current_work = nullptr;
 
+// Whether the fault in `context` was a write (x86-64's page-fault error code has bit 1 set);
+// false elsewhere.
+bool fault_was_write(void* context) {
+#if defined(__x86_64__)
+    return (static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#else
+    (void)context;
+    return false;
+#endif
+}
+
 bool count_fault(std::uintptr_t a, void* context) {
 #if defined(__x86_64__)
     CountedRegion* regions = counted_regions.load();
@@ -861,8 +872,7 @@ bool count_fault(std::uintptr_t a, void* context) {
     for (std::size_t i = 0; regions && i < n; ++i) {
         CountedRegion& g = regions[i];
         if (a < g.start || a >= g.start + g.mapped) continue;
-        // x86-64's page-fault error code: bit 1 set for a write.
-        const bool write = (static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+        const bool write = fault_was_write(context);
         const std::size_t page = (a - g.start) / page_bytes();
         __atomic_fetch_or(&g.pages[page], static_cast<unsigned char>(write ? 2 : 1), __ATOMIC_RELAXED);
         mprotect(reinterpret_cast<void*>(g.start + page * page_bytes()), page_bytes(),
@@ -896,12 +906,7 @@ bool device_guard_fault(std::uintptr_t a, void* context) {
 #else
     if (a >= it->first + std::max<std::size_t>(it->second, 1)) return false;
 #endif
-#if defined(__x86_64__)
-    const bool wrote = (static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
-#else
-    (void)context;
-    const bool wrote = false;
-#endif
+    const bool wrote = fault_was_write(context);
     char sentence[320];
     std::snprintf(sentence, sizeof sentence,
                   "CUDA simulator: host code %s device memory, byte %zu of a cudaMalloc allocation of %zu bytes "
@@ -923,14 +928,12 @@ bool overrun_fault(std::uintptr_t a, void* context) {
     const std::uintptr_t page = page_bytes();
     auto next = d.allocations.upper_bound(a);
     const char* where_ = nullptr;
-    std::uintptr_t start = 0;
     std::size_t bytes = 0, distance = 0;
     if (next != d.allocations.begin()) {
         const auto prev = std::prev(next);
         const Pages p = pages_of(prev->first, prev->second);
         if (a >= p.first + p.length && a < p.first + p.length + page) {
             where_ = "past the end of";
-            start = prev->first;
             bytes = prev->second;
             distance = a - (prev->first + prev->second);
         }
@@ -939,19 +942,12 @@ bool overrun_fault(std::uintptr_t a, void* context) {
         const Pages p = pages_of(next->first, next->second);
         if (a < p.first && a + page >= p.first) {
             where_ = "before the start of";
-            start = next->first;
             bytes = next->second;
             distance = next->first - a;
         }
     }
     if (!where_) return false;
-    (void)start;
-#if defined(__x86_64__)
-    const bool wrote = (static_cast<ucontext_t*>(context)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
-#else
-    (void)context;
-    const bool wrote = false;
-#endif
+    const bool wrote = fault_was_write(context);
     char sentence[400];
     std::snprintf(sentence, sizeof sentence,
                   "CUDA simulator: %s %s %s a cudaMalloc allocation of %zu bytes (%zu bytes %s it): on a "
