@@ -34,6 +34,11 @@ function(course_lesson name)
     if(_gpu_part)
       target_link_libraries(lesson_${nn} PRIVATE attn_cuda_sim)
       target_compile_definitions(lesson_${nn} PRIVATE ATTN_HAVE_CUDA=1)
+      if(ATTN_HAVE_CUDA)
+        # ptxas's registers per kernel, which the performance model's occupancy reads at
+        # run time (common/CMakeLists.txt): built with the lesson, so its first run has them.
+        add_dependencies(lesson_${nn} cuda_resources)
+      endif()
     endif()
   endif()
   # Lessons with a part on several processes (ATTN_HAVE_MPI in their sources) link the MPI
