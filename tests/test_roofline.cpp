@@ -14,6 +14,11 @@ using attn::roofline::h100_sxm;
 using attn::roofline::Launch;
 using attn::roofline::occupancy;
 
+// Tolerances: the expected times below are the hand computations written to 5 or 6
+// significant digits, so they are off by at most half a unit in their last digit: relative
+// 1.7e-6 for 298.507e-6 (epsilon 1e-5), 2.4e-5 for 2.0513e-3 and 3.6e-6 for 138.91e-6 and
+// 277.83e-6 (epsilon 1e-4). The model computes in double, whose rounding (~1e-16) is far
+// below either. A wrong peak or a missing term moves a value by 2x or more.
 TEST_CASE("roofline: the longer of bytes at 3.35 TB/s and operations at each unit's peak") {
     Launch copy;
     copy.bytes_read = 0.5e9;
