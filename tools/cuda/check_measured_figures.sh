@@ -36,6 +36,25 @@ for log in "$m/2026-11-26-h200-two-grids/attention-hs128.log" "$m/2026-11-26-h20
     echo "lesson 13's page does not quote '$ms ms' from $log"; status=1
   fi
 done
+# Lessons 13 and 18: the performance model against measurement on the H200, the forward's
+# measured ms, the H100 bound and their ratio as attention_bench and half_attention_bench
+# print them.
+mm="$m/2026-11-27-h200-model"
+quote() {  # quote PAGE LOG AWK-CONDITION WHAT FIELD: the row's measured ms, bound and ratio from FIELD on
+  local figures
+  figures=$(awk -v f="$5" "$3 {print \$f, \$(f + 1), \$(f + 2)}" "$2" | head -1)
+  if [ -z "$figures" ]; then echo "no $4 row in $2"; status=1; return; fi
+  set -- "$1" "$2" "$4" $figures
+  local ok=1
+  for f in "$4 ms" "$5 ms" "(${6%x}×"; do
+    tr '\n' ' ' < "$1" | grep -qF "$f" || { echo "$(basename "$(dirname "$1")")'s page does not quote '$f' ($3) from $2"; ok=0; status=1; }
+  done
+  [ $ok -eq 1 ] && echo "$(basename "$(dirname "$1")") quotes $3: $4 ms, bound $5 ms, $6 from $2"
+}
+quote "$page13" "$mm/attention-hs64.log" '$1 == 1024 && $4 == "plain"' "plain, T = 1024" 5
+quote "$page13" "$mm/attention-hs64.log" '$1 == 1024 && $4 == "fused"' "fused, T = 1024" 5
+page18=$(ls "$src"/lessons/18_*/lesson.md)
+quote "$page18" "$mm/half-attention-hs64.log" '$1 == 4096 && $4 == "fp16" && $5 == "tensor"' "fp16 tensor cores, T = 4096" 10
 # Lesson 20: the paged decode kernel's smallest and largest error against float64 on the H100,
 # and the CPU's, as the log prints them, from the test's "paged" lines.
 page20="$src/lessons/20_serving/lesson.md"

@@ -14,9 +14,9 @@
 #            one training step (fp32, TF32, TF32 + fused attention) and the race against
 #            PyTorch (bf16 autocast + torch.compile)
 #   lease    for a lease of a few minutes, with programs built elsewhere (tools/cuda/pack_for_gpu.sh):
-#            the GPU tests, the lessons 12-14 and 18, the benchmarks and PyTorch's figures, and
-#            compute-sanitizer last, each step cut off at STEP_SECONDS (default 90) and none
-#            started after LEASE_SECONDS (default 480)
+#            the GPU tests, the lessons 12-14, the benchmarks and PyTorch's figures,
+#            compute-sanitizer, each step cut off at STEP_SECONDS (default 90) and none
+#            started after LEASE_SECONDS (default 480); lesson 18 last, with the time left
 #   recipe   nanoGPT's train_shakespeare_char recipe (needs the corpus at
 #            data/tinyshakespeare.txt: ./workbook data, or carry that file), resumed across
 #            calls when it outlasts one, then a sample on the CPU from the GPU's checkpoint
@@ -115,7 +115,6 @@ case "$stage" in
     step lesson_12 "$build/lesson_12"
     step lesson_13 "$build/lesson_13"
     step lesson_14 "$build/lesson_14"
-    step lesson_18 "$build/lesson_18"
     step attention-hs64 "$build/tests/attention_bench"
     step attention-torch python3 tools/cuda/attention_torch.py
     step step-fp32 "$build/tools/cuda/gpu_train_bench" --batch 64
@@ -130,6 +129,9 @@ case "$stage" in
         "$build/tests/cuda_half_attention_test"
     fi
     step attention-hs128 "$build/tests/attention_bench" --hs 128 --no-validate
+    # Last, with all the time left: its GPU section comes after about two minutes of CPU work
+    # (five 600-step trainings of the mixed-precision table), which the CPU's tests cover.
+    STEP_SECONDS=$(( limit - SECONDS )) step lesson_18 "$build/lesson_18"
     ;;
   recipe)
     # The run lives in the build folder, which outlasts a call on the same machine: a call

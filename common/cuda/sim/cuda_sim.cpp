@@ -16,7 +16,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <new>
@@ -65,7 +67,7 @@ namespace {
 
 // ---------------------------------------------------------------------------------------
 // Limits of a compute capability 9.0 GPU (H100), as cudaGetDeviceProperties reports them.
-constexpr unsigned max_threads_per_block = 1024;
+constexpr unsigned max_block_threads = 1024;
 constexpr unsigned max_block_dim[3] = {1024, 1024, 64};
 constexpr unsigned max_grid_dim[3] = {2147483647u, 65535, 65535};
 constexpr std::size_t default_shared = 48 * 1024;
@@ -578,6 +580,107 @@ std::string demangle(const std::string& name) {
     return out;
 }
 
+// What nvcc compiled into each kernel (cuda_sim::kernel_resources): ptxas's reports (*.txt)
+// and the cubins (*.cubin) in build/cuda_resources. A cubin is an ELF file whose section
+// ".nv.info.<kernel>" holds the kernel's attributes as records of a format byte, an attribute
+// byte and, for the sized format (4), a 16-bit size and that many bytes. Attribute 5 is the
+// most threads a block may have, three 32-bit numbers (x, y, z), written where the kernel
+// has __launch_bounds__ (nvcc 13 for sm_90; a kernel without one has no such record).
+class Resources {
+public:
+    static const Resources& get() {
+        static const Resources r;
+        return r;
+    }
+    bool found() const { return found_; }
+    cuda_sim::KernelResources of(const std::string& mangled) const {
+        const auto it = kernels_.find(cuda_sim::comparable_symbol(mangled));
+        return it == kernels_.end() ? cuda_sim::KernelResources{} : it->second;
+    }
+
+private:
+    Resources() {
+        std::error_code ec;
+        const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+        if (ec) return;
+        const std::filesystem::path up1 = exe.parent_path(), up2 = up1.parent_path(), up3 = up2.parent_path();
+        for (const std::filesystem::path& dir : {up1, up2, up3}) {
+            if (!std::filesystem::is_directory(dir / "cuda_resources", ec)) continue;
+            found_ = true;
+            for (const auto& entry : std::filesystem::directory_iterator(dir / "cuda_resources", ec)) {
+                if (entry.path().extension() == ".txt") read_report(entry.path());
+                if (entry.path().extension() == ".cubin") read_cubin(entry.path());
+            }
+            return;
+        }
+    }
+
+    void read_report(const std::filesystem::path& path) {
+        std::ifstream in(path);
+        std::string line, kernel;
+        while (std::getline(in, line)) {
+            const auto at = line.find("Compiling entry function '");
+            if (at != std::string::npos) {
+                const auto start = at + 26, end = line.find('\'', start);
+                kernel = end == std::string::npos ? "" : cuda_sim::comparable_symbol(line.substr(start, end - start));
+                continue;
+            }
+            const auto used = line.find("Used ");
+            if (!kernel.empty() && used != std::string::npos && line.find(" registers") != std::string::npos) {
+                cuda_sim::KernelResources& k = kernels_[kernel];
+                k.known = true;
+                k.registers = std::atoi(line.c_str() + used + 5);
+                kernel.clear();
+            }
+        }
+    }
+
+    void read_cubin(const std::filesystem::path& path) {
+        std::ifstream in(path, std::ios::binary);
+        const std::vector<char> file((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        Elf64_Ehdr header{};
+        if (file.size() < sizeof header) return;
+        std::memcpy(&header, file.data(), sizeof header);
+        if (std::memcmp(header.e_ident, ELFMAG, SELFMAG) != 0 || header.e_ident[EI_CLASS] != ELFCLASS64 ||
+            header.e_shoff + std::size_t{header.e_shnum} * sizeof(Elf64_Shdr) > file.size() ||
+            header.e_shstrndx >= header.e_shnum) {
+            return;
+        }
+        std::vector<Elf64_Shdr> sections(header.e_shnum);
+        std::memcpy(sections.data(), file.data() + header.e_shoff, sections.size() * sizeof(Elf64_Shdr));
+        const Elf64_Shdr& names = sections[header.e_shstrndx];
+        if (names.sh_offset + names.sh_size > file.size()) return;
+        const std::string prefix = ".nv.info.";
+        for (const Elf64_Shdr& section : sections) {
+            if (section.sh_name >= names.sh_size || section.sh_offset + section.sh_size > file.size()) continue;
+            const char* name = file.data() + names.sh_offset + section.sh_name;
+            const std::size_t length = strnlen(name, names.sh_size - section.sh_name);
+            if (length <= prefix.size() || std::string(name, prefix.size()) != prefix) continue;
+            cuda_sim::KernelResources& k =
+                kernels_[cuda_sim::comparable_symbol(std::string(name + prefix.size(), length - prefix.size()))];
+            k.known = true;
+            const unsigned char* b = reinterpret_cast<const unsigned char*>(file.data() + section.sh_offset);
+            for (std::size_t i = 0; i + 4 <= section.sh_size;) {
+                const unsigned format = b[i], attribute = b[i + 1];
+                if (format != 4) {  // a value in the record's last two bytes, or none
+                    i += 4;
+                    continue;
+                }
+                const std::size_t size = b[i + 2] | (std::size_t{b[i + 3]} << 8);
+                if (attribute == 5 && size == 12 && i + 16 <= section.sh_size) {
+                    std::uint32_t xyz[3];
+                    std::memcpy(xyz, b + i + 4, sizeof xyz);
+                    k.max_threads = xyz[0] * xyz[1] * xyz[2];
+                }
+                i += 4 + size;
+            }
+        }
+    }
+
+    bool found_ = false;
+    std::map<std::string, cuda_sim::KernelResources> kernels_;
+};
+
 // This OS thread's copy of the program's thread-local block (where static __shared__ lives).
 unsigned char* program_tls() {
     thread_local unsigned char* block = [] {
@@ -599,6 +702,16 @@ struct Device {
     std::set<CUevent_st*> events;
     std::map<std::uintptr_t, int> max_dynamic_shared;  // kernel → bytes allowed
     std::map<std::uintptr_t, StaticShared> static_shared;  // kernel → its static __shared__
+    std::map<std::uintptr_t, unsigned> launch_bounds;     // kernel → its __launch_bounds__ (0: none)
+
+    unsigned bound(std::uintptr_t kernel) {
+        auto it = launch_bounds.find(kernel);
+        if (it == launch_bounds.end()) {
+            const std::string symbol = SymbolTable::get().symbol(kernel);
+            it = launch_bounds.emplace(kernel, symbol.empty() ? 0u : Resources::get().of(symbol).max_threads).first;
+        }
+        return it->second;
+    }
 
     const StaticShared& statics(std::uintptr_t kernel) {
         auto it = static_shared.find(kernel);
@@ -1497,6 +1610,41 @@ std::size_t static_shared_bytes(std::uintptr_t kernel) {
     return d.statics(kernel).bytes;
 }
 
+int max_threads_per_block(std::uintptr_t kernel) {
+    Device& d = device();
+    DeviceScope scope(d);
+    const unsigned bound = d.bound(kernel);
+    return bound == 0 ? static_cast<int>(max_block_threads) : static_cast<int>(bound);
+}
+
+KernelResources kernel_resources(const std::string& mangled) { return Resources::get().of(mangled); }
+
+bool kernel_resources_found() { return Resources::get().found(); }
+
+std::string comparable_symbol(const std::string& m) {
+    std::string out;
+    std::size_t i = 0;
+    while (i < m.size()) {
+        if (m[i] < '0' || m[i] > '9') {
+            out += m[i++];
+            continue;
+        }
+        std::size_t j = i;
+        while (j < m.size() && m[j] >= '0' && m[j] <= '9') ++j;
+        const std::size_t length = std::stoul(m.substr(i, j - i));
+        if (m.compare(j, 11, "_GLOBAL__N_") == 0 && j + length <= m.size()) {
+            out += "(anonymous)";
+            i = j + length;
+            // g++ marks a name of internal linkage with L (_GLOBAL__N_1L20flash_…); nvcc does not.
+            if (i + 1 < m.size() && m[i] == 'L' && m[i + 1] >= '0' && m[i + 1] <= '9') ++i;
+        } else {
+            out.append(m, i, j - i);
+            i = j;
+        }
+    }
+    return out;
+}
+
 namespace {
 void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::vector<std::uintptr_t>& allocations);
 }  // namespace
@@ -1524,9 +1672,17 @@ void launch(const LaunchConfig& c, void (*body)(void*), void* arg, std::shared_p
             return;
         }
     }
-    if (threads > max_threads_per_block) {
+    if (threads > max_block_threads) {
         error(cudaErrorInvalidConfiguration, kernel + ": " + std::to_string(threads) +
                                                  " threads per block, the limit is 1024");
+        return;
+    }
+    // nvcc compiles __launch_bounds__(N) into the kernel, and a GPU refuses a launch of more
+    // than N threads a block with cudaErrorInvalidValue (measured on an H200, CUDA 13).
+    if (const unsigned bound = d.bound(c.kernel); bound != 0 && threads > bound) {
+        error(cudaErrorInvalidValue, kernel + ": " + std::to_string(threads) +
+                                         " threads per block, over the kernel's __launch_bounds__ of " +
+                                         std::to_string(bound) + " (compiled into it by nvcc)");
         return;
     }
     const auto allowed_it = d.max_dynamic_shared.find(c.kernel);

@@ -340,12 +340,15 @@ cudaError_t set_max_dynamic_shared(std::uintptr_t kernel, int bytes);
 // The bytes of static __shared__ the kernel declares in its body (from the program's symbol
 // table; those of the device functions it calls are not seen).
 std::size_t static_shared_bytes(std::uintptr_t kernel);
+// The most threads a block of the kernel may have: its __launch_bounds__ where nvcc compiled
+// it (see kernel_resources below), else 1024.
+int max_threads_per_block(std::uintptr_t kernel);
 }
 // Every kernel "has an image" for the simulator.
 template <class Kernel>
 cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* attributes, Kernel* kernel) {
-    *attributes = cudaFuncAttributes{cuda_sim::static_shared_bytes(reinterpret_cast<std::uintptr_t>(kernel)), 1024,
-                                     90, 90};
+    *attributes = cudaFuncAttributes{cuda_sim::static_shared_bytes(reinterpret_cast<std::uintptr_t>(kernel)),
+                                     cuda_sim::max_threads_per_block(reinterpret_cast<std::uintptr_t>(kernel)), 90, 90};
     return cudaSuccess;
 }
 template <class Kernel>
@@ -489,6 +492,22 @@ bool device_guard();
 bool in_device_memory(const void* p, std::size_t bytes, std::string* why);
 // The last kernel failure in words ("" if none); clears the sticky error (for tests).
 std::string take_failure();
+
+// What nvcc compiled into a kernel for sm_90, where nvcc built the course
+// (common/CMakeLists.txt writes build/cuda_resources/: ptxas's report and the cubin of each
+// .cu file), read from the folder cuda_resources beside the program or one or two folders up.
+struct KernelResources {
+    bool known = false;        // nvcc compiled this kernel
+    int registers = 0;         // per thread, by ptxas's report (0: not reported)
+    unsigned max_threads = 0;  // its __launch_bounds__ (the cubin's maximum threads a block); 0: none
+};
+KernelResources kernel_resources(const std::string& mangled);
+// Whether a cuda_resources folder was found (without one no kernel is known).
+bool kernel_resources_found();
+// A mangled name with every anonymous namespace's name made the same: g++ calls one
+// "_GLOBAL__N_1", nvcc gives each file's its own ("_GLOBAL__N__c1b31aed_18_attention_flash_cu_…"),
+// and g++'s mark of internal linkage dropped, so that one kernel's two names compare equal.
+std::string comparable_symbol(const std::string& mangled);
 
 }  // namespace cuda_sim
 

@@ -39,6 +39,10 @@ inline std::string said(cublasStatus_t s) {
 // the child's standard error is returned if it did not exit 0 ("" if it did).
 std::string said_by_child(void (*body)());
 
+// Ends a mistake this build cannot make (exit status 77, which CTest counts as skipped), with
+// the reason in one line.
+[[noreturn]] void skip(const char* why);
+
 }  // namespace mistakes
 
 #define MISTAKE(name)                                                   \
