@@ -6,6 +6,7 @@
 //   train_gpt --init DIR --dump-grads grads    one step's gradients, to compare with PyTorch
 //   train_gpt --recipe shakespeare --device cuda   nanoGPT's GPU recipe
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
+//   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
@@ -24,6 +25,7 @@
 #include "attn/mpi/data_parallel.hpp"
 #include "attn/mpi/launch.hpp"
 #include "attn/mpi/world.hpp"
+#include "attn/mpi/zero.hpp"
 #endif
 
 #include <CLI/CLI.hpp>
@@ -34,6 +36,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -79,6 +82,7 @@ struct Flags {
     std::optional<int> batch_size;  // --batch-size: sequences per step (not given: the recipe's)
     bool batch_per_rank = false;    // --batch-per-rank: that batch on each rank, not shared
     std::string allreduce;   // how the ranks sum their gradients (empty: not given)
+    std::string shard;       // --shard optimizer: ZeRO stage 1 (empty: plain data parallelism)
     std::optional<double> bucket_cap_mb, first_bucket_mb;  // --bucket-cap-mb, --first-bucket-mb
     bool bucket_view = false;                               // --bucket-view
 };
@@ -389,6 +393,16 @@ void check_rank_options(const Flags& f, const Job& job) {
                                     "backward pass: it has no buckets for --bucket-cap-mb, "
                                     "--first-bucket-mb or --bucket-view");
     }
+    if (!f.shard.empty() && !job.parallel() && f.ranks == 0) {
+        throw std::invalid_argument("--shard " + f.shard + " shards the optimizer's state over ranks: it "
+                                    "needs --ranks N or a start by mpirun");
+    }
+    if (!f.shard.empty() && (!f.allreduce.empty() || bucket_options)) {
+        throw std::invalid_argument("--shard " + f.shard + " sums the gradients by a ring reduce-scatter "
+                                    "after the backward pass: --allreduce, --bucket-cap-mb, "
+                                    "--first-bucket-mb and --bucket-view choose plain data parallelism's "
+                                    "allreduce");
+    }
     if (f.first_bucket_mb && !f.bucket_cap_mb) {
         throw std::invalid_argument("--first-bucket-mb sets the first bucket apart from the others: "
                                     "give --bucket-cap-mb too");
@@ -412,6 +426,7 @@ void check_rank_options(const Flags& f, const Job& job) {
 // What a run has once it is set up: the trainer and where its text and files are.
 struct Setup {
     std::optional<Trainer> trainer;
+    std::function<void()> report_group;  // what the ranks' group says after the run (rank 0)
     std::string device;  // cpu, cuda or sim
     fs::path corpus, out;
     std::string text;
@@ -471,6 +486,34 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
 }
 
 #if ATTN_HAVE_MPI
+// MiB of a byte count, for the reports.
+double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
+
+// --shard optimizer: ZeRO stage 1 (attn/mpi/zero.hpp), once the ranks agree on it (below).
+void join_sharded(const Job& job, Setup& setup, const std::shared_ptr<mpi::ShardedOptimizer>& group) {
+    Trainer& trainer = *setup.trainer;
+    trainer.use_group(group);
+    const std::size_t P = trainer.model().parameters().size();
+    const Shard mine = group->shard(trainer.model());
+    std::cout << "ZeRO stage 1: " << job.size << " ranks share each batch of " << trainer.config().batch_size
+              << " and AdamW's moments: each keeps those of its shard of the " << P
+              << " parameters (rank 0: [" << mine.begin << ", " << mine.end << "), " << mine.size()
+              << "); gradients summed by a ring reduce-scatter, parameters gathered by a ring all-gather\n";
+    setup.report_group = [group, &trainer, P, N = job.size] {
+        const Shard s = group->shard(trainer.model());
+        const mpi::ZeroTraffic& t = group->last_traffic();
+        const double whole = 2.0 * sizeof(float) * static_cast<double>(P);  // m and v, float32
+        std::printf("ZeRO stage 1 (rank 0 of %d): AdamW's moments %.3f MiB here (%zu parameters' m and v) "
+                    "instead of %.3f MiB; the last step sent %.3f MiB (reduce-scatter %.3f, all-gather "
+                    "%.3f, the norm's %zu bytes), against 2(N-1)/N of the parameters' %.3f MiB: %.3f MiB\n",
+                    N, mib(static_cast<double>(trainer.optimizer().bytes())), s.size(), mib(whole),
+                    mib(static_cast<double>(t.total())), mib(static_cast<double>(t.reduce_scatter_bytes)),
+                    mib(static_cast<double>(t.all_gather_bytes)), t.norm_bytes,
+                    mib(sizeof(float) * static_cast<double>(P)),
+                    mib(2.0 * (N - 1) / N * sizeof(float) * static_cast<double>(P)));
+    };
+}
+
 // The ranks join one data-parallel group, once every rank has set up without an error (its
 // calls are collective: a rank that failed before them would leave the others waiting in
 // them). Every setting that changes the computation must be the same on every rank: the
@@ -484,14 +527,25 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
         if (f.bucket_cap_mb) plan.cap_bytes = mpi::bucket_cap_bytes(*f.bucket_cap_mb);
         if (f.first_bucket_mb) plan.first_cap_bytes = mpi::bucket_cap_bytes(*f.first_bucket_mb);
         plan.view = f.bucket_view;
-        auto group = std::make_shared<mpi::DataParallel>(schedule, plan);
-        // FNV-1a of the schedule's name and the bucket plan: every rank must sum the same
-        // buckets in the same order, or their collectives do not match.
-        const std::string settings = schedule_name + " " + std::to_string(plan.cap_bytes) + " " +
-                                     std::to_string(plan.first_cap_bytes) + " " + (plan.view ? "view" : "copy");
+        const bool sharded = f.shard == "optimizer";
+        std::shared_ptr<mpi::DataParallel> group;
+        if (sharded) {
+            group = std::make_shared<mpi::ShardedOptimizer>();
+        } else {
+            group = std::make_shared<mpi::DataParallel>(schedule, plan);
+        }
+        // FNV-1a of the sharding, the schedule's name and the bucket plan: every rank must sum
+        // the same buckets in the same order, or their collectives do not match.
+        const std::string settings = "shard " + f.shard + " " + schedule_name + " " + std::to_string(plan.cap_bytes) +
+                                     " " + std::to_string(plan.first_cap_bytes) + " " + (plan.view ? "view" : "copy");
         std::uint64_t h = 0xcbf29ce484222325ull;
         for (const char c : settings) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
-        group->check_same(h, "--allreduce, --bucket-cap-mb, --first-bucket-mb or --bucket-view (how the gradients are summed)");
+        group->check_same(h, "--shard, --allreduce, --bucket-cap-mb, --first-bucket-mb or --bucket-view (how the "
+                             "gradients are summed and the optimizer's state kept)");
+        if (sharded) {
+            join_sharded(job, setup, std::static_pointer_cast<mpi::ShardedOptimizer>(group));
+            return;
+        }
         trainer->use_group(group);
         const int B = trainer->config().batch_size;
         std::string shares;
@@ -580,6 +634,7 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
                     "checkpoints)\n",
                     1e3 * summary.step_seconds / n, n * c.batch_size * c.block_size / summary.step_seconds);
     }
+    if (setup.report_group) setup.report_group();
     if (c.precision != Precision::fp32) {
         std::uint64_t rounded = 0, flushed = 0;
         for (const StepRecord& r : summary.steps) {
@@ -812,6 +867,11 @@ int main(int argc, char** argv) {
                    "how the ranks sum their gradients: overlapped (the default: bucket by bucket "
                    "while the backward pass runs) or after (one allreduce after it)")
         ->check(CLI::IsMember({"overlapped", "after"}));
+    app.add_option("--shard", f.shard,
+                   "with ranks: optimizer keeps AdamW's moments only for each rank's shard of the "
+                   "parameters (ZeRO stage 1: gradients reduce-scattered, parameters all-gathered, "
+                   "lesson 19)")
+        ->check(CLI::IsMember({"optimizer"}));
     app.add_option("--bucket-cap-mb", f.bucket_cap_mb,
                    "with ranks: a gradient bucket takes whole blocks until it holds this many MiB, "
                    "then its sum starts (PyTorch DDP's bucket_cap_mb; default: each block its own bucket)")

@@ -427,11 +427,17 @@ bool Trainer::cpu_backward_and_clip(float max_norm, StepRecord& record) {
         record.grad_norm = std::numeric_limits<float>::infinity();
         return false;
     }
-    record.grad_norm = clip_grad_norm(model_, max_norm);
+    record.grad_norm = group_ ? group_->clip_gradients(model_, max_norm) : clip_grad_norm(model_, max_norm);
     return true;
 }
 
-void Trainer::cpu_adamw_step(float lr) { optimizer_.step(model_, lr); }
+void Trainer::cpu_adamw_step(float lr) {
+    if (group_) {
+        group_->update(model_, optimizer_, lr);
+    } else {
+        optimizer_.step(model_, lr);
+    }
+}
 
 void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
     if (device && group_) {
@@ -482,8 +488,16 @@ EvalRecord Trainer::evaluate() {
 
 void Trainer::save(const fs::path& dir) {
     sync_from_device();
-    // In a group every process holds the same state: rank 0 writes it once, and the others
-    // wait, so that a checkpoint that one process calls written is written for all.
+    // In a group every process holds the same state (or its shard of the optimizer's, which
+    // process 0 gathers): rank 0 writes it once, and the others wait, so that a checkpoint
+    // that one process calls written is written for all.
+    std::vector<float> m, v;
+    if (group_) {
+        group_->whole_moments(model_, optimizer_, m, v);
+    } else {
+        m = optimizer_.m;
+        v = optimizer_.v;
+    }
     if (!writes_files()) {
         group_->barrier();
         return;
@@ -492,7 +506,6 @@ void Trainer::save(const fs::path& dir) {
         save_checkpoint(tmp, model_, {data_.vocab.chars(), step_});
         fs::create_directory(tmp / "optimizer");
         const std::size_t P = model_.parameters().size();
-        std::vector<float> m = optimizer_.m, v = optimizer_.v;
         m.resize(P, 0.0f);
         v.resize(P, 0.0f);
         write_npy(tmp / "optimizer" / "m.npy", {P}, m.data());
@@ -523,6 +536,12 @@ void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
                                     " sequences cannot be shared by " + std::to_string(group->size()) +
                                     " processes: each needs at least one (fewer processes, or a "
                                     "larger batch)");
+    }
+    if (group && !group->holds_whole_gradients() && scales_loss()) {
+        throw std::invalid_argument(std::string("loss scaling (") + precision_name(config_.precision) +
+                                    ") looks for an overflow in every gradient, and with the optimizer "
+                                    "state sharded each process holds only its shard of them: train "
+                                    "in bf16 or fp32");
     }
     group_ = std::move(group);
     model_.set_batch_offset(0);

@@ -25,6 +25,7 @@
 #include "attn/mpi/ring_attention.hpp"
 #include "attn/mpi/ulysses.hpp"
 #include "attn/mpi/world.hpp"
+#include "attn/mpi/zero.hpp"
 #include <mpi.h>
 #include <csignal>
 #endif
@@ -244,6 +245,36 @@ struct Part {
         return m;
     }
 };
+
+// ZeRO stage 1: the data-parallel run again, each rank keeping AdamW's moments for its shard
+// of the parameters only; every rank's measured moments and bytes sent in the last step.
+void zero_part(const Part& part) {
+    const TextDataset data = make_dataset(read_corpus(part.corpus));
+    Trainer trainer(dp_recipe(part.s), data);
+    //! [zero1]
+    auto group = std::make_shared<mpi::ShardedOptimizer>();
+    trainer.use_group(group);  // its share of every batch, and AdamW's state for its shard
+    std::vector<double> losses;
+    for (int i = 0; i < part.s.steps; ++i) losses.push_back(trainer.train_step().loss);
+    const std::size_t moments = trainer.optimizer().bytes();  // this rank's m and v
+    const std::size_t sent = group->last_traffic().total();   // counted by the rings
+    //! [zero1]
+    part.say("losses", losses);
+    part.say("moments", part.gather(static_cast<double>(moments)));
+    part.say("sent", part.gather(static_cast<double>(sent)));
+    // The weights alone (the moments differ from rank to rank: each holds its shard's).
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const std::vector<float>& w = trainer.model().parameters();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(w.data());
+    for (std::size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001B3ull;
+    bool identical = true;
+    try {
+        group->check_same(h, "the weights");
+    } catch (const std::runtime_error&) {
+        identical = false;
+    }
+    part.say("identical", {identical ? 1.0 : 0.0});
+}
 
 // The ways of summing the gradients that the lesson times: the bucket per block of the
 // library, the same summed in place (DDP's gradient_as_bucket_view), DDP's default caps (a
@@ -493,6 +524,7 @@ int run_part(const char* name, int argc, char** argv) {
     const std::string which = name;
     try {
         if (which == "dp") data_parallel_part(part);
+        else if (which == "zero") zero_part(part);
         else if (which == "train") training_part(part, false);
         else if (which == "resume") training_part(part, true);
         else if (which == "sequence") sequence_part(part);
@@ -1042,6 +1074,44 @@ void this_model_measured() {
     print_claim("measured_activations_ratio", activations / state, 1);
 }
 
+#ifdef ATTN_HAVE_MPI
+// ZeRO stage 1 on 2 and 4 ranks: the same losses as one process, each rank's moments measured
+// against 8 bytes a parameter of its shard, and the bytes each sent in a step against the
+// ring's 2(N - 1)/N of the parameters' bytes.
+void zero_stage1(const Launcher& launcher, const DataParallelPoints& dp) {
+    print_heading("ZeRO stage 1: AdamW's state sharded over the ranks");
+    const double P = dp.P, one_rank = 8.0 * P;
+    const std::vector<double>& reference = need(dp.by_ranks.at(1), "losses");
+    std::printf("the data-parallel run again, each rank keeping m and v for its shard of the %.0f parameters;\n"
+                "bytes measured (AdamW::bytes) and counted (the rings' sends), formulas beside them\n\n", P);
+    std::printf("%5s  %-30s  %12s  %22s  %12s  %-20s  %s\n", "ranks", "AdamW bytes, rank by rank", "8P/N",
+                "sent in a step, rank 0", "2(N-1)/N 4P", "loss gap from 1 rank", "same weights");
+    double worst = 0.0;
+    bool identical = true;
+    for (int N : {2, 4}) {
+        const Numbers n = launcher.run("zero", N, launcher.scratch / ("zero" + std::to_string(N)));
+        const std::vector<double>& moments = need(n, "moments");
+        const std::vector<double>& sent = need(n, "sent");
+        std::string each;
+        for (double b : moments) each += (each.empty() ? "" : " ") + std::to_string(static_cast<long long>(b));
+        const double gap = largest_relative_gap(need(n, "losses"), reference);
+        worst = std::max(worst, gap);
+        identical = identical && need(n, "identical")[0] == 1.0;
+        std::printf("%5d  %-30s  %12.0f  %22.0f  %12.0f  %-20.1e  %s\n", N, each.c_str(), one_rank / N, sent[0],
+                    2.0 * (N - 1) / N * 4.0 * P, gap, need(n, "identical")[0] == 1.0 ? "yes, bit for bit" : "NO");
+        if (N == 4) {
+            print_claim("zero_moments_rank0_4", std::to_string(static_cast<long long>(moments[0])));
+            print_claim("zero_moments_one_rank", std::to_string(static_cast<long long>(one_rank)));
+            print_claim("zero_sent_rank0_4", std::to_string(static_cast<long long>(sent[0])));
+            print_claim("zero_sent_formula_4", std::to_string(static_cast<long long>(2.0 * 3 / 4 * 4.0 * P + 0.5)));
+        }
+    }
+    std::printf("(one rank holds %.0f bytes of moments; bytes sent include the clipping norm's one double)\n", one_rank);
+    print_claim("zero_loss_gap", worst < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
+    print_claim("zero_identical", identical ? "yes" : "no");
+}
+#endif
+
 void lesson(const LessonOptions& options) {
     const Sizes s = sizes(options.quick);
     merge_by_hand();
@@ -1070,6 +1140,7 @@ void lesson(const LessonOptions& options) {
     std::printf("\n%s; each rank starts this program again under %s\n", describe_threads().c_str(),
                 mpi::mpirun_path().c_str());
     const DataParallelPoints dp = data_parallel(launcher);
+    zero_stage1(launcher, dp);
     killed_rank(launcher);
     const SequencePoints seq = sequence_parallel(launcher);
     cost_model(s, dp, seq);

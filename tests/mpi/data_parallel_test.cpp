@@ -8,6 +8,7 @@
 //
 // Run as `mpirun -np N data_parallel_test` (N = 1, 2, 4; CTest does).
 #include "mpi_test.hpp"
+#include "training.hpp"
 
 #include "attn/data.hpp"
 #include "attn/mpi/data_parallel.hpp"
@@ -22,52 +23,13 @@
 #include <vector>
 
 using namespace attn;
+using namespace mpi_test;
 namespace fs = std::filesystem;
 
 namespace {
 
-// Words of a small alphabet, deterministic: no file to read on any host.
-std::string generated_text() {
-    Rng rng(2019);
-    const std::string letters = "abcdefghijklmnopqrstuvwxyz";
-    std::string text = "to be, or not to be.\n";
-    while (text.size() < 20000) {
-        const std::uint64_t n = 1 + rng.below(7);
-        for (std::uint64_t i = 0; i < n; ++i) text += letters[rng.below(letters.size())];
-        text += rng.below(6) == 0 ? ".\n" : " ";
-    }
-    return text;
-}
-
 // The tiny recipe with a batch that 1, 2 and 4 ranks share evenly, 10 steps.
-TrainConfig recipe(float dropout) {
-    TrainConfig c = TrainConfig::named("tiny");
-    c.batch_size = 8;
-    c.shorten_to(10);
-    c.warmup_iters = 2;
-    c.eval_interval = 5;
-    c.eval_iters = 2;
-    c.dropout = dropout;
-    return c;
-}
-
-struct Run {
-    std::vector<float> losses, norms;
-    std::vector<float> weights;
-    EvalRecord eval;
-};
-
-Run train(Trainer& t, int steps) {
-    Run r;
-    for (int i = 0; i < steps; ++i) {
-        const StepRecord s = t.train_step();
-        r.losses.push_back(s.loss);
-        r.norms.push_back(s.grad_norm);
-    }
-    r.weights = t.model().parameters();
-    r.eval = t.evaluate();
-    return r;
-}
+TrainConfig recipe(float dropout) { return tiny_recipe(8, 10, dropout); }
 
 // Every schedule, and for the overlapped one every kind of bucket plan: one bucket per block
 // (the default), blocks joined up to a cap, a small first bucket before a large cap (DDP's
@@ -113,23 +75,6 @@ void check_plans(mpi_test::Checks& checks, const GPT& model) {
                      "buckets " + mpi::describe(plan) + ": as many buckets as the caps make",
                      mpi_test::format("%.0f buckets, %.0f expected", double(buckets.size()), expected[k % expected.size()]));
     }
-}
-
-// The largest relative difference of two sequences of numbers.
-double relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
-    const mpi_test::Difference d = mpi_test::difference(a.data(), b.data(), a.size());
-    return a.size() != b.size() ? INFINITY : d.max_abs / std::max(d.scale, 1e-30);
-}
-
-// Every rank holds the same weights, bit for bit: the same AdamW step everywhere.
-bool same_on_every_rank(const std::vector<float>& weights) {
-    unsigned long long h = 1469598103934665603ull;
-    const auto* p = reinterpret_cast<const unsigned char*>(weights.data());
-    for (std::size_t i = 0; i < weights.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
-    unsigned long long low = 0, high = 0;
-    MPI_Allreduce(&h, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
-    MPI_Allreduce(&h, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
-    return low == high;
 }
 
 }  // namespace

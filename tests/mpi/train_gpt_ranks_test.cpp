@@ -6,7 +6,8 @@
 //       (to the rounding of the reduction order), or be refused in one line before any work
 //       where the ranks do not implement the option; the base run also on 4 ranks, with
 //       the gradients summed after the backward pass, and with other gradient buckets (capped,
-//       a small first one, summed in place). The options come from --help: one this
+//       a small first one, summed in place); each also with --ranks 2 --shard optimizer
+//       (ZeRO stage 1), the base run on 3 and 4 ranks too. The options come from --help: one this
 //       test's table does not know (or the reverse) fails it.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR refusals MPIRUN
 //       Bad uses of ranks get one line on stderr and exit status 1 or 2 (under mpirun, one
@@ -289,6 +290,8 @@ std::vector<Use> option_table() {
                                              "bucket) and 4 ranks (25 after a first of 0.03)"},
         {"--first-bucket-mb", Role::axis, {}, "with --bucket-cap-mb on the base run, 4 ranks"},
         {"--bucket-view", Role::axis, {}, "on the base run with 2 ranks, alone and with --bucket-cap-mb 0.06"},
+        {"--shard", Role::axis, {}, "optimizer with 2 ranks on every run beside plain data parallelism; the "
+                                    "base run also on 3 and 4 ranks"},
         {"--batch-per-rank", Role::axis, {}, "2 ranks of the base's batch of 8 each against one process "
                                               "of --batch-size 16; refused without ranks"},
         {"--batch-size", Role::varied, {"6"}, ""},
@@ -411,8 +414,10 @@ int test_options(const std::string& program, const fs::path& root) {
         std::vector<Outcome> outcomes;
         std::vector<fs::path> outs;
         // One process, then 2 ranks (and for the base run 4 ranks, and the other schedule).
-        std::vector<std::vector<std::string>> extra = {{}, {"--ranks", "2"}};
+        std::vector<std::vector<std::string>> extra = {{}, {"--ranks", "2"}, {"--ranks", "2", "--shard", "optimizer"}};
         if (i == 0) {
+            extra.push_back({"--ranks", "3", "--shard", "optimizer"});
+            extra.push_back({"--ranks", "4", "--shard", "optimizer"});
             extra.push_back({"--ranks", "4"});
             extra.push_back({"--ranks", "2", "--allreduce", "after"});
             extra.push_back({"--ranks", "4", "--allreduce", "after"});
@@ -533,6 +538,11 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"--bucket-cap-mb with --allreduce after", {"--ranks", "2", "--allreduce", "after", "--bucket-cap-mb", "1"}},
         {"--first-bucket-mb without --bucket-cap-mb", {"--ranks", "2", "--first-bucket-mb", "1"}},
         {"a negative bucket cap", {"--ranks", "2", "--bucket-cap-mb", "-1"}},
+        {"--shard without ranks", {"--shard", "optimizer"}},
+        {"--shard of something not sharded", {"--ranks", "2", "--shard", "activations"}},
+        {"--shard with --allreduce", {"--ranks", "2", "--shard", "optimizer", "--allreduce", "after"}},
+        {"--shard with --bucket-cap-mb", {"--ranks", "2", "--shard", "optimizer", "--bucket-cap-mb", "1"}},
+        {"--shard with fp16's loss scaling", {"--ranks", "2", "--shard", "optimizer", "--precision", "fp16"}},
         {"a corpus that does not exist, with ranks", {"--ranks", "2", "--data", (root / "missing.txt").string()}},
         {"a checkpoint that does not exist, with ranks", {"--ranks", "2", "--resume", (root / "nothing").string()}},
         {"--device sim with ranks", {"--ranks", "2", "--device", "sim"}},
@@ -595,6 +605,7 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
          "--allreduce", 1},
         {"rank 1 sums its gradients in place, rank 0 copies them", {"--bucket-view"}, "--bucket-view", 1},
         {"rank 1 caps its buckets, rank 0 does not", {"--bucket-cap-mb", "0.06"}, "--bucket-cap-mb", 1},
+        {"rank 1 shards the optimizer, rank 0 does not", {"--shard", "optimizer"}, "--shard", 1},
         {"rank 1's corpus differs", {"--data", (root / "other.txt").string()}, "do not start from the same state", 1},
         {"an option rank 1 cannot parse", {"--max-iters", "x"}, "rank 1 on ", 2},
     };

@@ -388,6 +388,23 @@ struct AdamW {
     /// @param table the tensors in the buffer @param lr the learning rate for this step
     void step(std::vector<float>& params, const std::vector<float>& grads,
               const std::vector<ParameterInfo>& table, float lr);
+    /// The same update of the parameters [begin, end) of the flat buffer alone, with moments
+    /// that hold that range only (ZeRO's sharded optimizer state, attn/mpi/zero.hpp): m[i −
+    /// begin] is parameter i's. Each parameter gets the same arithmetic as in step(), so the
+    /// shards of all ranks together are one whole step, bit for bit. Moments that hold the
+    /// whole buffer (read from a checkpoint) are cut to the range first, keeping step_count;
+    /// empty ones start at zero.
+    /// @param params every parameter (only [begin, end) changed) @param grads their
+    /// gradients, same layout (only [begin, end) read) @param table the tensors in the buffer
+    /// @param lr the learning rate @param begin first parameter @param end one past the last
+    /// @throws std::invalid_argument for a range outside the buffer, or moments of another size
+    void step_range(std::vector<float>& params, const std::vector<float>& grads,
+                    const std::vector<ParameterInfo>& table, float lr, std::size_t begin, std::size_t end);
+
+private:
+    // step() and step_range() once the moments hold [begin, end).
+    void step_range_of(std::vector<float>& params, const std::vector<float>& grads,
+                       const std::vector<ParameterInfo>& table, float lr, std::size_t begin, std::size_t end);
 };
 
 /// Scales the gradients so that their global L2 norm is at most `max_norm`, as

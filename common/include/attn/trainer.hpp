@@ -187,6 +187,32 @@ public:
     virtual void check_same(std::uint64_t fingerprint, const std::string& what) = 0;
     /// Returns when every process has called it.
     virtual void barrier() = 0;
+
+    /// Clips the gradients that finish_gradients() left to their global norm, as
+    /// clip_grad_norm(), and returns that norm, the same in every process. A group whose
+    /// processes each hold a shard of the summed gradients (ZeRO, attn/mpi/zero.hpp) sums the
+    /// shards' squares across the processes. @param model the model @param max_norm as
+    /// clip_grad_norm()'s @return the norm before clipping
+    virtual float clip_gradients(GPT& model, float max_norm) { return clip_grad_norm(model, max_norm); }
+    /// One AdamW step of the model's parameters, which leaves the same parameters in every
+    /// process: by default each process updates them all; ZeRO's each its shard, then
+    /// gathers the others'. @param model the model @param optimizer its AdamW
+    /// @param lr the learning rate
+    virtual void update(GPT& model, AdamW& optimizer, float lr) { optimizer.step(model, lr); }
+    /// Whether finish_gradients() leaves every summed gradient in every process (false for
+    /// ZeRO: a shard each). Loss scaling (float16) needs them all, to find an overflow.
+    /// @return true by default
+    virtual bool holds_whole_gradients() const { return true; }
+    /// The whole optimizer state for a checkpoint, into `m` and `v` in process 0 (a collective
+    /// call: every process makes it). By default each process holds it all; ZeRO gathers the
+    /// shards. Empty when no step was taken. @param model the model @param optimizer this
+    /// process's AdamW @param m the first moments of every parameter @param v the second moments
+    virtual void whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m,
+                               std::vector<float>& v) {
+        (void)model;
+        m = optimizer.m;
+        v = optimizer.v;
+    }
 };
 
 /// The sequences [begin, end) of a batch of B that process `rank` of `ranks` runs: B split

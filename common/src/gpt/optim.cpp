@@ -3,7 +3,10 @@
 
 #include "../simd_clones.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <stdexcept>
+#include <string>
 
 namespace attn {
 
@@ -19,6 +22,34 @@ void AdamW::step(std::vector<float>& params, const std::vector<float>& grads,
         v.assign(params.size(), 0.0f);
         step_count = 0;
     }
+    step_range_of(params, grads, table, lr, 0, params.size());
+}
+
+void AdamW::step_range(std::vector<float>& params, const std::vector<float>& grads,
+                       const std::vector<ParameterInfo>& table, float lr, std::size_t begin, std::size_t end) {
+    if (begin > end || end > params.size() || grads.size() != params.size()) {
+        throw std::invalid_argument("AdamW::step_range: parameters [" + std::to_string(begin) + ", " +
+                                    std::to_string(end) + ") of " + std::to_string(params.size()) +
+                                    " with " + std::to_string(grads.size()) + " gradients");
+    }
+    const std::size_t n = end - begin;
+    if (m.size() == params.size() && n != params.size()) {  // the whole state: keep this range
+        m = std::vector<float>(m.begin() + static_cast<std::ptrdiff_t>(begin), m.begin() + static_cast<std::ptrdiff_t>(end));
+        v = std::vector<float>(v.begin() + static_cast<std::ptrdiff_t>(begin), v.begin() + static_cast<std::ptrdiff_t>(end));
+    } else if (m.empty() && v.empty()) {
+        m.assign(n, 0.0f);
+        v.assign(n, 0.0f);
+        step_count = 0;
+    } else if (m.size() != n || v.size() != n) {
+        throw std::invalid_argument("AdamW::step_range: moments of " + std::to_string(m.size()) +
+                                    " parameters for a range of " + std::to_string(n));
+    }
+    step_range_of(params, grads, table, lr, begin, end);
+}
+
+ATTN_SIMD_CLONES
+void AdamW::step_range_of(std::vector<float>& params, const std::vector<float>& grads,
+                          const std::vector<ParameterInfo>& table, float lr, std::size_t begin, std::size_t end) {
     ++step_count;
     // torch's single-tensor AdamW, operation for operation, so the numbers agree to rounding.
     // The scalars are Python floats (double) in torch.
@@ -26,15 +57,21 @@ void AdamW::step(std::vector<float>& params, const std::vector<float>& grads,
     const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), step_count);
     const float step_size = static_cast<float>(lr / bias_correction1);
     const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+    // m and v hold the parameters [begin, end): parameter i's moments are at i − begin.
+    float* const mb = m.data();
+    float* const vb = v.data();
     for (const ParameterInfo& info : table) {
         const float decay = info.decay ? 1.0f - lr * weight_decay : 1.0f;
-        for (std::size_t i = info.offset; i < info.offset + info.size; ++i) {
+        const std::size_t lo = std::max(info.offset, begin), hi = std::min(info.offset + info.size, end);
+        for (std::size_t i = lo; i < hi; ++i) {
             const float g = grads[i];
             params[i] *= decay;
-            m[i] = m[i] * beta1 + (1.0f - beta1) * g;
-            v[i] = v[i] * beta2 + (1.0f - beta2) * g * g;
-            const float denom = std::sqrt(v[i]) / bias_correction2_sqrt + eps;
-            params[i] -= step_size * m[i] / denom;
+            float& mi = mb[i - begin];
+            float& vi = vb[i - begin];
+            mi = mi * beta1 + (1.0f - beta1) * g;
+            vi = vi * beta2 + (1.0f - beta2) * g * g;
+            const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
+            params[i] -= step_size * mi / denom;
         }
     }
 }

@@ -1,0 +1,80 @@
+// What the MPI training tests share: a corpus made on every host alike, a run of steps and
+// what it left, and the comparisons of two runs.
+#pragma once
+
+#include "mpi_test.hpp"
+
+#include "attn/random.hpp"
+#include "attn/trainer.hpp"
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+namespace mpi_test {
+
+// Words of a small alphabet, deterministic: no file to read on any host.
+inline std::string generated_text() {
+    attn::Rng rng(2019);
+    const std::string letters = "abcdefghijklmnopqrstuvwxyz";
+    std::string text = "to be, or not to be.\n";
+    while (text.size() < 20000) {
+        const std::uint64_t n = 1 + rng.below(7);
+        for (std::uint64_t i = 0; i < n; ++i) text += letters[rng.below(letters.size())];
+        text += rng.below(6) == 0 ? ".\n" : " ";
+    }
+    return text;
+}
+
+// The tiny recipe shortened to `steps`, with a batch of `batch` sequences (one the tests' rank
+// counts share evenly), evaluated halfway and at the end.
+inline attn::TrainConfig tiny_recipe(int batch, int steps, float dropout) {
+    attn::TrainConfig c = attn::TrainConfig::named("tiny");
+    c.batch_size = batch;
+    c.shorten_to(steps);
+    c.warmup_iters = 2;
+    c.eval_interval = steps / 2;
+    c.eval_iters = 2;
+    c.dropout = dropout;
+    return c;
+}
+
+struct Run {
+    std::vector<float> losses, norms;
+    std::vector<float> weights;
+    attn::EvalRecord eval;
+};
+
+inline Run train(attn::Trainer& t, int steps) {
+    Run r;
+    for (int i = 0; i < steps; ++i) {
+        const attn::StepRecord s = t.train_step();
+        r.losses.push_back(s.loss);
+        r.norms.push_back(s.grad_norm);
+    }
+    r.weights = t.model().parameters();
+    r.eval = t.evaluate();
+    return r;
+}
+
+// The largest relative difference of two sequences of numbers.
+inline double relative_gap(const std::vector<float>& a, const std::vector<float>& b) {
+    const mpi_test::Difference d = difference(a.data(), b.data(), a.size());
+    return a.size() != b.size() ? INFINITY : d.max_abs / std::max(d.scale, 1e-30);
+}
+
+// Every rank holds the same weights, bit for bit: the same AdamW step everywhere.
+inline bool same_on_every_rank(const std::vector<float>& weights) {
+    unsigned long long h = 1469598103934665603ull;
+    const auto* p = reinterpret_cast<const unsigned char*>(weights.data());
+    for (std::size_t i = 0; i < weights.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ull;
+    unsigned long long low = 0, high = 0;
+    MPI_Allreduce(&h, &low, 1, MPI_UNSIGNED_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(&h, &high, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    return low == high;
+}
+
+}  // namespace mpi_test
