@@ -8,6 +8,8 @@
 # namespace, as ssh would log in to another machine. Then:
 #   - train_gpt on 2 hosts x 2 ranks gives one process's losses and weights, and the bytes
 #     that crossed the cable are at least what the gradient sums must move;
+#   - the same with the optimizer's state sharded (--shard optimizer, ZeRO stage 1), and the
+#     bytes that crossed the cable at least what its rings send;
 #   - ring and Ulysses attention across the hosts equal one process (T = 512).
 # Skips (exit 77, one line saying why) where namespaces cannot be made: not root, no
 # iproute2, or a container that forbids them.
@@ -100,6 +102,27 @@ else
     echo "ok: host 1 sent $sent bytes over the cable during training (at least $least expected)"
   else
     echo "FAIL: host 1 sent $sent bytes over the cable, less than the $least the gradient sums need"; status=1
+  fi
+fi
+
+# ZeRO stage 1 across the hosts against the same one process. Each rank's rings send every
+# shard but one in the reduce-scatter and every shard but one in the all-gather: with 4
+# ranks, 1.5 P floats a step each. However the ranks are placed, at least one ring edge runs
+# from host 1 to host 2, so host 1 sends at least one rank's 6 P bytes a step.
+before=$(tx_bytes)
+ip netns exec "$h1" "${across[@]}" -np 4 "$train_gpt" "${run[@]}" --shard optimizer --out "$work/sharded" >"$work/sharded.log" 2>&1
+rc=$?
+after=$(tx_bytes)
+if [ $rc -ne 0 ]; then
+  echo "FAIL: train_gpt --shard optimizer on 2 hosts x 2 ranks exited $rc:"; tail -20 "$work/sharded.log"; status=1
+else
+  "$ranks_test" compare "$work/sharded" "$work/alone" || status=1
+  params=$(grep -oE '[0-9]+ parameters' "$work/sharded.log" | head -1 | grep -oE '^[0-9]+')
+  sent=$((after - before)) least=$((10 * 6 * params))
+  if [ "$sent" -ge "$least" ]; then
+    echo "ok: with the optimizer sharded, host 1 sent $sent bytes over the cable (the rings need at least $least)"
+  else
+    echo "FAIL: with the optimizer sharded, host 1 sent $sent bytes over the cable, less than the rings' $least"; status=1
   fi
 fi
 

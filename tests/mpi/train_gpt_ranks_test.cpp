@@ -17,6 +17,9 @@
 //       stops, the job ends with one line naming the rank and the checkpoint, the checkpoint
 //       resumes on 2 ranks, and the resumed run's losses are those of a run that never
 //       stopped (on one process).
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill-sharded
+//       The same with the optimizer's state sharded (--shard optimizer) on 4 ranks, resumed
+//       sharded on 3.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR stop
 //       SIGTERM to the launcher of a 2-rank run: every rank ends its step, the checkpoint is
 //       saved, one line, exit 0, no process left, and the run resumes from it; two signals
@@ -679,7 +682,9 @@ long long checkpoint_step(const fs::path& run) {
     }
 }
 
-int test_kill(const std::string& program, const fs::path& root) {
+// `sharded`: the killed run and the resumed one keep the optimizer's state sharded (--shard
+// optimizer, ZeRO stage 1), the resumed one on 3 ranks.
+int test_kill(const std::string& program, const fs::path& root, bool sharded) {
     const fs::path corpus = root / "corpus.txt";
     write_corpus(corpus);
     // nanoGPT's CPU recipe for 80 steps (seconds a run), a checkpoint every 10 steps.
@@ -696,6 +701,7 @@ int test_kill(const std::string& program, const fs::path& root) {
     const fs::path killed = root / "killed";
     args = base;
     args.insert(args.end(), {"--out", killed.string(), "--ranks", "4"});
+    if (sharded) args.insert(args.end(), {"--shard", "optimizer"});
     const pid_t launcher = start(program, args, root / "killed_log");
     // Once the checkpoint of step 20 is written, kill rank 2 (the launcher's child is mpirun,
     // whose children are the ranks, in the order it started them).
@@ -749,16 +755,18 @@ int test_kill(const std::string& program, const fs::path& root) {
 
     // The checkpoint resumes on another number of ranks, and the run goes on as if it had
     // never stopped.
-    args = {"--resume", killed.string(), "--ranks", "2", "--sample", "0", "--data", corpus.string()};
+    const std::string again = sharded ? "3 sharded ranks" : "2 ranks";
+    args = {"--resume", killed.string(), "--ranks", sharded ? "3" : "2", "--sample", "0", "--data", corpus.string()};
+    if (sharded) args.insert(args.end(), {"--shard", "optimizer"});
     const Outcome resumed = run(program, args, root / "resumed_log");
     if (resumed.status != 0) {
-        fail("resuming on 2 ranks", resumed.err);
+        fail("resuming on " + again, resumed.err);
         return 1;
     }
     const Results a = results_of(killed), b = results_of(root / "uninterrupted");
-    for (const std::string& problem : compare(a, b, step)) fail("resumed on 2 ranks against one process", problem);
+    for (const std::string& problem : compare(a, b, step)) fail("resumed on " + again + " against one process", problem);
     if (!failures) {
-        std::cout << "resumed at step " << step << " on 2 ranks: " << a.steps.size()
+        std::cout << "resumed at step " << step << " on " << again << ": " << a.steps.size()
                   << " steps' losses, the evaluations and the final weights are one uninterrupted process's\n";
     }
     return failures ? 1 : 0;
@@ -907,7 +915,8 @@ int main(int argc, char** argv) {
     int status = 2;
     if (part == "options") status = test_options(program, root);
     else if (part == "refusals") status = test_refusals(program, root, argc == 5 ? argv[4] : "mpirun");
-    else if (part == "kill") status = test_kill(program, root);
+    else if (part == "kill") status = test_kill(program, root, false);
+    else if (part == "kill-sharded") status = test_kill(program, root, true);
     else if (part == "stop") status = test_stop(program, root);
     else std::cerr << "unknown part '" << part << "'\n";
     std::cout << (status == 0 ? "passed" : "FAILED") << " (" << failures << " failures)\n";
