@@ -66,10 +66,13 @@ bool count_work(bool on) {
 
 std::vector<roofline::Launch> take_counted_work(bool* all_counted) {
     std::vector<roofline::Launch> out;
+    std::vector<std::string> keys;  // out[i]'s kernel: its symbol (two instantiations of a
+                                    // template print one name), or the call's name
     if (all_counted) *all_counted = true;
     for (const cuda_sim::Work& w : cuda_sim::take_work()) {
         if (!w.counted && all_counted) *all_counted = false;
-        auto it = std::find_if(out.begin(), out.end(), [&](const roofline::Launch& l) { return l.name == w.name; });
+        const std::string key = w.symbol.empty() ? w.name : w.symbol;
+        auto it = out.begin() + (std::find(keys.begin(), keys.end(), key) - keys.begin());
         const std::size_t blocks = static_cast<std::size_t>(w.grid.x) * w.grid.y * w.grid.z;
         if (it == out.end()) {
             roofline::Launch l;
@@ -81,6 +84,7 @@ std::vector<roofline::Launch> take_counted_work(bool* all_counted) {
             // Registers per thread on sm_90 by ptxas's report, where nvcc built the course.
             if (!w.symbol.empty()) l.registers_per_thread = cuda_sim::kernel_resources(w.symbol).registers;
             out.push_back(l);
+            keys.push_back(key);
             it = out.end() - 1;
         }
         it->launches += 1;

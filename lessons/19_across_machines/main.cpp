@@ -14,6 +14,7 @@
 #include "attn/heatmap.hpp"
 #include "attn/lesson.hpp"
 #include "attn/partial_attention.hpp"
+#include "attn/plot.hpp"
 #include "attn/print.hpp"
 #include "attn/random.hpp"
 #include "attn/threads.hpp"
@@ -992,7 +993,7 @@ void cost_model(const Sizes& s, const DataParallelPoints& dp, const SequencePoin
 // What mixed-precision AdamW keeps per parameter and what each ZeRO stage leaves on a rank
 // (Rajbhandari et al. 2020, section 3 and Figure 1): bf16 weights and gradients, 2 bytes
 // each, and K = 12 bytes of optimizer state (a float32 master copy, m and v).
-void when_the_model_does_not_fit() {
+void when_the_model_does_not_fit(const LessonOptions& options) {
     print_heading("When the model does not fit: bytes per parameter and ZeRO's stages");
     //! [zero]
     const double K = 12.0;  // float32 master weights, AdamW's m and v: 4 + 4 + 4 bytes
@@ -1023,6 +1024,22 @@ void when_the_model_does_not_fit() {
     }
     // What fits on one 80 GB GPU with nothing else on it
     const double gpu = 80e9;
+    if (!options.figures.empty()) {
+        // Bytes per rank of ZeRO's 7.5B example against the number of ranks, each stage a line.
+        std::vector<PlotSeries> lines = {{"replicated", {}, {}}, {"stage 1", {}, {}}, {"stage 2", {}, {}},
+                                         {"stage 3", {}, {}}, {"one 80 GB GPU", {}, {}}};
+        for (int n = 1; n <= 64; ++n) {
+            const double N = n, at[5] = {replicated(7.5e9, N), stage1(7.5e9, N), stage2(7.5e9, N),
+                                         stage3(7.5e9, N), gpu};
+            for (int i = 0; i < 5; ++i) {
+                lines[static_cast<std::size_t>(i)].x.push_back(N);
+                lines[static_cast<std::size_t>(i)].y.push_back(at[i] / gb);
+            }
+        }
+        line_plot_png(options.figures / "lesson19_zero_memory.png", lines,
+                      "ZeRO's 7.5B example: training state per rank",
+                      "ranks N", "GB per rank");
+    }
     std::printf("\nthe largest model whose weights, gradients and optimizer state fit in one 80 GB GPU:\n"
                 "%.1fB parameters replicated; on 8 GPUs %.1fB with stage 1, %.1fB with stage 2, %.1fB with stage 3\n",
                 gpu / (4 + K) / 1e9, gpu / (4 + K / 8) / 1e9, gpu / (2 + (2 + K) / 8) / 1e9,
@@ -1116,7 +1133,7 @@ void lesson(const LessonOptions& options) {
     const Sizes s = sizes(options.quick);
     merge_by_hand();
     causal_blocks(options);
-    when_the_model_does_not_fit();
+    when_the_model_does_not_fit(options);
     this_model_measured();
 #ifdef ATTN_HAVE_MPI
     Launcher launcher{s, fs::absolute(options.corpus()), {}};

@@ -287,6 +287,9 @@ std::vector<Use> option_table() {
         fixed("--bucket-view", Role::plumbing,
               "--ranks sums the gradients in place (refused without ranks); "
               "tests/mpi/train_gpt_ranks_test compares it with one process"),
+        fixed("--shard", Role::plumbing,
+              "--ranks keeps the optimizer's state sharded, ZeRO stage 1 (refused without ranks); "
+              "tests/mpi/train_gpt_ranks_test runs every option with it against one process"),
     };
 }
 
