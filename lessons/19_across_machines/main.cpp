@@ -240,6 +240,14 @@ struct Part {
         MPI_Gather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
         return all;
     }
+    // What the library has allocated on rank 0 (GPT::memory_use, AdamW::bytes), in bytes:
+    // weights, gradients, AdamW's moments, activations.
+    void say_memory(const Trainer& trainer) const {
+        MemoryUse use = trainer.model().memory_use();
+        use.optimizer = trainer.optimizer().bytes();
+        say("memory", {static_cast<double>(use.weights), static_cast<double>(use.gradients),
+                       static_cast<double>(use.optimizer), static_cast<double>(use.activations)});
+    }
     double max_over_ranks(double value) const {
         double m = 0.0;
         MPI_Allreduce(&value, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -261,6 +269,7 @@ void zero_part(const Part& part) {
     const std::size_t sent = group->last_traffic().total();   // counted by the rings
     //! [zero1]
     part.say("losses", losses);
+    part.say_memory(trainer);
     part.say("moments", part.gather(static_cast<double>(moments)));
     part.say("sent", part.gather(static_cast<double>(sent)));
     // The weights alone (the moments differ from rank to rank: each holds its shard's).
@@ -314,6 +323,7 @@ void data_parallel_part(const Part& part) {
     //! [dp]
     part.say("losses", losses);
     part.say("norms", norms);
+    part.say_memory(trainer);
     bool identical = true;
     try {
         group->check_same(trainer.state_fingerprint(), "the weights");
@@ -1105,8 +1115,9 @@ void zero_stage1(const Launcher& launcher, const DataParallelPoints& dp) {
                 "sent in a step, rank 0", "2(N-1)/N 4P", "loss gap from 1 rank", "same weights");
     double worst = 0.0;
     bool identical = true;
+    std::map<int, Numbers> sharded_runs;
     for (int N : {2, 4}) {
-        const Numbers n = launcher.run("zero", N, launcher.scratch / ("zero" + std::to_string(N)));
+        const Numbers& n = sharded_runs[N] = launcher.run("zero", N, launcher.scratch / ("zero" + std::to_string(N)));
         const std::vector<double>& moments = need(n, "moments");
         const std::vector<double>& sent = need(n, "sent");
         std::string each;
@@ -1124,6 +1135,34 @@ void zero_stage1(const Launcher& launcher, const DataParallelPoints& dp) {
         }
     }
     std::printf("(one rank holds %.0f bytes of moments; bytes sent include the clipping norm's one double)\n", one_rank);
+
+    // Everything rank 0 holds, measured, beside the formula for the state: weights 4P,
+    // gradients 4P, moments 8P, or 8P/N sharded (float32 all through).
+    const double mb = 1e6;
+    std::printf("\neverything rank 0 holds after the run (MB, measured); state: weights, gradients and AdamW;\n"
+                "its formula: 4P (weights) + 4P (gradients) + 8P (moments), 8P/N with the moments sharded\n");
+    std::printf("%-8s %5s  %8s  %9s  %8s  %11s  %8s  %8s\n", "scheme", "ranks", "weights", "gradients", "AdamW",
+                "activations", "state", "formula");
+    const auto row = [&](const char* scheme, int N, const Numbers& n, bool sharded) {
+        const std::vector<double>& m = need(n, "memory");
+        const double state = m[0] + m[1] + m[2], formula = 8.0 * P + 8.0 * P / (sharded ? N : 1);
+        std::printf("%-8s %5d  %8.2f  %9.2f  %8.2f  %11.2f  %8.2f  %8.2f\n", scheme, N, m[0] / mb, m[1] / mb, m[2] / mb,
+                    m[3] / mb, state / mb, formula / mb);
+        return state;
+    };
+    for (int N : {1, 2, 4}) {
+        const double state = row("plain", N, dp.by_ranks.at(N), false);
+        if (N == 4) print_claim("plain_state_mb_4", state / mb, 2);
+    }
+    for (const auto& [N, n] : sharded_runs) {
+        const double state = row("stage 1", N, n, true);
+        if (N == 4) {
+            print_claim("zero_state_mb_4", state / mb, 2);
+            print_claim("zero_state_formula_mb_4", (8.0 * P + 2.0 * P) / mb, 2);
+        }
+    }
+    std::printf("(a rank that runs more than one thread keeps a gradient buffer for each extra thread's slice\n"
+                "of the batch: the gradients above 4P; the activations fall with each rank's share of it)\n");
     print_claim("zero_loss_gap", worst < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
     print_claim("zero_identical", identical ? "yes" : "no");
 }
