@@ -6,7 +6,7 @@
 //   load K, V tiles (16-bit) into shared memory
 //   S (16 × Bc per warp) = Q Kᵀ      mma_sync over hs/16 steps, float32 accumulators,
 //                                    stored to shared memory
-//   online softmax, one lane per row, in float32: m_new = max(m, rowmax · scale),
+//   online softmax, a row at a time, a lane per key, in float32: m_new = max(m, rowmax · scale),
 //     p = e^(s − m_new), l = e^(m − m_new) l + Σ p, O = e^(m − m_new) O,
 //     P = p rounded to the inputs' format (the tensor cores' next input)
 //   O (16 × hs per warp) += P V      mma_sync over Bc/16 steps, O loaded from and stored
@@ -120,31 +120,35 @@ __device__ void wmma_attention_body(typename A::Elem* out, float* lse, const typ
         }
         __syncwarp();
 
-        // The online softmax of the warp's 16 rows, a lane per row, in float32.
-        if (lane < 16) {
-            const int row = warp * 16 + lane, i = q0 + row;
-            float* s_row = sm.S + row * Bc;
-            float row_max = -INFINITY;
-            for (int c = 0; c < Bc; ++c) {
-                const int j = k0 + c;
-                const bool visible = i < T && j < T && (!causal || j <= i);
-                s_row[c] = visible ? s_row[c] * scale : -INFINITY;
-                row_max = fmaxf(row_max, s_row[c]);
+        // The online softmax of the warp's 16 rows in float32, one row at a time with a lane
+        // per key of the tile (Bc = 32, the warp's width): the row's max and sum by shuffles,
+        // O's row rescaled by all 32 lanes. Consecutive lanes touch consecutive words of a row,
+        // so no two of them meet in one shared-memory bank (a lane per row, as rows are 32 or
+        // 64 words apart, would put all 16 in one bank).
+        static_assert(Bc == 32, "a lane per key of the tile");
+        for (int r = 0; r < 16; ++r) {
+            const int row = warp * 16 + r, i = q0 + row, j = k0 + lane;
+            const bool visible = i < T && j < T && (!causal || j <= i);
+            const float s = visible ? sm.S[row * Bc + lane] * scale : -INFINITY;
+            float row_max = s;
+            for (int offset = 16; offset > 0; offset /= 2) {
+                row_max = fmaxf(row_max, __shfl_xor_sync(0xffffffffu, row_max, offset));
             }
             const float m_old = sm.m[row], m_new = fmaxf(m_old, row_max);
             // A row with every key so far masked keeps m = −∞: subtract 0 instead, so that
             // e^(−∞) = 0 rather than NaN.
             const float m_ref = m_new == -INFINITY ? 0.0f : m_new;
             const float rescale = expf(m_old - m_ref);
-            float row_sum = 0.0f;
-            for (int c = 0; c < Bc; ++c) {
-                const float p = expf(s_row[c] - m_ref);
-                row_sum += p;  // l sums the float32 probabilities
-                sm.P[row * Bc + c] = from_float<Elem>(p);
+            const float p = expf(s - m_ref);
+            sm.P[row * Bc + lane] = from_float<Elem>(p);
+            float row_sum = p;  // l sums the float32 probabilities
+            for (int offset = 16; offset > 0; offset /= 2) row_sum += __shfl_xor_sync(0xffffffffu, row_sum, offset);
+            for (int d = lane; d < HS; d += 32) sm.O[row * HS + d] *= rescale;
+            __syncwarp();  // every lane has read m and l of the row before lane 0 changes them
+            if (lane == 0) {
+                sm.l[row] = sm.l[row] * rescale + row_sum;
+                sm.m[row] = m_new;
             }
-            sm.l[row] = sm.l[row] * rescale + row_sum;
-            sm.m[row] = m_new;
-            for (int d = 0; d < HS; ++d) sm.O[row * HS + d] *= rescale;
         }
         __syncwarp();
 
@@ -164,14 +168,14 @@ __device__ void wmma_attention_body(typename A::Elem* out, float* lse, const typ
         __syncwarp();
     }
 
-    if (lane < 16) {
-        const int row = warp * 16 + lane, i = q0 + row;
-        if (i < T) {
-            const float inv = 1.0f / sm.l[row];  // l ≥ 1: the row's largest term is e^0
-            Elem* out_row = out + base + static_cast<long long>(i) * HS;
-            for (int d = 0; d < HS; ++d) out_row[d] = from_float<Elem>(sm.O[row * HS + d] * inv);
-            lse[head * T + i] = sm.m[row] + logf(sm.l[row]);
-        }
+    // O / l and lse, a row at a time, the lanes along the row: coalesced writes.
+    for (int r = 0; r < 16; ++r) {
+        const int row = warp * 16 + r, i = q0 + row;
+        if (i >= T) break;  // the same for every lane: the rows past T come last
+        const float inv = 1.0f / sm.l[row];  // l ≥ 1: the row's largest term is e^0
+        Elem* out_row = out + base + static_cast<long long>(i) * HS;
+        for (int d = lane; d < HS; d += 32) out_row[d] = from_float<Elem>(sm.O[row * HS + d] * inv);
+        if (lane == 0) lse[head * T + i] = sm.m[row] + logf(sm.l[row]);
     }
 }
 
