@@ -55,6 +55,8 @@ quote "$page13" "$mm/attention-hs64.log" '$1 == 1024 && $4 == "plain"' "plain, T
 quote "$page13" "$mm/attention-hs64.log" '$1 == 1024 && $4 == "fused"' "fused, T = 1024" 5
 page18=$(ls "$src"/lessons/18_*/lesson.md)
 quote "$page18" "$mm/half-attention-hs64.log" '$1 == 4096 && $4 == "fp16" && $5 == "tensor"' "fp16 tensor cores, T = 4096" 10
+quote "$page18" "$m/2026-11-27-h200-wmma-softmax/half-attention-hs64.log" '$1 == 4096 && $4 == "fp16" && $5 == "tensor"' \
+  "fp16 tensor cores with the softmax by lanes, T = 4096" 10
 # Lesson 20: the paged decode kernel's smallest and largest error against float64 on the H100,
 # and the CPU's, as the log prints them, from the test's "paged" lines.
 page20="$src/lessons/20_serving/lesson.md"
