@@ -82,7 +82,8 @@ TEST_CASE("a ring of N buffers: the reduce-scatter leaves each rank its own shar
             CAPTURE(N);
             CAPTURE(P);
             // Rank r's buffer holds (r + 1) · 1000 + i: the sum over ranks of element i is
-            // 1000 · N(N + 1)/2 + N · i.
+            // 1000 · N(N + 1)/2 + N · i. Whole numbers below 2^53 in double: every sum is exact
+            // in any order, so the checks compare with ==.
             Buffers buffer(static_cast<std::size_t>(N), std::vector<double>(P));
             for (int r = 0; r < N; ++r) {
                 for (std::size_t i = 0; i < P; ++i) buffer[static_cast<std::size_t>(r)][i] = (r + 1) * 1000.0 + static_cast<double>(i);

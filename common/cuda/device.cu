@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <map>
+#include <vector>
 #include <string>
 
 namespace attn::cuda {

@@ -85,46 +85,37 @@ corpus=$work/corpus.txt
 for i in $(seq 400); do echo "the quick brown fox jumps over the lazy dog, $i times."; done >"$corpus"
 run=(--recipe tiny --max-iters 10 --eval-interval 5 --eval-iters 2 --sample 16 --threads 1 --data "$corpus")
 "$train_gpt" "${run[@]}" --out "$work/alone" >"$work/alone.log" 2>&1 || { echo "FAIL: one process"; cat "$work/alone.log"; exit 1; }
-before=$(tx_bytes)
-ip netns exec "$h1" "${across[@]}" -np 4 "$train_gpt" "${run[@]}" --out "$work/across" >"$work/across.log" 2>&1
-rc=$?
-after=$(tx_bytes)
-if [ $rc -ne 0 ]; then
-  echo "FAIL: train_gpt on 2 hosts x 2 ranks exited $rc:"; tail -20 "$work/across.log"; status=1
-else
-  "$ranks_test" compare "$work/across" "$work/alone" || status=1
-  # Each step sums the P gradients (4 bytes each) over the 4 ranks: whatever MPI's
-  # algorithm, what host 1's ranks hold must reach host 2's, at least half the gradient
-  # bytes per step (a ring allreduce moves 2(N-1)/N of them per rank).
-  params=$(grep -oE '[0-9]+ parameters' "$work/across.log" | grep -oE '^[0-9]+')
-  sent=$((after - before)) least=$((10 * 4 * params / 2))
-  if [ "$sent" -ge "$least" ]; then
-    echo "ok: host 1 sent $sent bytes over the cable during training (at least $least expected)"
-  else
-    echo "FAIL: host 1 sent $sent bytes over the cable, less than the $least the gradient sums need"; status=1
+# across NAME BYTES_PER_PARAMETER WHAT [FLAGS...]: train_gpt on 2 hosts x 2 ranks with FLAGS
+# gives one process's run, and host 1 sends at least BYTES_PER_PARAMETER x P bytes a step
+# over the cable (WHAT: what needs them).
+across() {
+  local name=$1 per=$2 what=$3; shift 3
+  local before after rc params sent least label="train_gpt${*:+ $*}"
+  before=$(tx_bytes)
+  ip netns exec "$h1" "${across[@]}" -np 4 "$train_gpt" "${run[@]}" "$@" --out "$work/$name" >"$work/$name.log" 2>&1
+  rc=$?
+  after=$(tx_bytes)
+  if [ $rc -ne 0 ]; then
+    echo "FAIL: $label on 2 hosts x 2 ranks exited $rc:"; tail -20 "$work/$name.log"; status=1; return
   fi
-fi
-
-# ZeRO stage 1 across the hosts against the same one process. Each rank's rings send every
-# shard but one in the reduce-scatter and every shard but one in the all-gather: with 4
-# ranks, 1.5 P floats a step each. However the ranks are placed, at least one ring edge runs
-# from host 1 to host 2, so host 1 sends at least one rank's 6 P bytes a step.
-before=$(tx_bytes)
-ip netns exec "$h1" "${across[@]}" -np 4 "$train_gpt" "${run[@]}" --shard optimizer --out "$work/sharded" >"$work/sharded.log" 2>&1
-rc=$?
-after=$(tx_bytes)
-if [ $rc -ne 0 ]; then
-  echo "FAIL: train_gpt --shard optimizer on 2 hosts x 2 ranks exited $rc:"; tail -20 "$work/sharded.log"; status=1
-else
-  "$ranks_test" compare "$work/sharded" "$work/alone" || status=1
-  params=$(grep -oE '[0-9]+ parameters' "$work/sharded.log" | head -1 | grep -oE '^[0-9]+')
-  sent=$((after - before)) least=$((10 * 6 * params))
+  "$ranks_test" compare "$work/$name" "$work/alone" || status=1
+  params=$(grep -oE '[0-9]+ parameters' "$work/$name.log" | head -1 | grep -oE '^[0-9]+')
+  sent=$((after - before)) least=$((10 * per * params))
   if [ "$sent" -ge "$least" ]; then
-    echo "ok: with the optimizer sharded, host 1 sent $sent bytes over the cable (the rings need at least $least)"
+    echo "ok: $label: host 1 sent $sent bytes over the cable during training ($what: at least $least)"
   else
-    echo "FAIL: with the optimizer sharded, host 1 sent $sent bytes over the cable, less than the rings' $least"; status=1
+    echo "FAIL: $label: host 1 sent $sent bytes over the cable, less than the $least $what need"; status=1
   fi
-fi
+}
+# Each step sums the P gradients (4 bytes each) over the 4 ranks: whatever MPI's algorithm,
+# what host 1's ranks hold must reach host 2's, at least half the gradient bytes per step (a
+# ring allreduce moves 2(N-1)/N of them per rank): 2 bytes a parameter.
+across across 2 "the gradient sums"
+# ZeRO stage 1: each rank's rings send every shard but one in the reduce-scatter and every
+# shard but one in the all-gather, with 4 ranks 1.5 P floats a step each. However the ranks
+# are placed, at least one ring edge runs from host 1 to host 2, so host 1 sends at least one
+# rank's 6 bytes a parameter a step.
+across sharded 6 "the rings" --shard optimizer
 
 # Ring and Ulysses attention across the hosts.
 ip netns exec "$h1" "${across[@]}" -np 4 "$sequence_test" --quick >"$work/sequence.log" 2>&1

@@ -77,4 +77,11 @@ inline bool same_on_every_rank(const std::vector<float>& weights) {
     return low == high;
 }
 
+// Checks (collectively) that a run's losses are the reference's within `tolerance`, relative.
+inline void check_losses(Checks& checks, const std::vector<float>& losses, const std::vector<float>& reference,
+                         double tolerance, const std::string& what) {
+    const double gap = relative_gap(losses, reference);
+    checks.check(gap <= tolerance, what, format("largest relative gap %.2e", gap));
+}
+
 }  // namespace mpi_test

@@ -51,10 +51,22 @@ quote() {  # quote PAGE LOG AWK-CONDITION WHAT FIELD: the row's measured ms, bou
   done
   [ $ok -eq 1 ] && echo "$(basename "$(dirname "$1")") quotes $3: $4 ms, bound $5 ms, $6 from $2"
 }
+quote_ms() {  # quote_ms PAGE LOG AWK-CONDITION WHAT FIELD: one measured time, "N ms" in the page
+  local ms
+  ms=$(awk -v f="$5" "$3 {print \$f}" "$2" | head -1)
+  if [ -z "$ms" ]; then echo "no $4 row in $2"; status=1; return; fi
+  if tr '\n' ' ' < "$1" | grep -qF "$ms ms"; then
+    echo "$(basename "$(dirname "$1")") quotes $4: $ms ms from $2"
+  else
+    echo "$(basename "$(dirname "$1")")'s page does not quote '$ms ms' ($4) from $2"; status=1
+  fi
+}
+quote_ms "$page13" "$mm/attention-torch.log" '$1 == 1024 && $4 == "sdpa"' "PyTorch's SDPA, T = 1024" 5
 quote "$page13" "$mm/attention-hs64.log" '$1 == 1024 && $4 == "plain"' "plain, T = 1024" 5
 quote "$page13" "$mm/attention-hs64.log" '$1 == 1024 && $4 == "fused"' "fused, T = 1024" 5
 page18=$(ls "$src"/lessons/18_*/lesson.md)
 quote "$page18" "$mm/half-attention-hs64.log" '$1 == 4096 && $4 == "fp16" && $5 == "tensor"' "fp16 tensor cores, T = 4096" 10
+quote_ms "$page18" "$mm/half-attention-hs64.log" '$1 == 4096 && $4 == "fp16" && $5 == "16-bit"' "fp16 16-bit loads, T = 4096" 10
 quote "$page18" "$m/2026-11-27-h200-wmma-softmax/half-attention-hs64.log" '$1 == 4096 && $4 == "fp16" && $5 == "tensor"' \
   "fp16 tensor cores with the softmax by lanes, T = 4096" 10
 # Lesson 20: the paged decode kernel's smallest and largest error against float64 on the H100,

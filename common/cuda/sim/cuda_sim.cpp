@@ -580,6 +580,33 @@ std::string demangle(const std::string& name) {
     return out;
 }
 
+// A mangled name with every anonymous namespace's name made the same: g++ calls one
+// "_GLOBAL__N_1", nvcc gives each file's its own ("_GLOBAL__N__c1b31aed_18_attention_flash_cu_…"),
+// and g++'s mark of internal linkage dropped, so that a kernel's two names compare equal.
+std::string comparable_symbol(const std::string& m) {
+    std::string out;
+    std::size_t i = 0;
+    while (i < m.size()) {
+        if (m[i] < '0' || m[i] > '9') {
+            out += m[i++];
+            continue;
+        }
+        std::size_t j = i;
+        while (j < m.size() && m[j] >= '0' && m[j] <= '9') ++j;
+        const std::size_t length = std::stoul(m.substr(i, j - i));
+        if (m.compare(j, 11, "_GLOBAL__N_") == 0 && j + length <= m.size()) {
+            out += "(anonymous)";
+            i = j + length;
+            // g++ marks a name of internal linkage with L (_GLOBAL__N_1L20flash_…); nvcc does not.
+            if (i + 1 < m.size() && m[i] == 'L' && m[i + 1] >= '0' && m[i + 1] <= '9') ++i;
+        } else {
+            out.append(m, i, j - i);
+            i = j;
+        }
+    }
+    return out;
+}
+
 // What nvcc compiled into each kernel (cuda_sim::kernel_resources): ptxas's reports (*.txt)
 // and the cubins (*.cubin) in build/cuda_resources. A cubin is an ELF file whose section
 // ".nv.info.<kernel>" holds the kernel's attributes as records of a format byte, an attribute
@@ -594,7 +621,7 @@ public:
     }
     bool found() const { return found_; }
     cuda_sim::KernelResources of(const std::string& mangled) const {
-        const auto it = kernels_.find(cuda_sim::comparable_symbol(mangled));
+        const auto it = kernels_.find(comparable_symbol(mangled));
         return it == kernels_.end() ? cuda_sim::KernelResources{} : it->second;
     }
 
@@ -622,7 +649,7 @@ private:
             const auto at = line.find("Compiling entry function '");
             if (at != std::string::npos) {
                 const auto start = at + 26, end = line.find('\'', start);
-                kernel = end == std::string::npos ? "" : cuda_sim::comparable_symbol(line.substr(start, end - start));
+                kernel = end == std::string::npos ? "" : comparable_symbol(line.substr(start, end - start));
                 continue;
             }
             const auto used = line.find("Used ");
@@ -657,7 +684,7 @@ private:
             const std::size_t length = strnlen(name, names.sh_size - section.sh_name);
             if (length <= prefix.size() || std::string(name, prefix.size()) != prefix) continue;
             cuda_sim::KernelResources& k =
-                kernels_[cuda_sim::comparable_symbol(std::string(name + prefix.size(), length - prefix.size()))];
+                kernels_[comparable_symbol(std::string(name + prefix.size(), length - prefix.size()))];
             k.known = true;
             const unsigned char* b = reinterpret_cast<const unsigned char*>(file.data() + section.sh_offset);
             for (std::size_t i = 0; i + 4 <= section.sh_size;) {
@@ -1620,30 +1647,6 @@ int max_threads_per_block(std::uintptr_t kernel) {
 KernelResources kernel_resources(const std::string& mangled) { return Resources::get().of(mangled); }
 
 bool kernel_resources_found() { return Resources::get().found(); }
-
-std::string comparable_symbol(const std::string& m) {
-    std::string out;
-    std::size_t i = 0;
-    while (i < m.size()) {
-        if (m[i] < '0' || m[i] > '9') {
-            out += m[i++];
-            continue;
-        }
-        std::size_t j = i;
-        while (j < m.size() && m[j] >= '0' && m[j] <= '9') ++j;
-        const std::size_t length = std::stoul(m.substr(i, j - i));
-        if (m.compare(j, 11, "_GLOBAL__N_") == 0 && j + length <= m.size()) {
-            out += "(anonymous)";
-            i = j + length;
-            // g++ marks a name of internal linkage with L (_GLOBAL__N_1L20flash_…); nvcc does not.
-            if (i + 1 < m.size() && m[i] == 'L' && m[i + 1] >= '0' && m[i + 1] <= '9') ++i;
-        } else {
-            out.append(m, i, j - i);
-            i = j;
-        }
-    }
-    return out;
-}
 
 namespace {
 void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::vector<std::uintptr_t>& allocations);

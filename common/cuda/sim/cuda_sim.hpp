@@ -504,10 +504,6 @@ struct KernelResources {
 KernelResources kernel_resources(const std::string& mangled);
 // Whether a cuda_resources folder was found (without one no kernel is known).
 bool kernel_resources_found();
-// A mangled name with every anonymous namespace's name made the same: g++ calls one
-// "_GLOBAL__N_1", nvcc gives each file's its own ("_GLOBAL__N__c1b31aed_18_attention_flash_cu_…"),
-// and g++'s mark of internal linkage dropped, so that one kernel's two names compare equal.
-std::string comparable_symbol(const std::string& mangled);
 
 }  // namespace cuda_sim
 

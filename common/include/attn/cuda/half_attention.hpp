@@ -86,9 +86,9 @@ std::string wmma_attention_unsupported(Precision format);
 
 /// Fused attention forward on the tensor cores (WMMA, 16×16×16): each warp owns 16 query
 /// rows, S = Q Kᵀ and O += P V are warp-wide mma_sync calls with float32 accumulators; the
-/// online softmax between them runs in float32, one lane per row, on S and on O, which
-/// stay in shared memory (the accumulator fragments' element layout is unspecified, so a
-/// row-wise rescale cannot be done on the fragments themselves).
+/// online softmax between them runs in float32, a row at a time with a lane per key, on S
+/// and on O, which stay in shared memory (the accumulator fragments' element layout is
+/// unspecified, so a row-wise rescale cannot be done on the fragments themselves).
 /// @param out   (B, NH, T, hs) written, of the inputs' format
 /// @param lse   (B, NH, T) float32 device buffer, written
 /// @param q     (B, NH, T, hs)
