@@ -870,7 +870,7 @@ int main(int argc, char** argv) {
     app.add_option("--shard", f.shard,
                    "with ranks: optimizer keeps AdamW's moments only for each rank's shard of the "
                    "parameters (ZeRO stage 1: gradients reduce-scattered, parameters all-gathered, "
-                   "lesson 19)")
+                   "lesson 21)")
         ->check(CLI::IsMember({"optimizer"}));
     app.add_option("--bucket-cap-mb", f.bucket_cap_mb,
                    "with ranks: a gradient bucket takes whole blocks until it holds this many MiB, "

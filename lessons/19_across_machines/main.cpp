@@ -14,7 +14,6 @@
 #include "attn/heatmap.hpp"
 #include "attn/lesson.hpp"
 #include "attn/partial_attention.hpp"
-#include "attn/plot.hpp"
 #include "attn/print.hpp"
 #include "attn/random.hpp"
 #include "attn/threads.hpp"
@@ -23,10 +22,10 @@
 #ifdef ATTN_HAVE_MPI
 #include "attn/mpi/data_parallel.hpp"
 #include "attn/mpi/launch.hpp"
+#include "attn/mpi/parts.hpp"
 #include "attn/mpi/ring_attention.hpp"
 #include "attn/mpi/ulysses.hpp"
 #include "attn/mpi/world.hpp"
-#include "attn/mpi/zero.hpp"
 #include <mpi.h>
 #include <csignal>
 #endif
@@ -227,64 +226,15 @@ struct Part {
     mpi::World& world;
     Sizes s;
     fs::path corpus, out;
-    void say(const std::string& key, const std::vector<double>& values) const {
-        if (world.rank() != 0) return;
-        std::printf("%s", key.c_str());
-        for (double v : values) std::printf(" %.10g", v);
-        std::printf("\n");
-        std::fflush(stdout);
-    }
+    void say(const std::string& key, const std::vector<double>& values) const { mpi::say(key, values); }
     // One number from every rank, on rank 0 in rank order.
-    std::vector<double> gather(double value) const {
-        std::vector<double> all(static_cast<std::size_t>(world.size()));
-        MPI_Gather(&value, 1, MPI_DOUBLE, all.data(), 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
-        return all;
-    }
-    // What the library has allocated on rank 0 (GPT::memory_use, AdamW::bytes), in bytes:
-    // weights, gradients, AdamW's moments, activations.
-    void say_memory(const Trainer& trainer) const {
-        MemoryUse use = trainer.model().memory_use();
-        use.optimizer = trainer.optimizer().bytes();
-        say("memory", {static_cast<double>(use.weights), static_cast<double>(use.gradients),
-                       static_cast<double>(use.optimizer), static_cast<double>(use.activations)});
-    }
+    std::vector<double> gather(double value) const { return mpi::gather_from_ranks(value); }
     double max_over_ranks(double value) const {
         double m = 0.0;
         MPI_Allreduce(&value, &m, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         return m;
     }
 };
-
-// ZeRO stage 1: the data-parallel run again, each rank keeping AdamW's moments for its shard
-// of the parameters only; every rank's measured moments and bytes sent in the last step.
-void zero_part(const Part& part) {
-    const TextDataset data = make_dataset(read_corpus(part.corpus));
-    Trainer trainer(dp_recipe(part.s), data);
-    //! [zero1]
-    auto group = std::make_shared<mpi::ShardedOptimizer>();
-    trainer.use_group(group);  // its share of every batch, and AdamW's state for its shard
-    std::vector<double> losses;
-    for (int i = 0; i < part.s.steps; ++i) losses.push_back(trainer.train_step().loss);
-    const std::size_t moments = trainer.optimizer().bytes();  // this rank's m and v
-    const std::size_t sent = group->last_traffic().total();   // counted by the rings
-    //! [zero1]
-    part.say("losses", losses);
-    part.say_memory(trainer);
-    part.say("moments", part.gather(static_cast<double>(moments)));
-    part.say("sent", part.gather(static_cast<double>(sent)));
-    // The weights alone (the moments differ from rank to rank: each holds its shard's).
-    std::uint64_t h = 0xcbf29ce484222325ull;
-    const std::vector<float>& w = trainer.model().parameters();
-    const auto* bytes = reinterpret_cast<const unsigned char*>(w.data());
-    for (std::size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001B3ull;
-    bool identical = true;
-    try {
-        group->check_same(h, "the weights");
-    } catch (const std::runtime_error&) {
-        identical = false;
-    }
-    part.say("identical", {identical ? 1.0 : 0.0});
-}
 
 // The ways of summing the gradients that the lesson times: the bucket per block of the
 // library, the same summed in place (DDP's gradient_as_bucket_view), DDP's default caps (a
@@ -323,7 +273,6 @@ void data_parallel_part(const Part& part) {
     //! [dp]
     part.say("losses", losses);
     part.say("norms", norms);
-    part.say_memory(trainer);
     bool identical = true;
     try {
         group->check_same(trainer.state_fingerprint(), "the weights");
@@ -535,7 +484,6 @@ int run_part(const char* name, int argc, char** argv) {
     const std::string which = name;
     try {
         if (which == "dp") data_parallel_part(part);
-        else if (which == "zero") zero_part(part);
         else if (which == "train") training_part(part, false);
         else if (which == "resume") training_part(part, true);
         else if (which == "sequence") sequence_part(part);
@@ -550,43 +498,22 @@ int run_part(const char* name, int argc, char** argv) {
 // ---------------------------------------------------------------------------------------
 // This process's side: it starts the ranks, reads their numbers and explains them.
 
-using Numbers = std::map<std::string, std::vector<double>>;
+using mpi::need;
+using mpi::Numbers;
 
 struct Launcher {
     Sizes s;
     fs::path corpus, scratch;
     // Runs `part` on `ranks` ranks and returns what rank 0 printed. A job that does not end
-    // well is an error, unless `expect_kill` says a rank will be killed.
+    // well is an error, unless `ended` is given (a rank will be killed).
     Numbers run(const std::string& part, int ranks, const fs::path& out, mpi::LaunchResult* ended = nullptr) const {
         mpi::LaunchOptions options;
         options.ranks = ranks;
-        options.capture_output = true;
         options.environment = {"ATTN_LESSON19_PART=" + part, "ATTN_LESSON19_QUICK=" + std::string(s.quick ? "1" : "0"),
                                "ATTN_LESSON19_CORPUS=" + corpus.string(), "ATTN_LESSON19_OUT=" + out.string()};
-        const mpi::LaunchResult result = mpi::run_ranks(mpi::this_program(), {}, options);
-        if (ended) {
-            *ended = result;
-        } else if (result.status != 0) {
-            throw std::runtime_error("the " + part + " part on " + std::to_string(ranks) +
-                                     " ranks: " + mpi::describe_end(result, ranks));
-        }
-        Numbers numbers;
-        std::istringstream in(result.output);
-        for (std::string line; std::getline(in, line);) {
-            std::istringstream fields(line);
-            std::string key;
-            fields >> key;
-            for (double v; fields >> v;) numbers[key].push_back(v);
-        }
-        return numbers;
+        return mpi::run_part(options, part, ended);
     }
 };
-
-const std::vector<double>& need(const Numbers& n, const std::string& key) {
-    const auto it = n.find(key);
-    if (it == n.end()) throw std::runtime_error("the ranks did not report " + key);
-    return it->second;
-}
 
 double largest_relative_gap(const std::vector<double>& a, const std::vector<double>& b) {
     double worst = 0.0;
@@ -1000,180 +927,10 @@ void cost_model(const Sizes& s, const DataParallelPoints& dp, const SequencePoin
 }
 #endif  // ATTN_HAVE_MPI
 
-// What mixed-precision AdamW keeps per parameter and what each ZeRO stage leaves on a rank
-// (Rajbhandari et al. 2020, section 3 and Figure 1): bf16 weights and gradients, 2 bytes
-// each, and K = 12 bytes of optimizer state (a float32 master copy, m and v).
-void when_the_model_does_not_fit(const LessonOptions& options) {
-    print_heading("When the model does not fit: bytes per parameter and ZeRO's stages");
-    //! [zero]
-    const double K = 12.0;  // float32 master weights, AdamW's m and v: 4 + 4 + 4 bytes
-    // bytes per rank for Ψ parameters on N ranks, each stage sharding one more of the three
-    const auto replicated = [&](double psi, double) { return (2 + 2 + K) * psi; };
-    const auto stage1 = [&](double psi, double n) { return (2 + 2) * psi + K * psi / n; };
-    const auto stage2 = [&](double psi, double n) { return 2 * psi + (2 + K) * psi / n; };
-    const auto stage3 = [&](double psi, double n) { return (2 + 2 + K) * psi / n; };
-    //! [zero]
-    const double gb = 1e9;
-    std::printf("mixed-precision AdamW: 2 (bf16 weights) + 2 (bf16 gradients) + %.0f (float32 master,\n"
-                "m, v) = %.0f bytes per parameter, before any activation\n\n", K, 4 + K);
-    std::printf("%-28s %8s %12s %12s %12s %12s\n", "model", "ranks", "replicated", "stage 1",
-                "stage 2", "stage 3");
-    struct Row { const char* name; double psi; double n; const char* key; };
-    const Row rows[] = {
-        {"ZeRO's example, 7.5B", 7.5e9, 64, "zero_example"},
-        {"7B parameters", 7e9, 8, "b7"},
-        {"70B parameters", 70e9, 8, "b70"},
-    };
-    for (const Row& r : rows) {
-        const double b[4] = {replicated(r.psi, r.n), stage1(r.psi, r.n), stage2(r.psi, r.n),
-                             stage3(r.psi, r.n)};
-        std::printf("%-28s %8.0f %9.1f GB %9.1f GB %9.1f GB %9.1f GB\n", r.name, r.n, b[0] / gb,
-                    b[1] / gb, b[2] / gb, b[3] / gb);
-        const char* stage[4] = {"replicated", "stage1", "stage2", "stage3"};
-        for (int i = 0; i < 4; ++i) print_claim(std::string(r.key) + "_" + stage[i] + "_gb", b[i] / gb, 1);
-    }
-    // What fits on one 80 GB GPU with nothing else on it
-    const double gpu = 80e9;
-    if (!options.figures.empty()) {
-        // Bytes per rank of ZeRO's 7.5B example against the number of ranks, each stage a line.
-        std::vector<PlotSeries> lines = {{"replicated", {}, {}}, {"stage 1", {}, {}}, {"stage 2", {}, {}},
-                                         {"stage 3", {}, {}}, {"one 80 GB GPU", {}, {}}};
-        for (int n = 1; n <= 64; ++n) {
-            const double N = n, at[5] = {replicated(7.5e9, N), stage1(7.5e9, N), stage2(7.5e9, N),
-                                         stage3(7.5e9, N), gpu};
-            for (int i = 0; i < 5; ++i) {
-                lines[static_cast<std::size_t>(i)].x.push_back(N);
-                lines[static_cast<std::size_t>(i)].y.push_back(at[i] / gb);
-            }
-        }
-        line_plot_png(options.figures / "lesson19_zero_memory.png", lines,
-                      "ZeRO's 7.5B example: training state per rank",
-                      "ranks N", "GB per rank");
-    }
-    std::printf("\nthe largest model whose weights, gradients and optimizer state fit in one 80 GB GPU:\n"
-                "%.1fB parameters replicated; on 8 GPUs %.1fB with stage 1, %.1fB with stage 2, %.1fB with stage 3\n",
-                gpu / (4 + K) / 1e9, gpu / (4 + K / 8) / 1e9, gpu / (2 + (2 + K) / 8) / 1e9,
-                gpu / ((4 + K) / 8) / 1e9);
-    print_claim("fits_80gb_b", gpu / (4 + K) / 1e9, 1);
-    print_claim("fits_80gb_stage1_8_b", gpu / (4 + K / 8) / 1e9, 1);
-    print_claim("fits_80gb_stage2_8_b", gpu / (2 + (2 + K) / 8) / 1e9, 1);
-    print_claim("fits_80gb_stage3_8_b", gpu / ((4 + K) / 8) / 1e9, 1);
-    print_claim("adamw_bytes_per_parameter", 4 + K, 0);
-}
-
-// The same arithmetic for the model this lesson trains, measured: the bytes the library has
-// allocated (GPT::memory_use, AdamW::bytes) after one step of the CPU recipe at its batch, on
-// one thread (more threads add a gradient buffer per extra batch slice). It trains in
-// float32, so its 16 bytes per parameter split 4 + 4 + 8 instead of 2 + 2 + 12.
-void this_model_measured() {
-    //! [measured]
-    const TrainConfig recipe = TrainConfig::named("cpu");
-    const int threads = num_threads();
-    set_num_threads(1);
-    GPT model(recipe.model_config(65), 1);
-    const int B = recipe.batch_size, T = recipe.model_config(65).block_size;
-    const std::vector<int> x(static_cast<std::size_t>(B) * T, 1), y(x.size(), 2);
-    model.forward(x, y, B, T);
-    model.zero_grad();
-    model.backward();
-    AdamW adamw;
-    adamw.step(model, 1e-3f);
-    MemoryUse use = model.memory_use();
-    use.optimizer = adamw.bytes();
-    set_num_threads(threads);
-    //! [measured]
-    const double P = static_cast<double>(model.parameters().size()), mb = 1e6;
-    const double weights = static_cast<double>(use.weights), gradients = static_cast<double>(use.gradients),
-                 optimizer = static_cast<double>(use.optimizer), activations = static_cast<double>(use.activations);
-    const double state = weights + gradients + optimizer;
-    std::printf("\nthis lesson's model (the CPU recipe, %.0f parameters, float32), measured after one step\n"
-                "of batch %d x %d on one thread:\n", P, B, T);
-    std::printf("  weights %8.2f MB  (%.1f bytes per parameter)\n", weights / mb, weights / P);
-    std::printf("  gradients %6.2f MB  (%.1f)\n", gradients / mb, gradients / P);
-    std::printf("  AdamW %10.2f MB  (%.1f)\n", optimizer / mb, optimizer / P);
-    std::printf("  activations %4.2f MB  (%.1f bytes per parameter: %.1f times the rest)\n", activations / mb,
-                activations / P, activations / state);
-    print_claim("measured_params", std::to_string(model.parameters().size()));
-    print_claim("measured_batch", std::to_string(B));
-    print_claim("measured_T", std::to_string(T));
-    print_claim("measured_state_bytes_per_parameter", state / P, 1);
-    print_claim("measured_activations_mb", activations / mb, 1);
-    print_claim("measured_activations_ratio", activations / state, 1);
-}
-
-#ifdef ATTN_HAVE_MPI
-// ZeRO stage 1 on 2 and 4 ranks: the same losses as one process, each rank's moments measured
-// against 8 bytes a parameter of its shard, and the bytes each sent in a step against the
-// ring's 2(N - 1)/N of the parameters' bytes.
-void zero_stage1(const Launcher& launcher, const DataParallelPoints& dp) {
-    print_heading("ZeRO stage 1: AdamW's state sharded over the ranks");
-    const double P = dp.P, one_rank = 8.0 * P;
-    const std::vector<double>& reference = need(dp.by_ranks.at(1), "losses");
-    std::printf("the data-parallel run again, each rank keeping m and v for its shard of the %.0f parameters;\n"
-                "bytes measured (AdamW::bytes) and counted (the rings' sends), formulas beside them\n\n", P);
-    std::printf("%5s  %-30s  %12s  %22s  %12s  %-20s  %s\n", "ranks", "AdamW bytes, rank by rank", "8P/N",
-                "sent in a step, rank 0", "2(N-1)/N 4P", "loss gap from 1 rank", "same weights");
-    double worst = 0.0;
-    bool identical = true;
-    std::map<int, Numbers> sharded_runs;
-    for (int N : {2, 4}) {
-        const Numbers& n = sharded_runs[N] = launcher.run("zero", N, launcher.scratch / ("zero" + std::to_string(N)));
-        const std::vector<double>& moments = need(n, "moments");
-        const std::vector<double>& sent = need(n, "sent");
-        std::string each;
-        for (double b : moments) each += (each.empty() ? "" : " ") + std::to_string(static_cast<long long>(b));
-        const double gap = largest_relative_gap(need(n, "losses"), reference);
-        worst = std::max(worst, gap);
-        identical = identical && need(n, "identical")[0] == 1.0;
-        std::printf("%5d  %-30s  %12.0f  %22.0f  %12.0f  %-20.1e  %s\n", N, each.c_str(), one_rank / N, sent[0],
-                    2.0 * (N - 1) / N * 4.0 * P, gap, need(n, "identical")[0] == 1.0 ? "yes, bit for bit" : "NO");
-        if (N == 4) {
-            print_claim("zero_moments_rank0_4", std::to_string(static_cast<long long>(moments[0])));
-            print_claim("zero_moments_one_rank", std::to_string(static_cast<long long>(one_rank)));
-            print_claim("zero_sent_rank0_4", std::to_string(static_cast<long long>(sent[0])));
-            print_claim("zero_sent_formula_4", std::to_string(static_cast<long long>(2.0 * 3 / 4 * 4.0 * P + 0.5)));
-        }
-    }
-    std::printf("(one rank holds %.0f bytes of moments; bytes sent include the clipping norm's one double)\n", one_rank);
-
-    // Everything rank 0 holds, measured, beside the formula for the state: weights 4P,
-    // gradients 4P, moments 8P, or 8P/N sharded (float32 all through).
-    const double mb = 1e6;
-    std::printf("\neverything rank 0 holds after the run (MB, measured); state: weights, gradients and AdamW;\n"
-                "its formula: 4P (weights) + 4P (gradients) + 8P (moments), 8P/N with the moments sharded\n");
-    std::printf("%-8s %5s  %8s  %9s  %8s  %11s  %8s  %8s\n", "scheme", "ranks", "weights", "gradients", "AdamW",
-                "activations", "state", "formula");
-    const auto row = [&](const char* scheme, int N, const Numbers& n, bool sharded) {
-        const std::vector<double>& m = need(n, "memory");
-        const double state = m[0] + m[1] + m[2], formula = 8.0 * P + 8.0 * P / (sharded ? N : 1);
-        std::printf("%-8s %5d  %8.2f  %9.2f  %8.2f  %11.2f  %8.2f  %8.2f\n", scheme, N, m[0] / mb, m[1] / mb, m[2] / mb,
-                    m[3] / mb, state / mb, formula / mb);
-        return state;
-    };
-    for (int N : {1, 2, 4}) {
-        const double state = row("plain", N, dp.by_ranks.at(N), false);
-        if (N == 4) print_claim("plain_state_mb_4", state / mb, 2);
-    }
-    for (const auto& [N, n] : sharded_runs) {
-        const double state = row("stage 1", N, n, true);
-        if (N == 4) {
-            print_claim("zero_state_mb_4", state / mb, 2);
-            print_claim("zero_state_formula_mb_4", (8.0 * P + 2.0 * P) / mb, 2);
-        }
-    }
-    std::printf("(a rank that runs more than one thread keeps a gradient buffer for each extra thread's slice\n"
-                "of the batch: the gradients above 4P; the activations fall with each rank's share of it)\n");
-    print_claim("zero_loss_gap", worst < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
-    print_claim("zero_identical", identical ? "yes" : "no");
-}
-#endif
-
 void lesson(const LessonOptions& options) {
     const Sizes s = sizes(options.quick);
     merge_by_hand();
     causal_blocks(options);
-    when_the_model_does_not_fit(options);
-    this_model_measured();
 #ifdef ATTN_HAVE_MPI
     Launcher launcher{s, fs::absolute(options.corpus()), {}};
     // The corpus is checked here, in one process: a text too short is refused in one line
@@ -1196,7 +953,6 @@ void lesson(const LessonOptions& options) {
     std::printf("\n%s; each rank starts this program again under %s\n", describe_threads().c_str(),
                 mpi::mpirun_path().c_str());
     const DataParallelPoints dp = data_parallel(launcher);
-    zero_stage1(launcher, dp);
     killed_rank(launcher);
     const SequencePoints seq = sequence_parallel(launcher);
     cost_model(s, dp, seq);

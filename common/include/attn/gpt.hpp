@@ -173,7 +173,7 @@ struct GradientScratch {
 };
 
 /// The bytes a model holds in one process, by what they hold: measured from the buffers the
-/// library has allocated (their capacity), not from a formula. Lesson 19 prints them beside
+/// library has allocated (their capacity), not from a formula. Lesson 21 prints them beside
 /// mixed-precision AdamW's 16 bytes per parameter.
 struct MemoryUse {
     std::size_t weights = 0;      ///< the float32 parameters, and their 16-bit copy in mixed precision

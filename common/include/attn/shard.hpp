@@ -1,7 +1,7 @@
 /// @file shard.hpp
 /// @brief Which part of a flat buffer each of N processes owns, and the order in which a ring
 /// of them passes the parts around: the arithmetic of a reduce-scatter and an all-gather
-/// (ZeRO's sharded optimizer, attn/mpi/zero.hpp), without MPI.
+/// (ZeRO's sharded optimizer, attn/mpi/zero.hpp; lesson 21 and its exercise), without MPI.
 #pragma once
 
 #include <cstddef>

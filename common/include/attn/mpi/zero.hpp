@@ -1,6 +1,6 @@
 /// @file zero.hpp
-/// @brief ZeRO stage 1 over MPI (Rajbhandari et al., "ZeRO: Memory Optimizations Toward
-/// Training Trillion Parameter Models", SC 2020): data parallelism in which each rank keeps
+/// @brief ZeRO stage 1 over MPI (lesson 21; Rajbhandari et al., "ZeRO: Memory Optimizations
+/// Toward Training Trillion Parameter Models", SC 2020): data parallelism in which each rank keeps
 /// AdamW's moments for its shard of the parameters only. The gradients are summed by a ring
 /// reduce-scatter (each rank ends with the whole batch's gradient of its shard), each rank
 /// updates its shard, and a ring all-gather gives every rank every shard's new parameters.

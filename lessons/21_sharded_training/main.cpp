@@ -1,0 +1,533 @@
+// Lesson 21: when the model does not fit. The page that narrates this program is lesson.md
+// beside it.
+//
+// It starts as one process, as every lesson does: the memory arithmetic of training, the
+// bytes this course's model measures, and a ring reduce-scatter worked in one process. Then it
+// runs the training on several processes by starting itself again under mpirun, as 1 to 4
+// ranks on this machine: the environment variable ATTN_LESSON21_PART tells a rank which
+// scheme it trains with, and rank 0 prints the numbers every rank measured as `key value…`
+// lines, which this process reads and explains. Built without MPI, it runs the parts of one
+// process and says what it left out.
+#include "attn/checkpoint.hpp"
+#include "attn/data.hpp"
+#include "attn/heatmap.hpp"
+#include "attn/lesson.hpp"
+#include "attn/plot.hpp"
+#include "attn/print.hpp"
+#include "attn/shard.hpp"
+#include "attn/threads.hpp"
+#include "attn/trainer.hpp"
+
+#ifdef ATTN_HAVE_MPI
+#include "attn/mpi/data_parallel.hpp"
+#include "attn/mpi/launch.hpp"
+#include "attn/mpi/parts.hpp"
+#include "attn/mpi/world.hpp"
+#include "attn/mpi/zero.hpp"
+#include <mpi.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+using namespace attn;
+namespace fs = std::filesystem;
+
+namespace {
+
+// ---------------------------------------------------------------------------------------
+// Part 1, arithmetic: what training keeps per parameter
+
+// What mixed-precision AdamW keeps per parameter and what each ZeRO stage leaves on a rank
+// (Rajbhandari et al. 2020, section 3 and Figure 1): bf16 weights and gradients, 2 bytes
+// each, and K = 12 bytes of optimizer state (a float32 master copy, m and v).
+void when_the_model_does_not_fit(const LessonOptions& options) {
+    print_heading("When the model does not fit: bytes per parameter and ZeRO's stages");
+    //! [zero]
+    const double K = 12.0;  // float32 master weights, AdamW's m and v: 4 + 4 + 4 bytes
+    // bytes per rank for Ψ parameters on N ranks, each stage sharding one more of the three
+    const auto replicated = [&](double psi, double) { return (2 + 2 + K) * psi; };
+    const auto stage1 = [&](double psi, double n) { return (2 + 2) * psi + K * psi / n; };
+    const auto stage2 = [&](double psi, double n) { return 2 * psi + (2 + K) * psi / n; };
+    const auto stage3 = [&](double psi, double n) { return (2 + 2 + K) * psi / n; };
+    //! [zero]
+    const double gb = 1e9;
+    std::printf("mixed-precision AdamW: 2 (bf16 weights) + 2 (bf16 gradients) + %.0f (float32 master,\n"
+                "m, v) = %.0f bytes per parameter, before any activation\n\n", K, 4 + K);
+    std::printf("%-28s %8s %12s %12s %12s %12s\n", "model", "ranks", "replicated", "stage 1",
+                "stage 2", "stage 3");
+    struct Row { const char* name; double psi; double n; const char* key; };
+    const Row rows[] = {
+        {"ZeRO's example, 7.5B", 7.5e9, 64, "zero_example"},
+        {"7B parameters", 7e9, 8, "b7"},
+        {"70B parameters", 70e9, 8, "b70"},
+    };
+    for (const Row& r : rows) {
+        const double b[4] = {replicated(r.psi, r.n), stage1(r.psi, r.n), stage2(r.psi, r.n),
+                             stage3(r.psi, r.n)};
+        std::printf("%-28s %8.0f %9.1f GB %9.1f GB %9.1f GB %9.1f GB\n", r.name, r.n, b[0] / gb,
+                    b[1] / gb, b[2] / gb, b[3] / gb);
+        const char* stage[4] = {"replicated", "stage1", "stage2", "stage3"};
+        for (int i = 0; i < 4; ++i) print_claim(std::string(r.key) + "_" + stage[i] + "_gb", b[i] / gb, 1);
+    }
+    // What fits on one 80 GB GPU with nothing else on it
+    const double gpu = 80e9;
+    if (!options.figures.empty()) {
+        // Bytes per rank of ZeRO's 7.5B example against the number of ranks, each stage a line.
+        std::vector<PlotSeries> lines = {{"replicated", {}, {}}, {"stage 1", {}, {}}, {"stage 2", {}, {}},
+                                         {"stage 3", {}, {}}, {"one 80 GB GPU", {}, {}}};
+        for (int n = 1; n <= 64; ++n) {
+            const double N = n, at[5] = {replicated(7.5e9, N), stage1(7.5e9, N), stage2(7.5e9, N),
+                                         stage3(7.5e9, N), gpu};
+            for (int i = 0; i < 5; ++i) {
+                lines[static_cast<std::size_t>(i)].x.push_back(N);
+                lines[static_cast<std::size_t>(i)].y.push_back(at[i] / gb);
+            }
+        }
+        line_plot_png(options.figures / "lesson21_zero_memory.png", lines,
+                      "ZeRO's 7.5B example: training state per rank", "ranks N", "GB per rank");
+    }
+    std::printf("\nthe largest model whose weights, gradients and optimizer state fit in one 80 GB GPU:\n"
+                "%.1fB parameters replicated; on 8 GPUs %.1fB with stage 1, %.1fB with stage 2, %.1fB with stage 3\n",
+                gpu / (4 + K) / 1e9, gpu / (4 + K / 8) / 1e9, gpu / (2 + (2 + K) / 8) / 1e9,
+                gpu / ((4 + K) / 8) / 1e9);
+    print_claim("fits_80gb_b", gpu / (4 + K) / 1e9, 1);
+    print_claim("fits_80gb_stage1_8_b", gpu / (4 + K / 8) / 1e9, 1);
+    print_claim("fits_80gb_stage2_8_b", gpu / (2 + (2 + K) / 8) / 1e9, 1);
+    print_claim("fits_80gb_stage3_8_b", gpu / ((4 + K) / 8) / 1e9, 1);
+    print_claim("adamw_bytes_per_parameter", 4 + K, 0);
+}
+
+// The same arithmetic for the model this lesson trains, measured: the bytes the library has
+// allocated (GPT::memory_use, AdamW::bytes) after one step of the CPU recipe at its batch, on
+// one thread (more threads add a gradient buffer per extra batch slice). It trains in
+// float32, so its 16 bytes per parameter split 4 + 4 + 8 instead of 2 + 2 + 12.
+void this_model_measured() {
+    //! [measured]
+    const TrainConfig recipe = TrainConfig::named("cpu");
+    const int threads = num_threads();
+    set_num_threads(1);
+    GPT model(recipe.model_config(65), 1);
+    const int B = recipe.batch_size, T = recipe.model_config(65).block_size;
+    const std::vector<int> x(static_cast<std::size_t>(B) * T, 1), y(x.size(), 2);
+    model.forward(x, y, B, T);
+    model.zero_grad();
+    model.backward();
+    AdamW adamw;
+    adamw.step(model, 1e-3f);
+    MemoryUse use = model.memory_use();
+    use.optimizer = adamw.bytes();
+    set_num_threads(threads);
+    //! [measured]
+    const double P = static_cast<double>(model.parameters().size()), mb = 1e6;
+    const double weights = static_cast<double>(use.weights), gradients = static_cast<double>(use.gradients),
+                 optimizer = static_cast<double>(use.optimizer), activations = static_cast<double>(use.activations);
+    const double state = weights + gradients + optimizer;
+    std::printf("\nthis lesson's model (the CPU recipe, %.0f parameters, float32), measured after one step\n"
+                "of batch %d x %d on one thread:\n", P, B, T);
+    std::printf("  weights %8.2f MB  (%.1f bytes per parameter)\n", weights / mb, weights / P);
+    std::printf("  gradients %6.2f MB  (%.1f)\n", gradients / mb, gradients / P);
+    std::printf("  AdamW %10.2f MB  (%.1f)\n", optimizer / mb, optimizer / P);
+    std::printf("  activations %4.2f MB  (%.1f bytes per parameter: %.1f times the rest)\n", activations / mb,
+                activations / P, activations / state);
+    print_claim("measured_params", std::to_string(model.parameters().size()));
+    print_claim("measured_batch", std::to_string(B));
+    print_claim("measured_T", std::to_string(T));
+    print_claim("measured_state_bytes_per_parameter", state / P, 1);
+    print_claim("measured_activations_mb", activations / mb, 1);
+    print_claim("measured_activations_ratio", activations / state, 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// Part 2, one process: a ring reduce-scatter and all-gather by hand
+
+// Prints each rank's buffer, its shards separated by bars.
+void print_buffers(const std::vector<std::vector<double>>& buffers, int ranks) {
+    const std::size_t n = buffers[0].size();
+    for (int r = 0; r < ranks; ++r) {
+        std::printf("    rank %d:", r);
+        for (int s = 0; s < ranks; ++s) {
+            const Shard piece = shard_of(n, s, ranks);
+            std::printf(" |");
+            for (std::size_t i = piece.begin; i < piece.end; ++i) std::printf(" %4.0f", buffers[static_cast<std::size_t>(r)][i]);
+        }
+        std::printf(" |\n");
+    }
+}
+
+// Seven gradients on three ranks, rank r's all 10^r: every digit of a sum says which ranks
+// have added to it (111 is complete; 11 has ranks 0 and 1). The shards are uneven, 3, 2, 2.
+void ring_by_hand(const LessonOptions& options) {
+    print_heading("A ring reduce-scatter and all-gather, worked in one process");
+    const int N = 3;
+    const std::size_t n = 7;
+    std::printf("%zu gradients on %d ranks; shard_of gives rank r the elements", n, N);
+    for (int r = 0; r < N; ++r) {
+        const Shard s = shard_of(n, r, N);
+        std::printf(" %s[%zu, %zu)", r == 0 ? "" : r == N - 1 ? "and " : "", s.begin, s.end);
+        std::printf("%s", r == N - 1 ? "" : ",");
+    }
+    std::printf(".\nRank r's gradients are all 10^r, so a sum's digits say which ranks are in it:\n"
+                "111 is the whole sum, 11 holds ranks 0 and 1 only.\n\n");
+    std::vector<std::vector<double>> buffers;
+    for (int r = 0; r < N; ++r) buffers.emplace_back(n, std::pow(10.0, r));
+    std::printf("  before\n");
+    print_buffers(buffers, N);
+    // For the picture: the share of the ranks in each element's sum (its digits that are 1).
+    std::vector<Tensor2> maps;
+    std::vector<std::string> titles;
+    const auto picture = [&](const std::string& title) {
+        Tensor2 share = xt::zeros<float>({static_cast<std::size_t>(N), n});
+        for (int r = 0; r < N; ++r) {
+            for (std::size_t i = 0; i < n; ++i) {
+                int ones = 0;
+                for (auto v = static_cast<long>(buffers[static_cast<std::size_t>(r)][i]); v > 0; v /= 10) ones += v % 10 == 1;
+                share(static_cast<std::size_t>(r), i) = static_cast<float>(ones) / N;
+            }
+        }
+        maps.push_back(share);
+        titles.push_back(title);
+    };
+    picture("before");
+    // Every rank sends at once: what it sends is what it held before the step.
+    const auto step_round = [&](const char* what, int step, auto send_order, bool add) {
+        std::printf("  %s step %d: ", what, step + 1);
+        const std::vector<std::vector<double>> before = buffers;
+        for (int from = 0; from < N; ++from) {
+            const int to = (from + 1) % N, shard = send_order(from, step, N);
+            const Shard s = shard_of(n, shard, N);
+            std::printf("%srank %d sends shard %d to rank %d", from == 0 ? "" : ", ", from, shard, to);
+            for (std::size_t i = s.begin; i < s.end; ++i) {
+                double& theirs = buffers[static_cast<std::size_t>(to)][i];
+                theirs = (add ? theirs : 0.0) + before[static_cast<std::size_t>(from)][i];
+            }
+        }
+        std::printf("\n");
+        print_buffers(buffers, N);
+        picture(std::string(what) + " " + std::to_string(step + 1));
+    };
+    for (int step = 0; step < N - 1; ++step) step_round("reduce-scatter", step, ring_reduce_scatter_send, true);
+    bool complete = true;
+    for (int r = 0; r < N; ++r) {
+        const Shard s = shard_of(n, r, N);
+        for (std::size_t i = s.begin; i < s.end; ++i) complete = complete && buffers[static_cast<std::size_t>(r)][i] == 111.0;
+    }
+    std::printf("  after %d steps each rank holds its own shard's whole sum: %s\n", N - 1, complete ? "yes" : "NO");
+    print_claim("ring_own_shard_complete", complete ? "yes" : "no");
+    for (int step = 0; step < N - 1; ++step) step_round("all-gather", step, ring_all_gather_send, false);
+    bool everywhere = true;
+    for (const auto& b : buffers) everywhere = everywhere && std::all_of(b.begin(), b.end(), [](double v) { return v == 111.0; });
+    std::printf("  after %d more steps every rank holds every sum: %s\n", N - 1, everywhere ? "yes" : "NO");
+    print_claim("ring_all_complete", everywhere ? "yes" : "no");
+    if (!options.figures.empty()) {
+        std::vector<std::string> ranks, elements;
+        for (int r = 0; r < N; ++r) ranks.push_back("rank " + std::to_string(r));
+        for (int s = 0; s < N; ++s) {
+            const Shard piece = shard_of(n, s, N);
+            for (std::size_t i = piece.begin; i < piece.end; ++i) elements.push_back("s" + std::to_string(s));
+        }
+        heatmap_grid_png(options.figures / "lesson21_ring.png", maps, titles, ranks, elements, 1);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Part 3, on several processes: the schemes trained and measured
+
+// The settings every part shares: the CPU recipe, or with --quick the tiny one. A batch of 12
+// divides among 1, 2, 3 and 4 ranks.
+struct Sizes {
+    bool quick = false;
+    std::string recipe;
+    int steps = 10;    // the steps whose losses are compared
+    int save_at = 5;   // the sharded run on 4 ranks saves a checkpoint here
+};
+
+Sizes sizes(bool quick) {
+    Sizes s;
+    s.quick = quick;
+    s.recipe = quick ? "tiny" : "cpu";
+    if (quick) {
+        s.steps = 4;
+        s.save_at = 2;
+    }
+    return s;
+}
+
+TrainConfig recipe(const Sizes& s) {
+    TrainConfig c = TrainConfig::named(s.recipe);
+    c.batch_size = 12;
+    c.eval_iters = 2;
+    return c;
+}
+
+#ifdef ATTN_HAVE_MPI
+// One rank's run of a scheme: its losses, every rank's bytes by kind and bytes sent, whether
+// the ranks end with the same weights, and with ATTN_LESSON21_SAVE_AT a checkpoint.
+void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpus, const fs::path& out, int save_at) {
+    // One thread per rank: a rank with more keeps a gradient buffer for each extra thread's
+    // slice of the batch, which the formulas below do not count.
+    set_num_threads(1);
+    if (scheme != "plain" && scheme != "stage1") throw std::invalid_argument("unknown scheme " + scheme);
+    const TextDataset data = make_dataset(read_corpus(corpus));
+    Trainer trainer(recipe(s), data);
+    //! [schemes]
+    std::shared_ptr<mpi::DataParallel> group;
+    std::shared_ptr<mpi::ShardedOptimizer> sharded;
+    if (scheme == "stage1") group = sharded = std::make_shared<mpi::ShardedOptimizer>();
+    else group = std::make_shared<mpi::DataParallel>();  // every rank holds everything
+    trainer.use_group(group);
+    std::vector<double> losses;
+    for (int i = 0; i < s.steps; ++i) {
+        losses.push_back(trainer.train_step().loss);
+        if (i + 1 == save_at) trainer.save(out);  // the whole state: rank 0 gathers the shards
+    }
+    MemoryUse use = trainer.model().memory_use();  // what this rank allocated, by kind
+    use.optimizer = trainer.optimizer().bytes();
+    //! [schemes]
+    mpi::say("losses", losses);
+    mpi::say("parameters", {static_cast<double>(trainer.model().parameters().size())});
+    mpi::say("weights", mpi::gather_from_ranks(static_cast<double>(use.weights)));
+    mpi::say("gradients", mpi::gather_from_ranks(static_cast<double>(use.gradients)));
+    mpi::say("optimizer", mpi::gather_from_ranks(static_cast<double>(use.optimizer)));
+    mpi::say("activations", mpi::gather_from_ranks(static_cast<double>(use.activations)));
+    if (sharded) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(sharded->last_traffic().total())));
+    // The weights alone, hashed (a sharded rank's moments are its shard's, unlike the others').
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const std::vector<float>& w = trainer.model().parameters();
+    const auto* bytes = reinterpret_cast<const unsigned char*>(w.data());
+    for (std::size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001B3ull;  // FNV-1a
+    bool identical = true;
+    try {
+        group->check_same(h, "the weights");
+    } catch (const std::runtime_error&) {
+        identical = false;
+    }
+    mpi::say("identical", {identical ? 1.0 : 0.0});
+}
+
+int run_part(const char* scheme, int argc, char** argv) {
+    mpi::World world(argc, argv);
+    auto env = [](const char* key) {
+        const char* v = std::getenv(key);
+        return std::string(v ? v : "");
+    };
+    try {
+        const std::string save_at = env("ATTN_LESSON21_SAVE_AT");
+        train_part(scheme, sizes(env("ATTN_LESSON21_QUICK") == "1"), env("ATTN_LESSON21_CORPUS"),
+                   env("ATTN_LESSON21_OUT"), save_at.empty() ? 0 : std::stoi(save_at));
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "lesson_21: rank %d: error: %s\n", world.rank(), e.what());
+        mpi::abort_job(1);  // the others may be waiting for this rank
+    }
+    return 0;
+}
+
+// This process's side: it starts the ranks, reads their numbers and explains them.
+using mpi::need;
+using mpi::Numbers;
+
+struct Run {
+    std::string scheme;
+    int N = 1;
+    Numbers numbers;
+    double of(const std::string& key, int rank) const { return need(numbers, key).at(static_cast<std::size_t>(rank)); }
+    // The largest of the ranks' training state (weights + gradients + AdamW), in bytes.
+    double state() const {
+        double most = 0.0;
+        for (int r = 0; r < N; ++r) most = std::max(most, of("weights", r) + of("gradients", r) + of("optimizer", r));
+        return most;
+    }
+    double largest(const std::string& key) const {
+        const std::vector<double>& v = need(numbers, key);
+        return *std::max_element(v.begin(), v.end());
+    }
+};
+
+double largest_relative_gap(const std::vector<double>& a, const std::vector<double>& b) {
+    double worst = a.size() == b.size() ? 0.0 : INFINITY;
+    for (std::size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+        worst = std::max(worst, std::fabs(a[i] - b[i]) / std::max(std::fabs(b[i]), 1e-30));
+    }
+    return worst;
+}
+
+struct Launcher {
+    Sizes s;
+    fs::path corpus, scratch;
+    Run run(const std::string& scheme, int N, int save_at = 0) const {
+        mpi::LaunchOptions options;
+        options.ranks = N;
+        const fs::path out = scratch / (scheme + std::to_string(N));
+        options.environment = {"ATTN_LESSON21_PART=" + scheme, "ATTN_LESSON21_QUICK=" + std::string(s.quick ? "1" : "0"),
+                               "ATTN_LESSON21_CORPUS=" + corpus.string(), "ATTN_LESSON21_OUT=" + out.string(),
+                               "ATTN_LESSON21_SAVE_AT=" + std::to_string(save_at)};
+        return {scheme, N, mpi::run_part(options, scheme)};
+    }
+};
+
+// Plain data parallelism and ZeRO stage 1 on 1 to 4 ranks: the same losses as one process,
+// the bytes every rank measured beside each scheme's formula, the bytes sent beside the
+// ring's, a checkpoint of the sharded run resumed in one process, and the plot.
+void schemes(const Launcher& launcher, const LessonOptions& options) {
+    print_heading("Data parallelism and ZeRO stage 1, trained and measured");
+    std::vector<Run> runs;
+    for (int N : {1, 2, 4}) runs.push_back(launcher.run("plain", N));
+    for (int N : {1, 2, 3, 4}) runs.push_back(launcher.run("stage1", N, N == 4 ? launcher.s.save_at : 0));
+    const Run& one = runs.front();
+    const double P = need(one.numbers, "parameters")[0], mb = 1e6;
+    const std::vector<double>& reference = need(one.numbers, "losses");
+    std::printf("the %s recipe (%.0f parameters, float32, batch 12 shared by the ranks, one thread each),\n"
+                "%d steps of each scheme on N ranks; bytes per rank as the library allocated them\n"
+                "(GPT::memory_use, AdamW::bytes), the largest over the ranks\n\n", launcher.s.recipe.c_str(), P,
+                launcher.s.steps);
+    //! [formulas]
+    // float32 all through: weights 4P, gradients 4P, AdamW's m and v 8P, on every rank or
+    // sharded over N
+    const auto formula = [P](const std::string& scheme, int N) {
+        return scheme == "plain" ? 16.0 * P : 8.0 * P + 8.0 * P / N;
+    };
+    //! [formulas]
+    std::printf("%-7s %5s  %8s  %9s  %8s  %8s  %8s  %6s  %11s  %9s  %s\n", "scheme", "ranks", "weights", "gradients",
+                "AdamW", "state", "formula", "off by", "activations", "loss gap", "same on every rank");
+    double worst_gap = 0.0, worst_off = 0.0;
+    bool identical = true;
+    for (const Run& run : runs) {
+        const double state = run.state(), expected = formula(run.scheme, run.N), off = state / expected - 1.0;
+        const double gap = largest_relative_gap(need(run.numbers, "losses"), reference);
+        const bool same = need(run.numbers, "identical")[0] == 1.0;
+        worst_gap = std::max(worst_gap, gap);
+        worst_off = std::max(worst_off, std::fabs(off));
+        identical = identical && same;
+        std::printf("%-7s %5d  %8.3f  %9.3f  %8.3f  %8.3f  %8.3f  %+5.1f%%  %11.3f  %9.1e  %s\n",
+                    run.scheme == "plain" ? "plain" : "stage 1", run.N, run.largest("weights") / mb,
+                    run.largest("gradients") / mb, run.largest("optimizer") / mb, state / mb, expected / mb,
+                    100.0 * off, run.largest("activations") / mb, gap, same ? "yes" : "NO");
+        const std::string key = run.scheme + "_" + std::to_string(run.N);
+        print_claim(key + "_state_mb", state / mb, 2);
+        print_claim(key + "_formula_mb", expected / mb, 2);
+        print_claim(key + "_activations_mb", run.largest("activations") / mb, 2);
+    }
+    std::printf("(MB = 10^6 bytes; state = weights + gradients + AdamW; loss gap: the largest relative\n"
+                "difference from the plain run on 1 rank over the %d steps)\n", launcher.s.steps);
+    print_claim("state_worst_off_percent", 100.0 * worst_off, 2);
+    print_claim("state_within_5_percent", worst_off < 0.05 ? "yes" : "no");
+    print_claim("schemes_loss_gap", worst_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
+    print_claim("schemes_identical", identical ? "yes" : "no");
+
+    // The bytes each rank sent in its last step, counted by the rings, against the ring's
+    // 2(N - 1)/N of the parameters' bytes, and against what rank r's rings must send: every
+    // shard but its own in the reduce-scatter, every shard but rank r + 1's in the
+    // all-gather, and on more than one rank the clipping norm's sum of squares (a double).
+    std::printf("\nbytes sent in one step of stage 1, counted by its rings, rank by rank, against the ring's\n"
+                "formula 2(N-1)/N x 4P and against each rank's exact count 4(P - |shard r|) + 4(P - |shard r+1|) + 8:\n");
+    std::printf("%5s  %-40s  %14s  %s\n", "ranks", "sent", "2(N-1)/N x 4P", "exact count");
+    bool exact = true;
+    for (const Run& run : runs) {
+        if (run.scheme != "stage1") continue;
+        std::string each;
+        bool all = true;
+        const auto n = static_cast<std::size_t>(P);
+        for (int r = 0; r < run.N; ++r) {
+            const double sent = run.of("sent", r);
+            each += (each.empty() ? "" : " ") + std::to_string(static_cast<long long>(sent));
+            const double count = run.N == 1 ? 0.0 : 4.0 * static_cast<double>(2 * n - shard_of(n, r, run.N).size() -
+                                                                              shard_of(n, (r + 1) % run.N, run.N).size()) + 8.0;
+            all = all && sent == count;
+        }
+        exact = exact && all;
+        const double ring = 2.0 * (run.N - 1) / run.N * 4.0 * P;
+        std::printf("%5d  %-40s  %14.0f  %s\n", run.N, each.c_str(), ring, all ? "equal on every rank" : "DIFFERS");
+        if (run.N == 4) {
+            print_claim("stage1_sent_rank0_4", std::to_string(static_cast<long long>(run.of("sent", 0))));
+            print_claim("stage1_sent_formula_4", std::to_string(static_cast<long long>(ring + 0.5)));
+        }
+    }
+    print_claim("stage1_sent_exact", exact ? "yes" : "no");
+
+    // The checkpoint the sharded run on 4 ranks saved, resumed in one process.
+    const Sizes& s = launcher.s;
+    const int threads = num_threads();
+    set_num_threads(1);
+    Trainer resumed = Trainer::load(launcher.scratch / "stage14", make_dataset(read_corpus(launcher.corpus)));
+    std::vector<double> rest;
+    while (resumed.step() < s.steps) rest.push_back(resumed.train_step().loss);
+    set_num_threads(threads);
+    const std::vector<double> tail(reference.begin() + s.save_at, reference.end());
+    const double resume_gap = largest_relative_gap(rest, tail);
+    std::printf("\nthe stage-1 run on 4 ranks saved a checkpoint after step %d (rank 0 gathered the moments);\n"
+                "one process resumed it for steps %d to %d: largest relative gap from the 1-rank run's losses %.1e\n",
+                s.save_at, s.save_at + 1, s.steps, resume_gap);
+    print_claim("resume_gap", resume_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
+
+    if (!options.figures.empty()) {
+        // Measured only: the formulas agree to the byte (the table), and would hide these lines.
+        std::vector<PlotSeries> lines = {{"plain: weights + gradients + AdamW", {}, {}},
+                                         {"stage 1: weights + gradients + AdamW", {}, {}},
+                                         {"activations, either scheme", {}, {}}};
+        for (const Run& run : runs) {
+            PlotSeries& line = lines[run.scheme == "plain" ? 0 : 1];
+            line.x.push_back(run.N);
+            line.y.push_back(run.state() / mb);
+            if (run.scheme == "stage1") {
+                lines[2].x.push_back(run.N);
+                lines[2].y.push_back(run.largest("activations") / mb);
+            }
+        }
+        line_plot_png(options.figures / "lesson21_measured_memory.png", lines,
+                      "This lesson's model: bytes per rank, measured", "ranks N",
+                      "MB per rank");
+    }
+}
+#endif  // ATTN_HAVE_MPI
+
+void lesson(const LessonOptions& options) {
+    const Sizes s = sizes(options.quick);
+    when_the_model_does_not_fit(options);
+    this_model_measured();
+    ring_by_hand(options);
+#ifdef ATTN_HAVE_MPI
+    Launcher launcher{s, fs::absolute(options.corpus()), {}};
+    // The corpus is checked here, in one process: a text too short is refused in one line
+    // before any rank starts.
+    {
+        Trainer check(recipe(s), make_dataset(read_corpus(launcher.corpus)));
+        (void)check;
+    }
+    launcher.scratch = fs::temp_directory_path() / ("attn_lesson21_" + std::to_string(::getpid()));
+    fs::remove_all(launcher.scratch);
+    fs::create_directories(launcher.scratch);
+    struct Cleanup {
+        fs::path dir;
+        ~Cleanup() {
+            std::error_code ec;
+            fs::remove_all(dir, ec);
+        }
+    } cleanup{launcher.scratch};
+    std::printf("\neach rank starts this program again under %s\n", mpi::mpirun_path().c_str());
+    schemes(launcher, options);
+#else
+    (void)s;
+    print_heading("The parts on several processes");
+    std::printf("This build has no MPI: the schemes train as several processes under mpirun. Install\n"
+                "Open MPI (libopenmpi-dev, openmpi-bin) and configure again (./workbook setup) to run them.\n");
+#endif
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+#ifdef ATTN_HAVE_MPI
+    if (const char* part = std::getenv("ATTN_LESSON21_PART")) return run_part(part, argc, argv);
+#endif
+    return run_lesson(argc, argv, "Lesson 21: when the model does not fit", lesson, LessonText::corpus);
+}
