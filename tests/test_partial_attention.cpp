@@ -14,6 +14,8 @@
 #include <limits>
 #include <numeric>
 #include <set>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 using namespace attn;
@@ -310,6 +312,77 @@ TEST_CASE("the gradient hook hears each bucket once it is final, and changes no 
         order.clear();
         hooked.backward();
         CHECK(order.empty());
+    }
+    set_num_threads(threads, "test");
+}
+
+TEST_CASE("the gradient sink gets every bucket's gradients bit for bit, keeping one block's buffer per thread") {
+    const int B = 5, T = 8;
+    Rng rng(4);
+    std::vector<int> x(B * T), y(B * T);
+    for (int i = 0; i < B * T; ++i) {
+        x[i] = static_cast<int>(rng.below(13));
+        y[i] = static_cast<int>(rng.below(13));
+    }
+    const int threads = num_threads();
+    for (const bool bias : {true, false}) {
+        for (const Position position : {Position::learned, Position::rope}) {
+            GPTConfig config;
+            config.vocab_size = 13;
+            config.block_size = 8;
+            config.n_layer = 3;
+            config.n_head = 2;
+            config.n_embd = 16;
+            config.dropout = 0.1f;
+            config.bias = bias;
+            config.position = position;
+            for (int n : {1, 2, 3}) {
+                CAPTURE(bias);
+                const std::string where = position_name(position);
+                CAPTURE(where);
+                CAPTURE(n);
+                set_num_threads(n, "test");
+                GPT plain(config, 9), sunk(config, 9);
+                std::vector<float> gathered(plain.parameters().size(), -1.0f);
+                std::vector<int> order;
+                sunk.set_gradient_sink([&](int b, float* g) {
+                    order.push_back(b);
+                    for (const auto& [offset, size] : sunk.gradient_buckets()[static_cast<std::size_t>(b)].ranges) {
+                        std::copy(g, g + size, gathered.begin() + static_cast<std::ptrdiff_t>(offset));
+                        g += size;
+                    }
+                });
+                CHECK(sunk.gradients().empty());
+                CHECK_THROWS_AS(sunk.set_gradient_ready_hook([](int) {}), std::invalid_argument);
+                for (int step = 0; step < 2; ++step) {  // the buffers are cleared between passes
+                    plain.seed_dropout(5 + step);
+                    sunk.seed_dropout(5 + step);
+                    plain.forward(x, y, B, T);
+                    sunk.forward(x, y, B, T);
+                    plain.zero_grad();
+                    plain.backward();
+                    order.clear();
+                    sunk.zero_grad();
+                    sunk.backward();
+                    CHECK(order == std::vector<int>{0, 1, 2, 3});
+                    CHECK(gathered == plain.gradients());  // bit for bit, every parameter
+                }
+                // What it holds: one block's gradients and the embeddings' and ln_f's, per slice.
+                const std::size_t block = sunk.gradient_buckets()[0].size, rest = sunk.gradient_buckets()[3].size;
+                const auto slices = static_cast<std::size_t>(std::min(B, n));
+                CHECK(sunk.memory_use().gradients == slices * (block + rest) * sizeof(float));
+                // against a whole buffer per slice: (block + rest) against 3 blocks + rest
+                CHECK(plain.memory_use().gradients == slices * plain.parameters().size() * sizeof(float));
+                // Without the sink the whole buffer is back, zeroed, and backward() fills it.
+                sunk.set_gradient_sink({});
+                CHECK(sunk.gradients().size() == plain.gradients().size());
+                CHECK(std::all_of(sunk.gradients().begin(), sunk.gradients().end(), [](float g) { return g == 0.0f; }));
+                sunk.seed_dropout(6);
+                sunk.forward(x, y, B, T);
+                sunk.backward();
+                CHECK(sunk.gradients() == plain.gradients());
+            }
+        }
     }
     set_num_threads(threads, "test");
 }

@@ -7,6 +7,7 @@
 //   train_gpt --recipe shakespeare --device cuda   nanoGPT's GPU recipe
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
 //   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
+//   train_gpt --ranks 4 --shard gradients      ... and its shard of the gradients too (ZeRO 2)
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
@@ -82,7 +83,7 @@ struct Flags {
     std::optional<int> batch_size;  // --batch-size: sequences per step (not given: the recipe's)
     bool batch_per_rank = false;    // --batch-per-rank: that batch on each rank, not shared
     std::string allreduce;   // how the ranks sum their gradients (empty: not given)
-    std::string shard;       // --shard optimizer: ZeRO stage 1 (empty: plain data parallelism)
+    std::string shard;       // --shard optimizer|gradients: ZeRO stage 1 or 2 (empty: plain data parallelism)
     std::optional<double> bucket_cap_mb, first_bucket_mb;  // --bucket-cap-mb, --first-bucket-mb
     bool bucket_view = false;                               // --bucket-view
 };
@@ -394,12 +395,12 @@ void check_rank_options(const Flags& f, const Job& job) {
                                     "--first-bucket-mb or --bucket-view");
     }
     if (!f.shard.empty() && !job.parallel() && f.ranks == 0) {
-        throw std::invalid_argument("--shard " + f.shard + " shards the optimizer's state over ranks: it "
+        throw std::invalid_argument("--shard " + f.shard + " shards the training state over ranks: it "
                                     "needs --ranks N or a start by mpirun");
     }
     if (!f.shard.empty() && (!f.allreduce.empty() || bucket_options)) {
-        throw std::invalid_argument("--shard " + f.shard + " sums the gradients by a ring reduce-scatter "
-                                    "after the backward pass: --allreduce, --bucket-cap-mb, "
+        throw std::invalid_argument("--shard " + f.shard + " sums the gradients by ring reduce-scatters of "
+                                    "its own: --allreduce, --bucket-cap-mb, "
                                     "--first-bucket-mb and --bucket-view choose plain data parallelism's "
                                     "allreduce");
     }
@@ -489,6 +490,32 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
 // MiB of a byte count, for the reports.
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
+// --shard gradients: ZeRO stage 2 (attn/mpi/zero.hpp), once the ranks agree on it (below).
+void join_sharded_gradients(const Job& job, Setup& setup, const std::shared_ptr<mpi::ShardedGradients>& group) {
+    Trainer& trainer = *setup.trainer;
+    trainer.use_group(group);
+    const std::size_t P = trainer.model().parameters().size();
+    std::size_t mine = 0;
+    for (const AdamW::Segment& s : group->segments(trainer.model())) mine += s.size;
+    std::cout << "ZeRO stage 2: " << job.size << " ranks share each batch of " << trainer.config().batch_size
+              << ", the gradients and AdamW's moments: each keeps its piece of every block's (rank 0: " << mine
+              << " of the " << P << " parameters); each block's gradients reduce-scattered by a ring as the "
+              << "backward pass finishes it, parameters gathered by a ring per block\n";
+    setup.report_group = [group, &trainer, P, N = job.size] {
+        const mpi::ZeroTraffic& t = group->last_traffic();
+        const MemoryUse use = trainer.memory_use();
+        std::printf("ZeRO stage 2 (rank 0 of %d): gradients %.3f MiB here and AdamW's moments %.3f MiB, instead "
+                    "of %.3f and %.3f MiB; the last step sent %.3f MiB (reduce-scatters %.3f, all-gathers %.3f, "
+                    "the norm's %zu bytes), against 2(N-1)/N of the parameters' %.3f MiB: %.3f MiB\n",
+                    N, mib(static_cast<double>(use.gradients)), mib(static_cast<double>(use.optimizer)),
+                    mib(sizeof(float) * static_cast<double>(P)), mib(2.0 * sizeof(float) * static_cast<double>(P)),
+                    mib(static_cast<double>(t.total())), mib(static_cast<double>(t.reduce_scatter_bytes)),
+                    mib(static_cast<double>(t.all_gather_bytes)), t.norm_bytes,
+                    mib(sizeof(float) * static_cast<double>(P)),
+                    mib(2.0 * (N - 1) / N * sizeof(float) * static_cast<double>(P)));
+    };
+}
+
 // --shard optimizer: ZeRO stage 1 (attn/mpi/zero.hpp), once the ranks agree on it (below).
 void join_sharded(const Job& job, Setup& setup, const std::shared_ptr<mpi::ShardedOptimizer>& group) {
     Trainer& trainer = *setup.trainer;
@@ -527,10 +554,12 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
         if (f.bucket_cap_mb) plan.cap_bytes = mpi::bucket_cap_bytes(*f.bucket_cap_mb);
         if (f.first_bucket_mb) plan.first_cap_bytes = mpi::bucket_cap_bytes(*f.first_bucket_mb);
         plan.view = f.bucket_view;
-        const bool sharded = f.shard == "optimizer";
+        const bool sharded = f.shard == "optimizer", sharded_gradients = f.shard == "gradients";
         std::shared_ptr<mpi::DataParallel> group;
         if (sharded) {
             group = std::make_shared<mpi::ShardedOptimizer>();
+        } else if (sharded_gradients) {
+            group = std::make_shared<mpi::ShardedGradients>();
         } else {
             group = std::make_shared<mpi::DataParallel>(schedule, plan);
         }
@@ -544,6 +573,10 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
                              "gradients are summed and the optimizer's state kept)");
         if (sharded) {
             join_sharded(job, setup, std::static_pointer_cast<mpi::ShardedOptimizer>(group));
+            return;
+        }
+        if (sharded_gradients) {
+            join_sharded_gradients(job, setup, std::static_pointer_cast<mpi::ShardedGradients>(group));
             return;
         }
         trainer->use_group(group);
@@ -869,9 +902,10 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"overlapped", "after"}));
     app.add_option("--shard", f.shard,
                    "with ranks: optimizer keeps AdamW's moments only for each rank's shard of the "
-                   "parameters (ZeRO stage 1: gradients reduce-scattered, parameters all-gathered, "
-                   "lesson 21)")
-        ->check(CLI::IsMember({"optimizer"}));
+                   "parameters (ZeRO stage 1: gradients reduce-scattered, parameters all-gathered); "
+                   "gradients keeps each rank's shard of the gradients too, each block's "
+                   "reduce-scattered as the backward pass finishes it (ZeRO stage 2; lesson 21)")
+        ->check(CLI::IsMember({"optimizer", "gradients"}));
     app.add_option("--bucket-cap-mb", f.bucket_cap_mb,
                    "with ranks: a gradient bucket takes whole blocks until it holds this many MiB, "
                    "then its sum starts (PyTorch DDP's bucket_cap_mb; default: each block its own bucket)")

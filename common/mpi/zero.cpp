@@ -4,6 +4,7 @@
 
 #include "attn/gpt.hpp"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <stdexcept>
@@ -18,33 +19,80 @@ int count_of(std::size_t n) {
     }
     return static_cast<int>(n);
 }
+
+// The rings move a shard in pieces of at most this many floats (64 KiB), so that what a rank
+// receives needs a buffer of this size, not of a shard.
+constexpr std::size_t ring_chunk = 16384;
+
+// The pieces every rank cuts its step's sends into: the same number on every rank (that of
+// the largest shard), so that the ranks' MPI_Sendrecv calls pair up; a rank whose shard is
+// shorter sends or receives nothing in the last.
+std::size_t ring_pieces(std::size_t n, int N) {
+    const std::size_t largest = shard_of(n, 0, N).size();
+    return (largest + ring_chunk - 1) / ring_chunk;
+}
+
+// The floats of piece `c` of a shard of `size`.
+std::size_t piece_floats(std::size_t size, std::size_t c) {
+    return c * ring_chunk >= size ? 0 : std::min(ring_chunk, size - c * ring_chunk);
+}
+
+//! [reduce_scatter]
+// A ring reduce-scatter of `data`'s n floats over the world's N ranks: afterwards this rank's
+// shard_of(n, r, N) holds the sum over the ranks. Returns the bytes this rank sent.
+std::size_t ring_reduce_scatter(float* data, std::size_t n, std::vector<float>& scratch) {
+    int r = 0, N = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &N);
+    const int next = (r + 1) % N, previous = (r + N - 1) % N;
+    std::size_t sent = 0;
+    // N − 1 steps round the ring: each rank passes on a shard's running sum and adds its own
+    // gradients to the one it receives. The last one it receives is its own shard, complete.
+    for (int step = 0; step < N - 1; ++step) {
+        const Shard out = shard_of(n, ring_reduce_scatter_send(r, step, N), N);
+        const Shard in = shard_of(n, ring_reduce_scatter_send(previous, step, N), N);
+        for (std::size_t c = 0; c < ring_pieces(n, N); ++c) {  // a shard in pieces of 64 KiB
+            const std::size_t send = piece_floats(out.size(), c), receive = piece_floats(in.size(), c);
+            const std::size_t from = out.begin + c * ring_chunk, to = in.begin + c * ring_chunk;
+            scratch.resize(std::max(scratch.size(), receive));
+            MPI_Sendrecv(data + from, count_of(send), MPI_FLOAT, next, step, scratch.data(), count_of(receive),
+                         MPI_FLOAT, previous, step, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            for (std::size_t i = 0; i < receive; ++i) data[to + i] += scratch[i];
+            sent += send * sizeof(float);
+        }
+    }
+    return sent;
+}
+//! [reduce_scatter]
+
+// The runs of the flat buffer that hold floats [lo, hi) of a bucket (its ranges one after the
+// other): fn(offset in the flat buffer, offset in [lo, hi), floats).
+template <class Fn>
+void for_each_run(const GradientBucket& bucket, std::size_t lo, std::size_t hi, Fn&& fn) {
+    std::size_t at = 0;  // the bucket's floats before this range
+    for (const auto& [offset, size] : bucket.ranges) {
+        const std::size_t a = std::max(lo, at), b = std::min(hi, at + size);
+        if (a < b) fn(offset + (a - at), a - lo, b - a);
+        at += size;
+    }
+}
 }  // namespace
+
+std::size_t ring_buffer_floats(std::size_t n, int ranks) {
+    return ranks > 1 ? std::min(ring_chunk, shard_of(n, 0, ranks).size()) : 0;
+}
 
 ShardedOptimizer::ShardedOptimizer() : DataParallel(AllreduceSchedule::after) {}
 
 void ShardedOptimizer::begin_gradients(GPT&, double share) { share_ = static_cast<float>(share); }
 
-//! [reduce_scatter]
 void ShardedOptimizer::finish_gradients(GPT& model) {
     std::vector<float>& grads = model.gradients();
+    scratch_.reserve(ring_buffer_floats(grads.size(), size()));  // once, its final size
     for (float& g : grads) g *= share_;  // this rank's part of the batch's mean
     traffic_ = {};
-    const int N = size(), r = rank();
-    const int next = (r + 1) % N, previous = (r + N - 1) % N;
-    // N − 1 steps round the ring: each rank passes on a shard's running sum and adds its own
-    // gradients to the one it receives. The last one it receives is its own shard, complete.
-    for (int step = 0; step < N - 1; ++step) {
-        const Shard out = shard_of(grads.size(), ring_reduce_scatter_send(r, step, N), N);
-        const Shard in = shard_of(grads.size(), ring_reduce_scatter_send(previous, step, N), N);
-        scratch_.resize(in.size());
-        MPI_Sendrecv(grads.data() + out.begin, count_of(out.size()), MPI_FLOAT, next, step,
-                     scratch_.data(), count_of(in.size()), MPI_FLOAT, previous, step, MPI_COMM_WORLD,
-                     MPI_STATUS_IGNORE);
-        for (std::size_t i = 0; i < in.size(); ++i) grads[in.begin + i] += scratch_[i];
-        traffic_.reduce_scatter_bytes += out.size() * sizeof(float);
-    }
+    traffic_.reduce_scatter_bytes = ring_reduce_scatter(grads.data(), grads.size(), scratch_);
 }
-//! [reduce_scatter]
 
 float ShardedOptimizer::clip_gradients(GPT& model, float max_norm) {
     // The norm of the whole gradient from each rank's sum of squares over its shard.
@@ -108,6 +156,170 @@ void ShardedOptimizer::whole_moments(const GPT& model, const AdamW& optimizer, s
                 offsets.data(), MPI_FLOAT, 0, MPI_COMM_WORLD);
     MPI_Gatherv(optimizer.v.data(), counts[static_cast<std::size_t>(rank())], MPI_FLOAT, v.data(), counts.data(),
                 offsets.data(), MPI_FLOAT, 0, MPI_COMM_WORLD);
+}
+
+}  // namespace attn::mpi
+
+namespace attn::mpi {
+
+ShardedGradients::ShardedGradients() : DataParallel(AllreduceSchedule::after) {}
+
+std::vector<AdamW::Segment> ShardedGradients::segments(const GPT& model) const {
+    std::vector<AdamW::Segment> runs;
+    for (const GradientBucket& bucket : model.gradient_buckets()) {
+        const Shard piece = shard_of(bucket.size, rank(), size());
+        for_each_run(bucket, piece.begin, piece.end,
+                     [&](std::size_t offset, std::size_t, std::size_t n) { runs.push_back({offset, n}); });
+    }
+    return runs;
+}
+
+std::size_t ShardedGradients::gradient_bytes() const {
+    return (shard_.capacity() + scratch_.capacity() + sending_.capacity()) * sizeof(float);
+}
+
+void ShardedGradients::begin_gradients(GPT& model, double share) {
+    share_ = static_cast<float>(share);
+    traffic_ = {};
+    std::size_t mine = 0;
+    for (const GradientBucket& bucket : model.gradient_buckets()) mine += shard_of(bucket.size, rank(), size()).size();
+    shard_.assign(mine, 0.0f);
+    // The rings' buffers, once, at their final size: the largest piece of any bucket.
+    std::size_t largest = 0;
+    for (const GradientBucket& bucket : model.gradient_buckets()) largest = std::max(largest, ring_buffer_floats(bucket.size, size()));
+    scratch_.reserve(largest);
+    sending_.reserve(largest);
+    const GPT* m = &model;
+    model.set_gradient_sink([this, m](int bucket, float* gradients) { take(*m, bucket, gradients); });
+}
+
+//! [stage2]
+void ShardedGradients::take(const GPT& model, int bucket, float* gradients) {
+    const std::vector<GradientBucket>& buckets = model.gradient_buckets();
+    const std::size_t n = buckets[static_cast<std::size_t>(bucket)].size;
+    for (std::size_t i = 0; i < n; ++i) gradients[i] *= share_;  // this rank's part of the mean
+    // The bucket's sum round the ring, this rank's piece of it kept; the model reuses the
+    // buffer for its next block as soon as this returns.
+    traffic_.reduce_scatter_bytes += ring_reduce_scatter(gradients, n, scratch_);
+    std::size_t at = 0;  // where this bucket's piece starts in shard_
+    for (int b = 0; b < bucket; ++b) at += shard_of(buckets[static_cast<std::size_t>(b)].size, rank(), size()).size();
+    const Shard piece = shard_of(n, rank(), size());
+    std::copy(gradients + piece.begin, gradients + piece.end, shard_.begin() + static_cast<std::ptrdiff_t>(at));
+}
+//! [stage2]
+
+void ShardedGradients::finish_gradients(GPT&) {}  // every bucket was taken during the pass
+
+float ShardedGradients::clip_gradients(GPT&, float max_norm) {
+    double local = 0.0;
+    for (float g : shard_) local += static_cast<double>(g) * g;
+    const double sum_sq = size() > 1 ? sum(local) : local;
+    if (size() > 1) traffic_.norm_bytes = sizeof(double);
+    const float norm = static_cast<float>(std::sqrt(sum_sq));
+    const float coef = max_norm / (norm + 1e-6f);
+    if (max_norm > 0.0f && std::isfinite(norm) && coef < 1.0f) {
+        for (float& g : shard_) g *= coef;
+    }
+    return norm;
+}
+
+void ShardedGradients::update(GPT& model, AdamW& optimizer, float lr) {
+    std::vector<float>& params = model.parameters();
+    const std::vector<AdamW::Segment> mine = segments(model);
+    std::size_t n = 0;
+    for (const AdamW::Segment& s : mine) n += s.size;
+    if (!moments_cut_ && optimizer.m.size() != model.parameters().size() && optimizer.m.size() == n) {
+        moments_cut_ = true;  // another ShardedGradients' pieces: the same rule cut them
+    }
+    if (!moments_cut_ && !optimizer.m.empty()) {
+        if (optimizer.m.size() != model.parameters().size() || optimizer.v.size() != optimizer.m.size()) {
+            throw std::logic_error("ShardedGradients: moments of " + std::to_string(optimizer.m.size()) +
+                                   " parameters, neither the model's " + std::to_string(model.parameters().size()) +
+                                   " nor this rank's " + std::to_string(n));
+        }
+        // A checkpoint's whole state, in the flat buffer's order: this rank's pieces of it.
+        std::vector<float> m, v;
+        for (const AdamW::Segment& s : mine) {
+            const auto from = static_cast<std::ptrdiff_t>(s.offset), to = static_cast<std::ptrdiff_t>(s.offset + s.size);
+            m.insert(m.end(), optimizer.m.begin() + from, optimizer.m.begin() + to);
+            v.insert(v.end(), optimizer.v.begin() + from, optimizer.v.begin() + to);
+        }
+        optimizer.m = std::move(m);
+        optimizer.v = std::move(v);
+    }
+    moments_cut_ = true;
+    optimizer.step_segments(params, shard_.data(), model.parameter_table(), lr, mine);
+    const int N = size(), r = rank();
+    const int next = (r + 1) % N, previous = (r + N - 1) % N;
+    // Bucket by bucket, each rank's piece of new parameters round the ring: packed from the
+    // flat buffer, and unpacked into it on arrival.
+    for (const GradientBucket& bucket : model.gradient_buckets()) {
+        for (int step = 0; step < N - 1; ++step) {
+            const Shard out = shard_of(bucket.size, ring_all_gather_send(r, step, N), N);
+            const Shard in = shard_of(bucket.size, ring_all_gather_send(previous, step, N), N);
+            for (std::size_t c = 0; c < ring_pieces(bucket.size, N); ++c) {  // in pieces of 64 KiB
+                const std::size_t send = piece_floats(out.size(), c), receive = piece_floats(in.size(), c);
+                const std::size_t from = out.begin + c * ring_chunk, to = in.begin + c * ring_chunk;
+                sending_.resize(std::max(sending_.size(), send));
+                scratch_.resize(std::max(scratch_.size(), receive));
+                for_each_run(bucket, from, from + send, [&](std::size_t offset, std::size_t at, std::size_t k) {
+                    std::copy(params.begin() + static_cast<std::ptrdiff_t>(offset),
+                              params.begin() + static_cast<std::ptrdiff_t>(offset + k),
+                              sending_.begin() + static_cast<std::ptrdiff_t>(at));
+                });
+                MPI_Sendrecv(sending_.data(), count_of(send), MPI_FLOAT, next, step, scratch_.data(), count_of(receive),
+                             MPI_FLOAT, previous, step, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                for_each_run(bucket, to, to + receive, [&](std::size_t offset, std::size_t at, std::size_t k) {
+                    std::copy(scratch_.begin() + static_cast<std::ptrdiff_t>(at),
+                              scratch_.begin() + static_cast<std::ptrdiff_t>(at + k),
+                              params.begin() + static_cast<std::ptrdiff_t>(offset));
+                });
+                traffic_.all_gather_bytes += send * sizeof(float);
+            }
+        }
+    }
+}
+
+void ShardedGradients::whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m,
+                                     std::vector<float>& v) {
+    const std::size_t P = model.parameters().size();
+    if (!moments_cut_ || optimizer.m.empty()) {  // none yet, or a checkpoint's whole state
+        m = optimizer.m;
+        v = optimizer.v;
+        return;
+    }
+    std::size_t mine = 0;
+    for (const GradientBucket& bucket : model.gradient_buckets()) mine += shard_of(bucket.size, rank(), size()).size();
+    if (optimizer.m.size() != mine || optimizer.v.size() != mine) {
+        throw std::logic_error("ShardedGradients: moments of " + std::to_string(optimizer.m.size()) +
+                               " parameters for pieces of " + std::to_string(mine));
+    }
+    m.assign(rank() == 0 ? P : 0, 0.0f);
+    v.assign(m.size(), 0.0f);
+    std::vector<float> whole_bucket;
+    std::size_t at = 0;  // this rank's piece of the bucket in its moments
+    for (const GradientBucket& bucket : model.gradient_buckets()) {
+        std::vector<int> counts, offsets;
+        for (int q = 0; q < size(); ++q) {
+            const Shard s = shard_of(bucket.size, q, size());
+            counts.push_back(count_of(s.size()));
+            offsets.push_back(count_of(s.begin));
+        }
+        const int own = counts[static_cast<std::size_t>(rank())];
+        whole_bucket.assign(rank() == 0 ? bucket.size : 0, 0.0f);
+        for (int which = 0; which < 2; ++which) {
+            const std::vector<float>& moments = which == 0 ? optimizer.m : optimizer.v;
+            MPI_Gatherv(moments.data() + at, own, MPI_FLOAT, whole_bucket.data(), counts.data(), offsets.data(),
+                        MPI_FLOAT, 0, MPI_COMM_WORLD);
+            if (rank() != 0) continue;
+            std::vector<float>& out = which == 0 ? m : v;
+            for_each_run(bucket, 0, bucket.size, [&](std::size_t offset, std::size_t a, std::size_t k) {
+                std::copy(whole_bucket.begin() + static_cast<std::ptrdiff_t>(a),
+                          whole_bucket.begin() + static_cast<std::ptrdiff_t>(a + k), out.begin() + static_cast<std::ptrdiff_t>(offset));
+            });
+        }
+        at += static_cast<std::size_t>(own);
+    }
 }
 
 }  // namespace attn::mpi

@@ -526,6 +526,13 @@ void Trainer::save(const fs::path& dir) {
     if (group_) group_->barrier();
 }
 
+MemoryUse Trainer::memory_use() const {
+    MemoryUse use = model_.memory_use();
+    use.optimizer = optimizer_.bytes();
+    if (group_) use.gradients += group_->gradient_bytes();
+    return use;
+}
+
 void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
     if (group && device_) {
         throw std::invalid_argument("data parallelism over processes trains on the CPU: this "
@@ -545,6 +552,7 @@ void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
     }
     group_ = std::move(group);
     model_.set_batch_offset(0);
+    model_.set_gradient_sink({});  // a group that wants one (ZeRO stage 2) sets its own
     if (group_) {
         group_->check_same(state_fingerprint(),
                            "the run's settings, weights, optimizer, step and corpus (started "

@@ -277,13 +277,17 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     // One thread per rank: a rank with more keeps a gradient buffer for each extra thread's
     // slice of the batch, which the formulas below do not count.
     set_num_threads(1);
-    if (scheme != "plain" && scheme != "stage1") throw std::invalid_argument("unknown scheme " + scheme);
+    if (scheme != "plain" && scheme != "stage1" && scheme != "stage2") {
+        throw std::invalid_argument("unknown scheme " + scheme);
+    }
     const TextDataset data = make_dataset(read_corpus(corpus));
     Trainer trainer(recipe(s), data);
     //! [schemes]
     std::shared_ptr<mpi::DataParallel> group;
-    std::shared_ptr<mpi::ShardedOptimizer> sharded;
-    if (scheme == "stage1") group = sharded = std::make_shared<mpi::ShardedOptimizer>();
+    std::shared_ptr<mpi::ShardedOptimizer> stage1;
+    std::shared_ptr<mpi::ShardedGradients> stage2;
+    if (scheme == "stage1") group = stage1 = std::make_shared<mpi::ShardedOptimizer>();
+    else if (scheme == "stage2") group = stage2 = std::make_shared<mpi::ShardedGradients>();
     else group = std::make_shared<mpi::DataParallel>();  // every rank holds everything
     trainer.use_group(group);
     std::vector<double> losses;
@@ -291,16 +295,19 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
         losses.push_back(trainer.train_step().loss);
         if (i + 1 == save_at) trainer.save(out);  // the whole state: rank 0 gathers the shards
     }
-    MemoryUse use = trainer.model().memory_use();  // what this rank allocated, by kind
-    use.optimizer = trainer.optimizer().bytes();
+    const MemoryUse use = trainer.memory_use();  // what this rank allocated, by kind
     //! [schemes]
     mpi::say("losses", losses);
     mpi::say("parameters", {static_cast<double>(trainer.model().parameters().size())});
+    std::vector<double> buckets;  // every gradient bucket's floats: one block, …, the embeddings
+    for (const GradientBucket& b : trainer.model().gradient_buckets()) buckets.push_back(static_cast<double>(b.size));
+    mpi::say("buckets", buckets);
     mpi::say("weights", mpi::gather_from_ranks(static_cast<double>(use.weights)));
     mpi::say("gradients", mpi::gather_from_ranks(static_cast<double>(use.gradients)));
     mpi::say("optimizer", mpi::gather_from_ranks(static_cast<double>(use.optimizer)));
     mpi::say("activations", mpi::gather_from_ranks(static_cast<double>(use.activations)));
-    if (sharded) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(sharded->last_traffic().total())));
+    if (stage1) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(stage1->last_traffic().total())));
+    if (stage2) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(stage2->last_traffic().total())));
     // The weights alone, hashed (a sharded rank's moments are its shard's, unlike the others').
     std::uint64_t h = 0xcbf29ce484222325ull;
     const std::vector<float>& w = trainer.model().parameters();
@@ -375,117 +382,158 @@ struct Launcher {
     }
 };
 
-// Plain data parallelism and ZeRO stage 1 on 1 to 4 ranks: the same losses as one process,
-// the bytes every rank measured beside each scheme's formula, the bytes sent beside the
-// ring's, a checkpoint of the sharded run resumed in one process, and the plot.
+// Plain data parallelism and ZeRO stages 1 and 2 on 1 to 4 ranks: the same losses as one
+// process, the bytes every rank measured beside each scheme's formula and its working
+// buffers, the bytes sent beside the ring's count, the sharded runs' checkpoints resumed in
+// one process, and the plot.
 void schemes(const Launcher& launcher, const LessonOptions& options) {
-    print_heading("Data parallelism and ZeRO stage 1, trained and measured");
+    print_heading("Data parallelism and ZeRO stages 1 and 2, trained and measured");
     std::vector<Run> runs;
     for (int N : {1, 2, 4}) runs.push_back(launcher.run("plain", N));
-    for (int N : {1, 2, 3, 4}) runs.push_back(launcher.run("stage1", N, N == 4 ? launcher.s.save_at : 0));
+    for (const char* stage : {"stage1", "stage2"}) {
+        for (int N : {1, 2, 3, 4}) runs.push_back(launcher.run(stage, N, N == 4 ? launcher.s.save_at : 0));
+    }
     const Run& one = runs.front();
     const double P = need(one.numbers, "parameters")[0], mb = 1e6;
     const std::vector<double>& reference = need(one.numbers, "losses");
-    std::printf("the %s recipe (%.0f parameters, float32, batch 12 shared by the ranks, one thread each),\n"
-                "%d steps of each scheme on N ranks; bytes per rank as the library allocated them\n"
-                "(GPT::memory_use, AdamW::bytes), the largest over the ranks\n\n", launcher.s.recipe.c_str(), P,
-                launcher.s.steps);
+    std::vector<std::size_t> buckets;
+    for (double b : need(one.numbers, "buckets")) buckets.push_back(static_cast<std::size_t>(b));
+    const double block = static_cast<double>(buckets.front()), rest = static_cast<double>(buckets.back());
+    std::printf("the %s recipe (%.0f parameters in %zu blocks of %.0f and %.0f more in the embeddings and\n"
+                "ln_f; float32, batch 12 shared by the ranks, one thread each), %d steps of each scheme on N\n"
+                "ranks; bytes per rank as the library allocated them (Trainer::memory_use), the largest over\n"
+                "the ranks\n\n", launcher.s.recipe.c_str(), P, buckets.size() - 1, block, rest, launcher.s.steps);
     //! [formulas]
-    // float32 all through: weights 4P, gradients 4P, AdamW's m and v 8P, on every rank or
-    // sharded over N
+    // ZeRO's formulas in float32: weights 4P, gradients 4P, AdamW's m and v 8P, on every rank
+    // or sharded over N
     const auto formula = [P](const std::string& scheme, int N) {
-        return scheme == "plain" ? 16.0 * P : 8.0 * P + 8.0 * P / N;
+        if (scheme == "plain") return 16.0 * P;
+        if (scheme == "stage1") return 4.0 * P + 4.0 * P + 8.0 * P / N;
+        return 4.0 * P + (4.0 + 8.0) * P / N;  // stage 2
+    };
+    // What each keeps besides: the rings' buffers for a piece of at most 64 KiB (stage 2: one
+    // to send, one to receive), and in stage 2 the backward pass's buffer of one block and the
+    // embeddings' and ln_f's gradients, which it hands over bucket by bucket
+    const auto buffers = [&](const std::string& scheme, int N) {
+        if (scheme == "plain") return 0.0;
+        if (scheme == "stage1") return 4.0 * static_cast<double>(mpi::ring_buffer_floats(static_cast<std::size_t>(P), N));
+        std::size_t piece = 0;
+        for (std::size_t b : buckets) piece = std::max(piece, mpi::ring_buffer_floats(b, N));
+        return 4.0 * (block + rest) + 2.0 * 4.0 * static_cast<double>(piece);
     };
     //! [formulas]
-    std::printf("%-7s %5s  %8s  %9s  %8s  %8s  %8s  %6s  %11s  %9s  %s\n", "scheme", "ranks", "weights", "gradients",
-                "AdamW", "state", "formula", "off by", "activations", "loss gap", "same on every rank");
-    double worst_gap = 0.0, worst_off = 0.0;
+    std::printf("%-7s %5s  %8s  %9s  %8s  %8s  %8s  %6s  %8s  %10s  %11s  %9s  %s\n", "scheme", "ranks", "weights",
+                "gradients", "AdamW", "state", "formula", "off by", "buffers", "unexplained", "activations",
+                "loss gap", "same");
+    double worst_gap = 0.0, worst_off = 0.0, worst_unexplained = 0.0;
     bool identical = true;
     for (const Run& run : runs) {
-        const double state = run.state(), expected = formula(run.scheme, run.N), off = state / expected - 1.0;
+        const double state = run.state(), expected = formula(run.scheme, run.N), extra = buffers(run.scheme, run.N);
+        const double off = state / expected - 1.0, unexplained = state - expected - extra;
         const double gap = largest_relative_gap(need(run.numbers, "losses"), reference);
         const bool same = need(run.numbers, "identical")[0] == 1.0;
         worst_gap = std::max(worst_gap, gap);
-        worst_off = std::max(worst_off, std::fabs(off));
+        if (run.scheme != "stage2") worst_off = std::max(worst_off, std::fabs(off));
+        worst_unexplained = std::max(worst_unexplained, std::fabs(unexplained) / state);
         identical = identical && same;
-        std::printf("%-7s %5d  %8.3f  %9.3f  %8.3f  %8.3f  %8.3f  %+5.1f%%  %11.3f  %9.1e  %s\n",
-                    run.scheme == "plain" ? "plain" : "stage 1", run.N, run.largest("weights") / mb,
-                    run.largest("gradients") / mb, run.largest("optimizer") / mb, state / mb, expected / mb,
-                    100.0 * off, run.largest("activations") / mb, gap, same ? "yes" : "NO");
+        const char* name = run.scheme == "plain" ? "plain" : run.scheme == "stage1" ? "stage 1" : "stage 2";
+        std::printf("%-7s %5d  %8.3f  %9.3f  %8.3f  %8.3f  %8.3f  %+5.1f%%  %8.3f  %8.0f B  %11.3f  %9.1e  %s\n", name,
+                    run.N, run.largest("weights") / mb, run.largest("gradients") / mb, run.largest("optimizer") / mb,
+                    state / mb, expected / mb, 100.0 * off, extra / mb, unexplained, run.largest("activations") / mb,
+                    gap, same ? "yes" : "NO");
         const std::string key = run.scheme + "_" + std::to_string(run.N);
         print_claim(key + "_state_mb", state / mb, 2);
         print_claim(key + "_formula_mb", expected / mb, 2);
+        print_claim(key + "_off_percent", 100.0 * off, 1);
+        print_claim(key + "_buffers_mb", extra / mb, 2);
         print_claim(key + "_activations_mb", run.largest("activations") / mb, 2);
     }
-    std::printf("(MB = 10^6 bytes; state = weights + gradients + AdamW; loss gap: the largest relative\n"
+    std::printf("(MB = 10^6 bytes; state = weights + gradients + AdamW; off by: from ZeRO's formula; buffers: the\n"
+                "rings' and stage 2's backward buffer, from the sizes above; unexplained: state - formula - buffers,\n"
+                "from a shard's size differing by one float from rank to rank; loss gap: the largest relative\n"
                 "difference from the plain run on 1 rank over the %d steps)\n", launcher.s.steps);
-    print_claim("state_worst_off_percent", 100.0 * worst_off, 2);
+    print_claim("block_floats", std::to_string(buckets.front()));
+    print_claim("blocks", std::to_string(buckets.size() - 1));
+    print_claim("state_worst_off_percent", 100.0 * worst_off, 1);
     print_claim("state_within_5_percent", worst_off < 0.05 ? "yes" : "no");
+    print_claim("state_explained", worst_unexplained < 1e-4 ? "yes" : "no");
     print_claim("schemes_loss_gap", worst_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
     print_claim("schemes_identical", identical ? "yes" : "no");
 
     // The bytes each rank sent in its last step, counted by the rings, against the ring's
     // 2(N - 1)/N of the parameters' bytes, and against what rank r's rings must send: every
     // shard but its own in the reduce-scatter, every shard but rank r + 1's in the
-    // all-gather, and on more than one rank the clipping norm's sum of squares (a double).
-    std::printf("\nbytes sent in one step of stage 1, counted by its rings, rank by rank, against the ring's\n"
-                "formula 2(N-1)/N x 4P and against each rank's exact count 4(P - |shard r|) + 4(P - |shard r+1|) + 8:\n");
-    std::printf("%5s  %-40s  %14s  %s\n", "ranks", "sent", "2(N-1)/N x 4P", "exact count");
+    // all-gather (stage 2: of every bucket), and on more than one rank the clipping norm's
+    // sum of squares (a double).
+    std::printf("\nbytes sent in one step, counted by the rings, rank by rank, against the ring's formula\n"
+                "2(N-1)/N x 4P and against each rank's exact count 4(P - |shard r|) + 4(P - |shard r+1|) + 8\n"
+                "(stage 2: summed over the buckets):\n");
+    std::printf("%-7s %5s  %-40s  %14s  %s\n", "scheme", "ranks", "sent", "2(N-1)/N x 4P", "exact count");
     bool exact = true;
     for (const Run& run : runs) {
-        if (run.scheme != "stage1") continue;
+        if (run.scheme == "plain") continue;
+        const std::vector<std::size_t> sizes =
+            run.scheme == "stage1" ? std::vector<std::size_t>{static_cast<std::size_t>(P)} : buckets;
         std::string each;
         bool all = true;
-        const auto n = static_cast<std::size_t>(P);
         for (int r = 0; r < run.N; ++r) {
             const double sent = run.of("sent", r);
             each += (each.empty() ? "" : " ") + std::to_string(static_cast<long long>(sent));
-            const double count = run.N == 1 ? 0.0 : 4.0 * static_cast<double>(2 * n - shard_of(n, r, run.N).size() -
-                                                                              shard_of(n, (r + 1) % run.N, run.N).size()) + 8.0;
+            double count = run.N == 1 ? 0.0 : 8.0;
+            for (std::size_t n : sizes) {
+                if (run.N > 1) {
+                    count += 4.0 * static_cast<double>(2 * n - shard_of(n, r, run.N).size() -
+                                                       shard_of(n, (r + 1) % run.N, run.N).size());
+                }
+            }
             all = all && sent == count;
         }
         exact = exact && all;
         const double ring = 2.0 * (run.N - 1) / run.N * 4.0 * P;
-        std::printf("%5d  %-40s  %14.0f  %s\n", run.N, each.c_str(), ring, all ? "equal on every rank" : "DIFFERS");
+        std::printf("%-7s %5d  %-40s  %14.0f  %s\n", run.scheme == "stage1" ? "stage 1" : "stage 2", run.N,
+                    each.c_str(), ring, all ? "equal on every rank" : "DIFFERS");
         if (run.N == 4) {
-            print_claim("stage1_sent_rank0_4", std::to_string(static_cast<long long>(run.of("sent", 0))));
-            print_claim("stage1_sent_formula_4", std::to_string(static_cast<long long>(ring + 0.5)));
+            print_claim(run.scheme + "_sent_rank0_4", std::to_string(static_cast<long long>(run.of("sent", 0))));
+            if (run.scheme == "stage1") print_claim("sent_formula_4", std::to_string(static_cast<long long>(ring + 0.5)));
         }
     }
-    print_claim("stage1_sent_exact", exact ? "yes" : "no");
+    print_claim("sent_exact", exact ? "yes" : "no");
 
-    // The checkpoint the sharded run on 4 ranks saved, resumed in one process.
+    // The checkpoints the sharded runs on 4 ranks saved, resumed in one process.
     const Sizes& s = launcher.s;
     const int threads = num_threads();
     set_num_threads(1);
-    Trainer resumed = Trainer::load(launcher.scratch / "stage14", make_dataset(read_corpus(launcher.corpus)));
-    std::vector<double> rest;
-    while (resumed.step() < s.steps) rest.push_back(resumed.train_step().loss);
+    double resume_gap = 0.0;
+    for (const char* stage : {"stage1", "stage2"}) {
+        Trainer resumed = Trainer::load(launcher.scratch / (std::string(stage) + "4"), make_dataset(read_corpus(launcher.corpus)));
+        std::vector<double> later;
+        while (resumed.step() < s.steps) later.push_back(resumed.train_step().loss);
+        const std::vector<double> tail(reference.begin() + s.save_at, reference.end());
+        resume_gap = std::max(resume_gap, largest_relative_gap(later, tail));
+    }
     set_num_threads(threads);
-    const std::vector<double> tail(reference.begin() + s.save_at, reference.end());
-    const double resume_gap = largest_relative_gap(rest, tail);
-    std::printf("\nthe stage-1 run on 4 ranks saved a checkpoint after step %d (rank 0 gathered the moments);\n"
-                "one process resumed it for steps %d to %d: largest relative gap from the 1-rank run's losses %.1e\n",
-                s.save_at, s.save_at + 1, s.steps, resume_gap);
+    std::printf("\nthe stage-1 and stage-2 runs on 4 ranks saved a checkpoint after step %d (rank 0 gathered the\n"
+                "moments); one process resumed each for steps %d to %d: largest relative gap from the 1-rank\n"
+                "run's losses %.1e\n", s.save_at, s.save_at + 1, s.steps, resume_gap);
     print_claim("resume_gap", resume_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
 
     if (!options.figures.empty()) {
-        // Measured only: the formulas agree to the byte (the table), and would hide these lines.
+        // Measured only: the formulas would hide these lines (the table has both).
         std::vector<PlotSeries> lines = {{"plain: weights + gradients + AdamW", {}, {}},
                                          {"stage 1: weights + gradients + AdamW", {}, {}},
-                                         {"activations, either scheme", {}, {}}};
+                                         {"stage 2: weights + gradients + AdamW", {}, {}},
+                                         {"activations, any scheme", {}, {}}};
         for (const Run& run : runs) {
-            PlotSeries& line = lines[run.scheme == "plain" ? 0 : 1];
+            PlotSeries& line = lines[run.scheme == "plain" ? 0 : run.scheme == "stage1" ? 1 : 2];
             line.x.push_back(run.N);
             line.y.push_back(run.state() / mb);
             if (run.scheme == "stage1") {
-                lines[2].x.push_back(run.N);
-                lines[2].y.push_back(run.largest("activations") / mb);
+                lines[3].x.push_back(run.N);
+                lines[3].y.push_back(run.largest("activations") / mb);
             }
         }
         line_plot_png(options.figures / "lesson21_measured_memory.png", lines,
-                      "This lesson's model: bytes per rank, measured", "ranks N",
-                      "MB per rank");
+                      "This lesson's model: bytes per rank, measured", "ranks N", "MB per rank");
     }
 }
 #endif  // ATTN_HAVE_MPI

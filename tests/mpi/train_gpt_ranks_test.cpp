@@ -7,7 +7,7 @@
 //       where the ranks do not implement the option; the base run also on 4 ranks, with
 //       the gradients summed after the backward pass, and with other gradient buckets (capped,
 //       a small first one, summed in place); each also with --ranks 2 --shard optimizer
-//       (ZeRO stage 1), the base run on 3 and 4 ranks too. The options come from --help: one this
+//       (ZeRO stage 1) and --shard gradients (stage 2), the base run on 3 and 4 ranks too. The options come from --help: one this
 //       test's table does not know (or the reverse) fails it.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR refusals MPIRUN
 //       Bad uses of ranks get one line on stderr and exit status 1 or 2 (under mpirun, one
@@ -20,6 +20,8 @@
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill-sharded
 //       The same with the optimizer's state sharded (--shard optimizer) on 4 ranks, resumed
 //       sharded on 3.
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill-sharded-gradients
+//       The same with the gradients sharded too (--shard gradients) on 4 ranks, resumed so on 3.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR stop
 //       SIGTERM to the launcher of a 2-rank run: every rank ends its step, the checkpoint is
 //       saved, one line, exit 0, no process left, and the run resumes from it; two signals
@@ -293,8 +295,8 @@ std::vector<Use> option_table() {
                                              "bucket) and 4 ranks (25 after a first of 0.03)"},
         {"--first-bucket-mb", Role::axis, {}, "with --bucket-cap-mb on the base run, 4 ranks"},
         {"--bucket-view", Role::axis, {}, "on the base run with 2 ranks, alone and with --bucket-cap-mb 0.06"},
-        {"--shard", Role::axis, {}, "optimizer with 2 ranks on every run beside plain data parallelism; the "
-                                    "base run also on 3 and 4 ranks"},
+        {"--shard", Role::axis, {}, "optimizer and gradients with 2 ranks on every run beside plain data "
+                                    "parallelism; the base run also on 3 and 4 ranks"},
         {"--batch-per-rank", Role::axis, {}, "2 ranks of the base's batch of 8 each against one process "
                                               "of --batch-size 16; refused without ranks"},
         {"--batch-size", Role::varied, {"6"}, ""},
@@ -417,10 +419,13 @@ int test_options(const std::string& program, const fs::path& root) {
         std::vector<Outcome> outcomes;
         std::vector<fs::path> outs;
         // One process, then 2 ranks (and for the base run 4 ranks, and the other schedule).
-        std::vector<std::vector<std::string>> extra = {{}, {"--ranks", "2"}, {"--ranks", "2", "--shard", "optimizer"}};
+        std::vector<std::vector<std::string>> extra = {{}, {"--ranks", "2"}, {"--ranks", "2", "--shard", "optimizer"},
+                                                       {"--ranks", "2", "--shard", "gradients"}};
         if (i == 0) {
             extra.push_back({"--ranks", "3", "--shard", "optimizer"});
             extra.push_back({"--ranks", "4", "--shard", "optimizer"});
+            extra.push_back({"--ranks", "3", "--shard", "gradients"});
+            extra.push_back({"--ranks", "4", "--shard", "gradients"});
             extra.push_back({"--ranks", "4"});
             extra.push_back({"--ranks", "2", "--allreduce", "after"});
             extra.push_back({"--ranks", "4", "--allreduce", "after"});
@@ -546,6 +551,10 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"--shard with --allreduce", {"--ranks", "2", "--shard", "optimizer", "--allreduce", "after"}},
         {"--shard with --bucket-cap-mb", {"--ranks", "2", "--shard", "optimizer", "--bucket-cap-mb", "1"}},
         {"--shard with fp16's loss scaling", {"--ranks", "2", "--shard", "optimizer", "--precision", "fp16"}},
+        {"--shard gradients without ranks", {"--shard", "gradients"}},
+        {"--shard gradients with --bucket-view", {"--ranks", "2", "--shard", "gradients", "--bucket-view"}},
+        {"--shard gradients with fp16's loss scaling", {"--ranks", "2", "--shard", "gradients", "--precision", "fp16"}},
+        {"--shard parameters, a stage not built", {"--ranks", "2", "--shard", "parameters"}},
         {"a corpus that does not exist, with ranks", {"--ranks", "2", "--data", (root / "missing.txt").string()}},
         {"a checkpoint that does not exist, with ranks", {"--ranks", "2", "--resume", (root / "nothing").string()}},
         {"--device sim with ranks", {"--ranks", "2", "--device", "sim"}},
@@ -682,9 +691,11 @@ long long checkpoint_step(const fs::path& run) {
     }
 }
 
-// `sharded`: the killed run and the resumed one keep the optimizer's state sharded (--shard
-// optimizer, ZeRO stage 1), the resumed one on 3 ranks.
-int test_kill(const std::string& program, const fs::path& root, bool sharded) {
+// `shard`: the killed run and the resumed one keep the optimizer's state sharded (--shard
+// optimizer, ZeRO stage 1) or the gradients too (--shard gradients, stage 2), the resumed one
+// on 3 ranks; empty: plain data parallelism, resumed on 2.
+int test_kill(const std::string& program, const fs::path& root, const std::string& shard) {
+    const bool sharded = !shard.empty();
     const fs::path corpus = root / "corpus.txt";
     write_corpus(corpus);
     // nanoGPT's CPU recipe for 80 steps (seconds a run), a checkpoint every 10 steps.
@@ -701,7 +712,7 @@ int test_kill(const std::string& program, const fs::path& root, bool sharded) {
     const fs::path killed = root / "killed";
     args = base;
     args.insert(args.end(), {"--out", killed.string(), "--ranks", "4"});
-    if (sharded) args.insert(args.end(), {"--shard", "optimizer"});
+    if (sharded) args.insert(args.end(), {"--shard", shard});
     const pid_t launcher = start(program, args, root / "killed_log");
     // Once the checkpoint of step 20 is written, kill rank 2 (the launcher's child is mpirun,
     // whose children are the ranks, in the order it started them).
@@ -755,9 +766,9 @@ int test_kill(const std::string& program, const fs::path& root, bool sharded) {
 
     // The checkpoint resumes on another number of ranks, and the run goes on as if it had
     // never stopped.
-    const std::string again = sharded ? "3 sharded ranks" : "2 ranks";
+    const std::string again = sharded ? "3 ranks with --shard " + shard : "2 ranks";
     args = {"--resume", killed.string(), "--ranks", sharded ? "3" : "2", "--sample", "0", "--data", corpus.string()};
-    if (sharded) args.insert(args.end(), {"--shard", "optimizer"});
+    if (sharded) args.insert(args.end(), {"--shard", shard});
     const Outcome resumed = run(program, args, root / "resumed_log");
     if (resumed.status != 0) {
         fail("resuming on " + again, resumed.err);
@@ -904,7 +915,7 @@ int main(int argc, char** argv) {
         return failures ? 1 : 0;
     }
     if (argc != 4 && argc != 5) {
-        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|stop [MPIRUN]\n"
+        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|stop [MPIRUN]\n"
                      "       train_gpt_ranks_test compare RUN REFERENCE_RUN\n";
         return 2;
     }
@@ -915,8 +926,9 @@ int main(int argc, char** argv) {
     int status = 2;
     if (part == "options") status = test_options(program, root);
     else if (part == "refusals") status = test_refusals(program, root, argc == 5 ? argv[4] : "mpirun");
-    else if (part == "kill") status = test_kill(program, root, false);
-    else if (part == "kill-sharded") status = test_kill(program, root, true);
+    else if (part == "kill") status = test_kill(program, root, "");
+    else if (part == "kill-sharded") status = test_kill(program, root, "optimizer");
+    else if (part == "kill-sharded-gradients") status = test_kill(program, root, "gradients");
     else if (part == "stop") status = test_stop(program, root);
     else std::cerr << "unknown part '" << part << "'\n";
     std::cout << (status == 0 ? "passed" : "FAILED") << " (" << failures << " failures)\n";

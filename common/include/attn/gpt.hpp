@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -288,9 +289,22 @@ public:
     /// processes while the pass goes on. The gradients are the same, bit for bit, as
     /// without a hook. An empty function removes the hook.
     /// @param ready called with each bucket's index, in order 0, 1, …
-    void set_gradient_ready_hook(std::function<void(int bucket)> ready) {
-        gradient_ready_ = std::move(ready);
-    }
+    /// @throws std::invalid_argument with a gradient sink set (set_gradient_sink)
+    void set_gradient_ready_hook(std::function<void(int bucket)> ready);
+    /// ZeRO stage 2's gradients (attn/mpi/zero.hpp, lesson 21): while a sink is set, the model
+    /// keeps no whole gradient buffer. backward() writes each bucket of gradient_buckets()
+    /// into a buffer of that bucket's size (its ranges one after the other, in order), sums it
+    /// over the threads' slices and calls `sink(b, buffer)` as soon as bucket b is complete,
+    /// on the thread that called backward(); a block's buffer is reused for the next block
+    /// once the call returns. The gradients are those backward() would leave in gradients(),
+    /// bit for bit. Meanwhile gradients() is empty, grads() all null, zero_grad() has nothing
+    /// to clear, and memory_use() counts the buckets' buffers (one block's and the
+    /// embeddings', per thread). An empty function brings back a whole buffer of zeros.
+    /// @param sink takes each bucket's index, in order 0, 1, …, and its gradients
+    /// @throws std::invalid_argument with a gradient hook set (set_gradient_ready_hook)
+    void set_gradient_sink(std::function<void(int bucket, float* gradients)> sink);
+    /// Whether a gradient sink is set. @return whether backward() hands its buckets to one
+    bool has_gradient_sink() const { return static_cast<bool>(sink_); }
     /// Reseeds the dropout masks: the masks of the following forward passes depend only on
     /// `seed` and their order since this call (dropout_site_seed), as on the GPU model.
     /// @param seed the new seed
@@ -327,9 +341,14 @@ private:
     void round_for_product(float* x, std::size_t n, RoundingCounts& counts) const;
     // The passes over the sequences [b0, b0 + B) of the batch, run by one thread each.
     void forward_slice(int b0, int B);
-    // layer_done(l), when given, is called by every slice after block l's backward.
+    // layer_done(l), when given, is called by every slice after block l's backward. With
+    // `block`, every block's gradients go to that buffer (laid out as block_layout_), and
+    // `grads` is read for the embeddings' and ln_f's only.
     void backward_slice(int b0, int B, const ParameterTensors& grads,
-                        const std::function<void(int)>* layer_done = nullptr);
+                        const std::function<void(int)>* layer_done = nullptr, float* block = nullptr);
+    void backward_to_sink();
+    // The tensors of block `layer` within stacked tensors `t` (the others as in t).
+    ParameterTensors layer_view(const ParameterTensors& t, int layer) const;
 
     GPTConfig config_;
     std::vector<ParameterInfo> table_;
@@ -349,6 +368,12 @@ private:
     std::vector<float> alibi_slopes_;  // (NH) with Position::alibi, else empty
     std::vector<GradientBucket> buckets_;          // gradient_buckets()
     std::function<void(int)> gradient_ready_;      // set_gradient_ready_hook()
+    std::function<void(int, float*)> sink_;        // set_gradient_sink()
+    std::vector<std::vector<float>> sink_blocks_;  // one block's gradients per slice
+    std::vector<std::vector<float>> sink_rests_;   // the embeddings' and ln_f's per slice
+    // Where each tensor lies in a block's bucket buffer, and in the last bucket's.
+    std::vector<std::pair<float* ParameterTensors::*, std::size_t>> block_layout_, rest_layout_;
+    std::size_t block_floats_ = 0, rest_floats_ = 0;
     int batch_offset_ = 0;                         // set_batch_offset()
     int B_ = 0, T_ = 0;
     bool training_ = true;
@@ -401,10 +426,29 @@ struct AdamW {
     void step_range(std::vector<float>& params, const std::vector<float>& grads,
                     const std::vector<ParameterInfo>& table, float lr, std::size_t begin, std::size_t end);
 
+    /// A run of consecutive parameters of the flat buffer: step_segments()' unit.
+    struct Segment {
+        std::size_t offset = 0;  ///< its first parameter's index in the flat buffer
+        std::size_t size = 0;    ///< its parameters
+    };
+    /// The same update of the parameters in `segments` alone, whose gradients and moments lie
+    /// one segment after the other (ZeRO stage 2's shard, a piece of every gradient bucket,
+    /// attn/mpi/zero.hpp): segment k's parameter i has gradient and moments at
+    /// (segments before it) + i. Each parameter gets the same arithmetic as in step().
+    /// The moments must hold the segments' parameters in that order (the caller cuts a
+    /// checkpoint's whole state to them), or be empty: they start at zero.
+    /// @param params every parameter (only the segments changed) @param grads the segments'
+    /// gradients, one after the other @param table the tensors in the buffer @param lr the
+    /// learning rate @param segments the parameters to update, in the order of `grads`
+    /// @throws std::invalid_argument for a segment outside the buffer, or moments of another size
+    void step_segments(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
+                       float lr, const std::vector<Segment>& segments);
+
 private:
-    // step() and step_range() once the moments hold [begin, end).
-    void step_range_of(std::vector<float>& params, const std::vector<float>& grads,
-                       const std::vector<ParameterInfo>& table, float lr, std::size_t begin, std::size_t end);
+    // One step of the parameters of `segments`: segment k's gradients and moments start at
+    // `at[k]` of `grads` (indexed from the segment's first parameter) and of m and v.
+    void step_segments_of(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
+                          float lr, const std::vector<Segment>& segments, const std::vector<std::size_t>& at);
 };
 
 /// Scales the gradients so that their global L2 norm is at most `max_norm`, as

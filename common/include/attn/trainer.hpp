@@ -203,6 +203,9 @@ public:
     /// ZeRO: a shard each). Loss scaling (float16) needs them all, to find an overflow.
     /// @return true by default
     virtual bool holds_whole_gradients() const { return true; }
+    /// The bytes of gradients the group keeps beside the model's own buffers (ZeRO stage 2:
+    /// each process's shard of the summed gradients). @return 0 by default
+    virtual std::size_t gradient_bytes() const { return 0; }
     /// The whole optimizer state for a checkpoint, into `m` and `v` in process 0 (a collective
     /// call: every process makes it). By default each process holds it all; ZeRO gathers the
     /// shards. Empty when no step was taken. @param model the model @param optimizer this
@@ -289,6 +292,10 @@ public:
     }
     const GPT& model() const { return model_; }                 ///< the model, read-only
     const AdamW& optimizer() const { return optimizer_; }       ///< AdamW and its moments
+    /// What this process holds for training, as allocated: the model's weights, gradients
+    /// and activations (GPT::memory_use), AdamW's moments, and the gradients a data-parallel
+    /// group keeps beside the model's (ZeRO stage 2's shard). @return bytes by kind
+    MemoryUse memory_use() const;
     /// Whether the steps scale the loss (fp16 with TrainConfig::loss_scaling).
     bool scales_loss() const {
         return config_.precision == Precision::fp16 && config_.loss_scaling;

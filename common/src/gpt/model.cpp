@@ -212,6 +212,63 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
         buckets_[bucket].ranges.emplace_back(p.offset, p.size);
         buckets_[bucket].size += p.size;
     }
+    // Where each tensor lies in a bucket's buffer of set_gradient_sink(): its ranges one after
+    // the other, in the table's order (every block's are laid out alike).
+    for (const Kind& k : per_layer) {
+        if (!k.present) continue;
+        block_layout_.emplace_back(k.member, block_floats_);
+        block_floats_ += product(k.shape);
+    }
+    for (const std::vector<Kind>* kinds : {&embeddings, &final_norm}) {
+        for (const Kind& k : *kinds) {
+            if (!k.present) continue;
+            rest_layout_.emplace_back(k.member, rest_floats_);
+            rest_floats_ += product(k.shape);
+        }
+    }
+}
+
+void GPT::set_gradient_ready_hook(std::function<void(int bucket)> ready) {
+    require(!(ready && sink_), "GPT::set_gradient_ready_hook: a gradient sink is set (set_gradient_sink), "
+                               "which hands every bucket over itself");
+    gradient_ready_ = std::move(ready);
+}
+
+void GPT::set_gradient_sink(std::function<void(int bucket, float* gradients)> sink) {
+    require(!(sink && gradient_ready_), "GPT::set_gradient_sink: a gradient hook is set "
+                                        "(set_gradient_ready_hook); the sink would take its place");
+    const bool had = static_cast<bool>(sink_);
+    sink_ = std::move(sink);
+    if (sink_ && !had) {  // no whole buffer from now on
+        std::vector<float>().swap(grads_memory_);
+        std::vector<std::vector<float>>().swap(slice_grads_);
+        grads_ = ParameterTensors{};
+    } else if (!sink_ && had) {
+        std::vector<std::vector<float>>().swap(sink_blocks_);
+        std::vector<std::vector<float>>().swap(sink_rests_);
+        grads_memory_.assign(params_memory_.size(), 0.0f);
+        grads_ = shifted(params_, params_memory_.data(), grads_memory_.data());
+    }
+}
+
+ParameterTensors GPT::layer_view(const ParameterTensors& t, int layer) const {
+    const size_t l = static_cast<size_t>(layer), C = static_cast<size_t>(config_.n_embd), lc = l * C;
+    const size_t QKV = static_cast<size_t>(config_.qkv_channels());
+    const auto at = [](float* x, size_t offset) { return x ? x + offset : nullptr; };
+    ParameterTensors v = t;
+    v.ln1w = at(t.ln1w, lc);
+    v.ln1b = at(t.ln1b, lc);
+    v.qkvw = at(t.qkvw, l * QKV * C);
+    v.qkvb = at(t.qkvb, l * QKV);
+    v.attprojw = at(t.attprojw, lc * C);
+    v.attprojb = at(t.attprojb, lc);
+    v.ln2w = at(t.ln2w, lc);
+    v.ln2b = at(t.ln2b, lc);
+    v.fcw = at(t.fcw, lc * 4 * C);
+    v.fcb = at(t.fcb, 4 * lc);
+    v.fcprojw = at(t.fcprojw, lc * 4 * C);
+    v.fcprojb = at(t.fcprojb, lc);
+    return v;
 }
 
 void GPT::set_batch_offset(int first_sequence) {
@@ -226,6 +283,8 @@ MemoryUse GPT::memory_use() const {
     use.weights = bytes(params_memory_) + bytes(product_weights_);
     use.gradients = bytes(grads_memory_);
     for (const std::vector<float>& g : slice_grads_) use.gradients += bytes(g);
+    for (const std::vector<float>& g : sink_blocks_) use.gradients += bytes(g);
+    for (const std::vector<float>& g : sink_rests_) use.gradients += bytes(g);
     const Activations& a = acts_;
     // Every buffer of Activations and GradientScratch: a member added there and not here
     // fails the static_asserts.
@@ -526,6 +585,10 @@ void GPT::backward(float loss_scale) {
             "GPT::backward: the loss scale must be positive and finite, got " +
                 std::to_string(loss_scale));
     loss_scale_ = loss_scale;
+    if (sink_) {
+        backward_to_sink();
+        return;
+    }
     // As in the forward pass, each thread takes a slice of the batch. The slices share the
     // parameters, whose gradients are sums over the whole batch: the first slice adds into
     // the model's gradients, every other slice into a zeroed buffer of its own, and those
@@ -593,8 +656,60 @@ void GPT::backward(float loss_scale) {
     if (gradient_ready_) gradient_ready_(L);  // the embeddings and ln_f
 }
 
+// backward() with a sink: the same passes and the same sums over the slices, in the same
+// order, into a block's buffer per slice (reused block after block) and a buffer per slice
+// for the embeddings and ln_f, so that the gradients are those of backward() bit for bit.
+void GPT::backward_to_sink() {
+    const int B = B_;
+    const int slices = std::min(B, omp_get_max_threads());
+    const int L = config_.n_layer;
+    sink_blocks_.resize(static_cast<size_t>(slices));
+    sink_rests_.resize(static_cast<size_t>(slices));
+    for (std::vector<float>& b : sink_blocks_) resize_zero(b, block_floats_);
+    for (std::vector<float>& r : sink_rests_) resize_zero(r, rest_floats_);
+#pragma omp parallel num_threads(slices)
+    {
+        const int id = omp_get_thread_num();
+        const int team = omp_get_num_threads();
+        const int b0 = batch_slice_begin(B);
+        const int b1 = batch_slice_end(B);
+        float* own = sink_blocks_[static_cast<size_t>(id)].data();
+        // After each block: every slice waits for the others, the block is summed over the
+        // slices into slice 0's buffer (in slice order), the sink takes it, and every slice
+        // clears its buffer for the next block.
+        const std::function<void(int)> layer_done = [&](int l) {
+#pragma omp barrier
+            float* sum = sink_blocks_[0].data();
+            const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(block_floats_);
+#pragma omp for schedule(static)
+            for (std::ptrdiff_t i = 0; i < n; ++i) {
+                for (int s = 1; s < team; ++s) sum[i] += sink_blocks_[static_cast<size_t>(s)][i];
+            }
+#pragma omp master
+            sink_(L - 1 - l, sum);
+#pragma omp barrier
+            std::fill(own, own + block_floats_, 0.0f);
+        };
+        ParameterTensors rest;  // the embeddings' and ln_f's gradients in this slice's buffer
+        for (const auto& [member, offset] : rest_layout_) rest.*member = sink_rests_[static_cast<size_t>(id)].data() + offset;
+        if (b1 > b0) {
+            backward_slice(b0, b1 - b0, rest, &layer_done, own);
+        } else {
+            for (int l = L - 1; l >= 0; --l) layer_done(l);  // every barrier, with nothing to add
+        }
+#pragma omp barrier
+        float* sum = sink_rests_[0].data();
+        const std::ptrdiff_t n = static_cast<std::ptrdiff_t>(rest_floats_);
+#pragma omp for schedule(static)
+        for (std::ptrdiff_t i = 0; i < n; ++i) {
+            for (int s = 1; s < team; ++s) sum[i] += sink_rests_[static_cast<size_t>(s)][i];
+        }
+    }
+    sink_(L, sink_rests_[0].data());  // the embeddings and ln_f
+}
+
 void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
-                         const std::function<void(int)>* layer_done) {
+                         const std::function<void(int)>* layer_done, float* block) {
     // B is this slice's batch size; offsets as in forward_slice. The scratch buffers are
     // (B_, T, ...) for the whole batch: each slice works in its own rows of them.
     const int T = T_;
@@ -669,6 +784,13 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         const float* ln2 = a.ln2.data() + at;
         const float* fch = a.fch.data() + 4 * at;
         const float* fch_gelu = a.fch_gelu.data() + 4 * at;
+        // block l's gradients: its slices of the stacked tensors, or a sink's block buffer
+        ParameterTensors gl;
+        if (block) {
+            for (const auto& [member, offset] : block_layout_) gl.*member = block + offset;
+        } else {
+            gl = layer_view(g, l);
+        }
 
         // residual3 = residual2 + fcproj: d(residual2) = dresidual (kept in place),
         // d(fcproj) = dresidual
@@ -677,7 +799,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         if (dropout) dropout_backward(dinner, a.fcproj_mask.data() + at, N * C);
         clear(dfch_gelu, 4 * NC);
         round_for_product(dinner, NC, rounded);
-        matmul_backward(dfch_gelu, g.fcprojw + lc * 4 * C, g.fcprojb ? g.fcprojb + lc : nullptr,
+        matmul_backward(dfch_gelu, gl.fcprojw, gl.fcprojb,
                         dinner, fch_gelu, w.fcprojw + lc * 4 * C, N, 4 * C, C);
         // fch_gelu = gelu(fch)
         clear(dfch, 4 * NC);
@@ -685,10 +807,10 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         // fch = ln2 · c_fcᵀ + b
         clear(dln, NC);
         round_for_product(dfch, 4 * NC, rounded);
-        matmul_backward(dln, g.fcw + lc * 4 * C, g.fcb ? g.fcb + 4 * lc : nullptr, dfch, ln2,
+        matmul_backward(dln, gl.fcw, gl.fcb, dfch, ln2,
                         w.fcw + lc * 4 * C, N, C, 4 * C);
         // ln2 = ln_2(residual2)
-        layernorm_backward(dresidual, g.ln2w + lc, g.ln2b ? g.ln2b + lc : nullptr, dln, residual2,
+        layernorm_backward(dresidual, gl.ln2w, gl.ln2b, dln, residual2,
                            p.ln2w + lc, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, B,
                            T, C);
 
@@ -698,7 +820,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         if (dropout) dropout_backward(dinner, a.attproj_mask.data() + at, N * C);
         clear(datty, NC);
         round_for_product(dinner, NC, rounded);
-        matmul_backward(datty, g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr, dinner,
+        matmul_backward(datty, gl.attprojw, gl.attprojb, dinner,
                         atty, w.attprojw + lc * C, N, C, C);
         // atty = attention(qkv)
         clear(dqkv, static_cast<size_t>(N) * QKV);
@@ -713,10 +835,10 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         // qkv = ln1 · c_attnᵀ + b
         clear(dln, NC);
         round_for_product(dqkv, static_cast<size_t>(N) * QKV, rounded);
-        matmul_backward(dln, g.qkvw + l * QKV * C, g.qkvb ? g.qkvb + l * QKV : nullptr, dqkv, ln1,
+        matmul_backward(dln, gl.qkvw, gl.qkvb, dqkv, ln1,
                         w.qkvw + l * QKV * C, N, C, static_cast<int>(QKV));
         // ln1 = ln_1(residual)
-        layernorm_backward(dresidual, g.ln1w + lc, g.ln1b ? g.ln1b + lc : nullptr, dln, residual,
+        layernorm_backward(dresidual, gl.ln1w, gl.ln1b, dln, residual,
                            p.ln1w + lc, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, B,
                            T, C);
         if (layer_done) (*layer_done)(l);  // block l's gradients are this slice's final share

@@ -22,7 +22,7 @@ void AdamW::step(std::vector<float>& params, const std::vector<float>& grads,
         v.assign(params.size(), 0.0f);
         step_count = 0;
     }
-    step_range_of(params, grads, table, lr, 0, params.size());
+    step_segments_of(params, grads.data(), table, lr, {{0, params.size()}}, {0});
 }
 
 void AdamW::step_range(std::vector<float>& params, const std::vector<float>& grads,
@@ -44,12 +44,35 @@ void AdamW::step_range(std::vector<float>& params, const std::vector<float>& gra
         throw std::invalid_argument("AdamW::step_range: moments of " + std::to_string(m.size()) +
                                     " parameters for a range of " + std::to_string(n));
     }
-    step_range_of(params, grads, table, lr, begin, end);
+    step_segments_of(params, grads.data() + begin, table, lr, {{begin, n}}, {0});
+}
+
+void AdamW::step_segments(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
+                          float lr, const std::vector<Segment>& segments) {
+    std::vector<std::size_t> at;
+    std::size_t n = 0;
+    for (const Segment& s : segments) {
+        if (s.offset > params.size() || s.size > params.size() - s.offset) {
+            throw std::invalid_argument("AdamW::step_segments: parameters [" + std::to_string(s.offset) + ", " +
+                                        std::to_string(s.offset + s.size) + ") of " + std::to_string(params.size()));
+        }
+        at.push_back(n);
+        n += s.size;
+    }
+    if (m.empty() && v.empty()) {
+        m.assign(n, 0.0f);
+        v.assign(n, 0.0f);
+        step_count = 0;
+    } else if (m.size() != n || v.size() != n) {
+        throw std::invalid_argument("AdamW::step_segments: moments of " + std::to_string(m.size()) +
+                                    " parameters for segments of " + std::to_string(n));
+    }
+    step_segments_of(params, grads, table, lr, segments, at);
 }
 
 ATTN_SIMD_CLONES
-void AdamW::step_range_of(std::vector<float>& params, const std::vector<float>& grads,
-                          const std::vector<ParameterInfo>& table, float lr, std::size_t begin, std::size_t end) {
+void AdamW::step_segments_of(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
+                             float lr, const std::vector<Segment>& segments, const std::vector<std::size_t>& at) {
     ++step_count;
     // torch's single-tensor AdamW, operation for operation, so the numbers agree to rounding.
     // The scalars are Python floats (double) in torch.
@@ -57,21 +80,25 @@ void AdamW::step_range_of(std::vector<float>& params, const std::vector<float>& 
     const double bias_correction2 = 1.0 - std::pow(static_cast<double>(beta2), step_count);
     const float step_size = static_cast<float>(lr / bias_correction1);
     const float bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
-    // m and v hold the parameters [begin, end): parameter i's moments are at i − begin.
-    float* const mb = m.data();
-    float* const vb = v.data();
-    for (const ParameterInfo& info : table) {
-        const float decay = info.decay ? 1.0f - lr * weight_decay : 1.0f;
-        const std::size_t lo = std::max(info.offset, begin), hi = std::min(info.offset + info.size, end);
-        for (std::size_t i = lo; i < hi; ++i) {
-            const float g = grads[i];
-            params[i] *= decay;
-            float& mi = mb[i - begin];
-            float& vi = vb[i - begin];
-            mi = mi * beta1 + (1.0f - beta1) * g;
-            vi = vi * beta2 + (1.0f - beta2) * g * g;
-            const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
-            params[i] -= step_size * mi / denom;
+    for (std::size_t k = 0; k < segments.size(); ++k) {
+        const std::size_t begin = segments[k].offset, end = begin + segments[k].size;
+        // parameter i's gradient and moments are at i − begin of these
+        const float* const gb = grads + at[k];
+        float* const mb = m.data() + at[k];
+        float* const vb = v.data() + at[k];
+        for (const ParameterInfo& info : table) {
+            const float decay = info.decay ? 1.0f - lr * weight_decay : 1.0f;
+            const std::size_t lo = std::max(info.offset, begin), hi = std::min(info.offset + info.size, end);
+            for (std::size_t i = lo; i < hi; ++i) {
+                const float g = gb[i - begin];
+                params[i] *= decay;
+                float& mi = mb[i - begin];
+                float& vi = vb[i - begin];
+                mi = mi * beta1 + (1.0f - beta1) * g;
+                vi = vi * beta2 + (1.0f - beta2) * g * g;
+                const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
+                params[i] -= step_size * mi / denom;
+            }
         }
     }
 }

@@ -29,7 +29,8 @@ struct ZeroTraffic {
 /// Each rank still computes its share of the batch's gradients into a whole gradient buffer
 /// (the model's backward pass writes one), so what the sharding saves is AdamW's moments:
 /// 8 bytes per parameter become 8 per parameter of the shard. The collectives are written
-/// out as rings of MPI_Sendrecv, so that each rank counts the bytes it sends: (P − |shard
+/// out as rings of MPI_Sendrecv, in pieces of at most 64 KiB (so that a rank needs a buffer
+/// of one piece to receive into, not of a shard), and each rank counts the bytes it sends: (P − |shard
 /// r|) floats for the reduce-scatter and (P − |shard r + 1|) for the all-gather, together
 /// 2(N − 1)/N of the parameters' bytes, what the ring allreduce of plain data parallelism
 /// sends (the paper: stage 1 moves what data parallelism moves).
@@ -43,6 +44,8 @@ public:
     void update(GPT& model, AdamW& optimizer, float lr) override;
     void whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m, std::vector<float>& v) override;
     bool holds_whole_gradients() const override { return false; }
+    /// The ring's buffer for a piece received (at most 64 KiB). @return its bytes
+    std::size_t gradient_bytes() const override { return scratch_.capacity() * sizeof(float); }
 
     /// This rank's shard of a model's parameters. @param model the model @return its range
     Shard shard(const GPT& model) const { return shard_of(model.parameters().size(), rank(), size()); }
@@ -51,8 +54,56 @@ public:
 
 private:
     float share_ = 1.0f;
-    std::vector<float> scratch_;  // one shard received
+    std::vector<float> scratch_;  // a piece of a shard received (the rings move 64 KiB at a time)
     ZeroTraffic traffic_;
 };
+
+/// ZeRO stage 2 over MPI's world communicator: the gradients sharded as well as AdamW's
+/// moments. The model hands its gradients over one bucket at a time while the backward pass
+/// runs (GPT::set_gradient_sink: one block's buffer instead of a whole gradient buffer), each
+/// bucket is reduce-scattered round the ring at once, and each rank keeps only its piece of
+/// every bucket: shard_of() over that bucket's floats. After the clipping norm and AdamW on
+/// the pieces (AdamW::step_segments), a ring all-gather per bucket gives every rank every
+/// piece's new parameters.
+///
+/// Per rank it holds 4P of weights, 4P/N of gradients (its pieces) plus one block's buffer
+/// and the embeddings' (the model's, per thread), and 8P/N of moments. What it sends per
+/// step is what stage 1 sends, 2(N − 1)/N of the parameters' bytes, in a ring per bucket.
+class ShardedGradients : public DataParallel {
+public:
+    ShardedGradients();
+
+    void begin_gradients(GPT& model, double share) override;
+    void finish_gradients(GPT& model) override;
+    float clip_gradients(GPT& model, float max_norm) override;
+    void update(GPT& model, AdamW& optimizer, float lr) override;
+    void whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m, std::vector<float>& v) override;
+    bool holds_whole_gradients() const override { return false; }
+    std::size_t gradient_bytes() const override;
+
+    /// What this rank sent in the last step.
+    const ZeroTraffic& last_traffic() const { return traffic_; }
+    /// This rank's parameters, a piece of every bucket in the model's bucket order, as
+    /// runs of the flat buffer. @param model the model @return the runs
+    std::vector<AdamW::Segment> segments(const GPT& model) const;
+
+private:
+    // A bucket's gradients from the model's backward pass: reduce-scattered, this rank's
+    // piece kept.
+    void take(const GPT& model, int bucket, float* gradients);
+
+    float share_ = 1.0f;
+    bool moments_cut_ = false;    // whether AdamW's moments are this rank's pieces (else whole or none)
+    std::vector<float> shard_;    // this rank's gradients: its piece of every bucket, in order
+    std::vector<float> scratch_;  // a piece received (the rings move 64 KiB at a time)
+    std::vector<float> sending_;  // a piece of parameters sent, packed
+    ZeroTraffic traffic_;
+};
+
+/// The floats of the buffer a ring collective over `n` floats on `ranks` ranks receives into
+/// (the rings of ShardedOptimizer and ShardedGradients move a shard in pieces of at most 64
+/// KiB): the largest piece, or 0 on one rank. @param n the floats @param ranks the ranks
+/// @return its size
+std::size_t ring_buffer_floats(std::size_t n, int ranks);
 
 }  // namespace attn::mpi
