@@ -12,6 +12,7 @@
 #include "attn/data.hpp"
 #include "attn/heatmap.hpp"
 #include "attn/lesson.hpp"
+#include "attn/random.hpp"
 #include "attn/plot.hpp"
 #include "attn/print.hpp"
 #include "attn/shard.hpp"
@@ -22,6 +23,7 @@
 #include "attn/mpi/data_parallel.hpp"
 #include "attn/mpi/launch.hpp"
 #include "attn/mpi/parts.hpp"
+#include "attn/mpi/tensor_parallel.hpp"
 #include "attn/mpi/world.hpp"
 #include "attn/mpi/zero.hpp"
 #include <mpi.h>
@@ -322,6 +324,67 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     mpi::say("identical", {identical ? 1.0 : 0.0});
 }
 
+// The model of the lesson's recipe split over the ranks by tensor parallelism: one forward
+// and backward pass of a batch against one process's, what the ranks gave to MPI_Allreduce,
+// the parameters each holds; on 4 ranks also a 2 x 2 grid with data parallelism.
+void tensor_part(const Sizes& s, const fs::path& corpus) {
+    set_num_threads(1);
+    const TextDataset data = make_dataset(read_corpus(corpus));
+    const TrainConfig recipe_config = recipe(s);
+    GPTConfig config = recipe_config.model_config(static_cast<int>(data.vocab.size()));
+    config.dropout = 0.0f;  // the split draws no dropout masks
+    if (s.quick) config.n_head = 4;  // the tiny recipe's 2 heads do not divide among 4 ranks
+    GPT model(config, 1337);
+    const int B = recipe_config.batch_size, T = config.block_size;
+    Rng rng(7);
+    std::vector<int> x, y;
+    sample_batch(data.train, static_cast<std::size_t>(B), static_cast<std::size_t>(T), rng, x, y);
+    const float loss = model.forward(x, y, B, T);  // one process, on every rank alike
+    model.zero_grad();
+    model.backward();
+    const auto gap = [&](const std::vector<float>& g) {
+        double worst = 0.0, scale = 0.0;
+        for (std::size_t i = 0; i < g.size(); ++i) {
+            worst = std::max(worst, std::fabs(static_cast<double>(g[i]) - model.gradients()[i]));
+            scale = std::max(scale, std::fabs(static_cast<double>(model.gradients()[i])));
+        }
+        return worst / scale;
+    };
+    //! [tensor]
+    mpi::TensorParallelGPT split(model, MPI_COMM_WORLD);  // this rank's heads and hidden units
+    const float tp_loss = split.forward(x.data(), y.data(), B, T);
+    split.backward();
+    const std::vector<float> grads = split.whole_gradients();  // every rank's, gathered
+    //! [tensor]
+    const mpi::TensorParallelTraffic traffic = split.last_traffic();
+    mpi::say("tensor", {std::fabs(tp_loss - loss) / loss, gap(grads), static_cast<double>(traffic.allreduces),
+                        static_cast<double>(traffic.floats), static_cast<double>(split.local_parameters()),
+                        static_cast<double>(model.parameters().size()), static_cast<double>(B) * T * config.n_embd,
+                        static_cast<double>(config.n_layer), static_cast<double>(config.n_head)});
+    int N = 1, r = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &N);
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    if (N != 4) return;
+    //! [grid]
+    // 2 x 2: ranks {0, 1} and {2, 3} each split the model; {0, 2} and {1, 3} hold the same
+    // slices and share the batch, each pair of ranks on half of it.
+    MPI_Comm tp = MPI_COMM_NULL, dp = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, r / 2, r, &tp);
+    MPI_Comm_split(MPI_COMM_WORLD, r % 2, r, &dp);
+    const int half = B / 2, first = (r / 2) * half;
+    mpi::TensorParallelGPT pair(model, tp);
+    float mean = 0.5f * pair.forward(x.data() + first * T, y.data() + first * T, half, T);
+    MPI_Allreduce(MPI_IN_PLACE, &mean, 1, MPI_FLOAT, MPI_SUM, dp);
+    pair.backward();
+    std::vector<float>& g = pair.local_gradients();
+    for (float& v : g) v *= 0.5f;  // each half's share of the batch's mean
+    MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM, dp);
+    //! [grid]
+    mpi::say("grid", {std::fabs(mean - loss) / loss, gap(pair.whole_gradients())});
+    MPI_Comm_free(&tp);
+    MPI_Comm_free(&dp);
+}
+
 int run_part(const char* scheme, int argc, char** argv) {
     mpi::World world(argc, argv);
     auto env = [](const char* key) {
@@ -330,8 +393,12 @@ int run_part(const char* scheme, int argc, char** argv) {
     };
     try {
         const std::string save_at = env("ATTN_LESSON21_SAVE_AT");
-        train_part(scheme, sizes(env("ATTN_LESSON21_QUICK") == "1"), env("ATTN_LESSON21_CORPUS"),
-                   env("ATTN_LESSON21_OUT"), save_at.empty() ? 0 : std::stoi(save_at));
+        const Sizes s = sizes(env("ATTN_LESSON21_QUICK") == "1");
+        if (std::string(scheme) == "tensor") {
+            tensor_part(s, env("ATTN_LESSON21_CORPUS"));
+        } else {
+            train_part(scheme, s, env("ATTN_LESSON21_CORPUS"), env("ATTN_LESSON21_OUT"), save_at.empty() ? 0 : std::stoi(save_at));
+        }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "lesson_21: rank %d: error: %s\n", world.rank(), e.what());
         mpi::abort_job(1);  // the others may be waiting for this rank
@@ -536,6 +603,50 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
                       "This lesson's model: bytes per rank, measured", "ranks N", "MB per rank");
     }
 }
+// Tensor parallelism on 1, 2 and 4 ranks and the 2 x 2 grid: equal to one process, the
+// allreduces and their bytes against data parallelism's, the parameters per rank.
+void tensor_parallelism(const Launcher& launcher) {
+    print_heading("Tensor parallelism: every block split over the ranks");
+    std::printf("one forward and backward pass of a batch, the model split by heads and MLP hidden units,\n"
+                "against one process; per rank: the parameters it holds and what it gave to MPI_Allreduce\n\n");
+    std::printf("%5s  %9s  %13s  %11s  %16s  %25s\n", "ranks", "loss gap", "gradient gap", "allreduces",
+                "floats summed", "parameters held");
+    double worst = 0.0;
+    double grid_gap = 0.0;
+    for (int N : {1, 2, 4}) {
+        const Run run = launcher.run("tensor", N);
+        const std::vector<double>& t = need(run.numbers, "tensor");
+        const double P = t[5], BTC = t[6], L = t[7];
+        worst = std::max({worst, t[0], t[1]});
+        std::printf("%5d  %9.1e  %13.1e  %11.0f  %16.0f  %10.0f of %.0f (%.0f%%)\n", N, t[0], t[1], t[2], t[3], t[4],
+                    P, 100.0 * t[4] / P);
+        if (N == 4) {
+            print_claim("tp_allreduces_4", std::to_string(static_cast<long long>(t[2])));
+            print_claim("tp_blocks", std::to_string(static_cast<long long>(L)));
+            print_claim("tp_heads", std::to_string(static_cast<long long>(t[8])));
+            print_claim("tp_params_4", std::to_string(static_cast<long long>(t[4])));
+            print_claim("tp_params_whole", std::to_string(static_cast<long long>(P)));
+            print_claim("tp_params_percent_4", 100.0 * t[4] / P, 0);
+            // A ring allreduce sends 2(N - 1)/N of its buffer from each rank: tensor
+            // parallelism's (B, T, C) buffers against data parallelism's parameters.
+            const double tp_sent = 2.0 * 3 / 4 * 4.0 * t[3], dp_sent = 2.0 * 3 / 4 * 4.0 * P;
+            std::printf("\non 4 ranks a ring allreduce of these buffers sends %.2f MB per rank per step, on the\n"
+                        "critical path (each waits for the one before); data parallelism's gradient sum sends\n"
+                        "%.2f MB, which the backward pass can hide: %.1f times less\n", tp_sent / 1e6, dp_sent / 1e6,
+                        tp_sent / dp_sent);
+            print_claim("tp_sent_mb_4", tp_sent / 1e6, 2);
+            print_claim("dp_sent_mb_4", dp_sent / 1e6, 2);
+            print_claim("tp_btc", std::to_string(static_cast<long long>(BTC)));
+            if (run.numbers.count("grid")) grid_gap = std::max(need(run.numbers, "grid")[0], need(run.numbers, "grid")[1]);
+        }
+    }
+    std::printf("(gaps: relative to one process's loss and largest gradient; held: the split tensors' 1/N\n"
+                "and the whole ones: embeddings, LayerNorms, the biases added after an allreduce)\n");
+    std::printf("\n2 x 2 grid (MPI_Comm_split: tensor-parallel pairs, data-parallel across, each pair on half\n"
+                "of the batch): largest relative gap from one process %.1e\n", grid_gap);
+    print_claim("tp_gap", worst < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
+    print_claim("grid_gap", grid_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
+}
 #endif  // ATTN_HAVE_MPI
 
 void lesson(const LessonOptions& options) {
@@ -563,6 +674,7 @@ void lesson(const LessonOptions& options) {
     } cleanup{launcher.scratch};
     std::printf("\neach rank starts this program again under %s\n", mpi::mpirun_path().c_str());
     schemes(launcher, options);
+    tensor_parallelism(launcher);
 #else
     (void)s;
     print_heading("The parts on several processes");

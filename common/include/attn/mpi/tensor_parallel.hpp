@@ -1,0 +1,88 @@
+/// @file tensor_parallel.hpp
+/// @brief Tensor parallelism over MPI (lesson 21; Shoeybi et al., "Megatron-LM: Training
+/// Multi-Billion Parameter Language Models Using Model Parallelism", 2019): every block of
+/// the GPT split over the ranks of a communicator. Each rank holds a share of every block's
+/// heads and of its MLP's hidden units: the QKV projection and the MLP's first layer split
+/// by output rows (column-parallel in Megatron's terms, which writes y = xA), the attention
+/// output projection and the MLP's second layer by input columns (row-parallel). A rank
+/// then computes its heads and hidden units on its own, and one allreduce after each
+/// attention and each MLP joins the ranks' partial outputs in the forward pass, one before
+/// each LayerNorm's backward joins the partial gradients in the backward pass. The
+/// embeddings, the LayerNorms, the biases added after an allreduce and the LM head are kept
+/// whole on every rank, which computes them alike.
+#pragma once
+
+#include "attn/gpt.hpp"
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <vector>
+
+namespace attn::mpi {
+
+/// What one rank gave to MPI_Allreduce in the last forward and backward pass.
+struct TensorParallelTraffic {
+    int allreduces = 0;          ///< calls: two per block forward, two per block backward
+    std::size_t floats = 0;      ///< floats summed over the calls (each (B, T, C))
+};
+
+/// The forward and backward pass of a GPT's weights split over the ranks of `comm`. Built
+/// from a whole model (each rank takes its slices); the gradients come back in the whole
+/// model's layout, so that they can be compared with one process's and summed over
+/// data-parallel copies. Implements the model lesson 21 trains: learned positions,
+/// multi-head attention, no dropout, float32, with biases or without; anything else is
+/// refused in one line.
+class TensorParallelGPT {
+public:
+    /// @param whole the model to split (its weights are copied; it is not kept)
+    /// @param comm the ranks that share every block (MPI must be initialised)
+    /// @throws std::invalid_argument when the heads or the MLP's 4C hidden units do not
+    ///         divide among the ranks, or for a setting this split does not implement
+    TensorParallelGPT(const GPT& whole, MPI_Comm comm);
+
+    /// The forward pass of a batch. @param x (B, T) token ids @param y (B, T) targets
+    /// @param B batch size @param T sequence length, at most the block size
+    /// @return the mean loss over the B·T positions, the same on every rank
+    float forward(const int* x, const int* y, int B, int T);
+    /// The backward pass of the last forward pass: the gradients of this rank's slices and
+    /// of the whole tensors, cleared first.
+    void backward();
+    /// Every rank's gradients, gathered into the whole model's layout (GPT::gradients()).
+    /// A collective call. @return the gradients of every parameter
+    std::vector<float> whole_gradients() const;
+    /// This rank's gradients (its slices, then the whole tensors), for a sum over
+    /// data-parallel copies. @return them, in place
+    std::vector<float>& local_gradients() { return grads_; }
+    /// The parameters this rank holds: its slices and the whole tensors. @return floats
+    std::size_t local_parameters() const { return params_.size(); }
+    /// What the last forward and backward pass gave to MPI_Allreduce.
+    const TensorParallelTraffic& last_traffic() const { return traffic_; }
+
+private:
+    struct Layout;  // where each rank's slices lie in the whole model's buffer
+    Layout layout() const;
+    // Tensor `kind` (of block `layer`, or a whole one for −1) in params_ or grads_; nullptr
+    // for a bias the model does not have.
+    float* at(std::vector<float>& buffer, int kind, int layer);
+    void allreduce(float* x, std::size_t n);
+
+    MPI_Comm comm_;
+    int rank_ = 0, size_ = 1;
+    GPTConfig config_;
+    int heads_ = 0;       // heads per rank
+    int width_ = 0;       // A = heads_ · hs: the attention's channels per rank
+    int hidden_ = 0;      // H = 4C / size_: the MLP's hidden units per rank
+    std::size_t whole_size_ = 0;      // the whole model's parameters
+    std::vector<std::size_t> bases_;  // where each kind of tensor starts in the whole model's buffer
+    std::vector<float> params_, grads_;
+    std::vector<std::size_t> offsets_;  // into params_: see Layout in the .cpp
+    // The last forward pass.
+    int B_ = 0, T_ = 0;
+    std::vector<int> x_, y_;
+    std::vector<float> encoded_, ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, atty_, res2_, ln2_, ln2_mean_, ln2_rstd_,
+        fch_, fch_gelu_, res3_, lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_;
+    TensorParallelTraffic traffic_;
+};
+
+}  // namespace attn::mpi

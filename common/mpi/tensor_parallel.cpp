@@ -1,0 +1,290 @@
+// Tensor parallelism: each block's heads and MLP hidden units split over the ranks, an
+// allreduce after each attention and each MLP forward, one before each LayerNorm backward.
+#include "attn/mpi/tensor_parallel.hpp"
+
+#include "attn/gpt_layers.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <stdexcept>
+#include <string>
+
+namespace attn::mpi {
+
+namespace {
+// The tensors a rank holds, in params_' order: four whole ones, then twelve per block.
+enum Whole { wte, wpe, lnfw, lnfb, whole_count };
+enum PerBlock { ln1w, ln1b, qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb, block_count };
+}  // namespace
+
+// Where rank r's part of every tensor lies in the whole model's flat buffer: calls
+// fn(whole offset, local offset, floats, whole tensor) for each run, in params_' order.
+struct TensorParallelGPT::Layout {
+    std::size_t V, Tb, C, L, A, H;
+    bool bias;  // whether the model has biases (LayerNorms' and Linears')
+    // The whole model's tensors, by kind: their first float (stacked over the blocks).
+    std::size_t whole_base[whole_count] = {};
+    std::size_t block_base[block_count] = {};
+
+    template <class Fn>
+    void for_each_run(int rank, Fn&& fn) const {
+        const std::size_t r = static_cast<std::size_t>(rank);
+        std::size_t local = 0;
+        const auto run = [&](std::size_t whole, std::size_t n, bool replicated) {
+            fn(whole, local, n, replicated);
+            local += n;
+        };
+        const auto bias_run = [&](std::size_t whole, std::size_t n, bool replicated) {
+            if (bias) run(whole, n, replicated);
+        };
+        run(whole_base[wte], V * C, true);
+        run(whole_base[wpe], Tb * C, true);
+        run(whole_base[lnfw], C, true);
+        bias_run(whole_base[lnfb], C, true);
+        for (std::size_t l = 0; l < L; ++l) {
+            run(block_base[ln1w] + l * C, C, true);
+            bias_run(block_base[ln1b] + l * C, C, true);
+            // c_attn (3C, C): this rank's heads' rows of q, of k and of v
+            const std::size_t qkv = block_base[qkvw] + l * 3 * C * C;
+            for (std::size_t part = 0; part < 3; ++part) run(qkv + (part * C + r * A) * C, A * C, false);
+            const std::size_t qkv_b = block_base[qkvb] + l * 3 * C;
+            for (std::size_t part = 0; part < 3; ++part) bias_run(qkv_b + part * C + r * A, A, false);
+            // attn.c_proj (C, C): this rank's heads' columns, row by row
+            const std::size_t proj = block_base[attprojw] + l * C * C;
+            for (std::size_t row = 0; row < C; ++row) run(proj + row * C + r * A, A, false);
+            bias_run(block_base[attprojb] + l * C, C, true);
+            run(block_base[ln2w] + l * C, C, true);
+            bias_run(block_base[ln2b] + l * C, C, true);
+            // mlp.c_fc (4C, C): this rank's hidden units' rows
+            run(block_base[fcw] + l * 4 * C * C + r * H * C, H * C, false);
+            bias_run(block_base[fcb] + l * 4 * C + r * H, H, false);
+            // mlp.c_proj (C, 4C): this rank's hidden units' columns, row by row
+            const std::size_t out = block_base[fcprojw] + l * 4 * C * C;
+            for (std::size_t row = 0; row < C; ++row) run(out + row * 4 * C + r * H, H, false);
+            bias_run(block_base[fcprojb] + l * C, C, true);
+        }
+    }
+};
+
+namespace {
+constexpr std::size_t npos = static_cast<std::size_t>(-1);
+void require(bool ok, const std::string& why) {
+    if (!ok) throw std::invalid_argument("tensor parallelism: " + why);
+}
+}  // namespace
+
+TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(comm), config_(whole.config()) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    const GPTConfig& c = config_;
+    const int N = size_;
+    require(c.n_head % N == 0, "the " + std::to_string(c.n_head) + " heads do not divide among " + std::to_string(N) +
+                                   " ranks");
+    require(4 * c.n_embd % N == 0, "the MLP's " + std::to_string(4 * c.n_embd) + " hidden units do not divide among " +
+                                       std::to_string(N) + " ranks");
+    require(c.dropout == 0.0f, "dropout is not implemented (the masks of one head would have to match one process's)");
+    require(c.position == Position::learned, std::string("positions ") + position_name(c.position) +
+                                                 " are not implemented (learned only)");
+    require(c.kv_heads() == c.n_head, "grouped keys and values are not implemented (multi-head attention only)");
+    require(c.window == 0, "a sliding window is not implemented");
+    heads_ = c.n_head / N;
+    width_ = c.n_embd / c.n_head * heads_;
+    hidden_ = 4 * c.n_embd / N;
+
+    // The whole model's tensors, from its pointers into its flat buffer.
+    const ParameterTensors& p = whole.params();
+    const float* base = whole.parameters().data();
+    whole_size_ = whole.parameters().size();
+    const float* kinds[whole_count + block_count] = {p.wte,  p.wpe,      p.lnfw,     p.lnfb, p.ln1w, p.ln1b,
+                                                     p.qkvw, p.qkvb,     p.attprojw, p.attprojb, p.ln2w, p.ln2b,
+                                                     p.fcw,  p.fcb,      p.fcprojw,  p.fcprojb};
+    for (const float* k : kinds) bases_.push_back(k ? static_cast<std::size_t>(k - base) : 0);  // 0: absent, unused
+    const Layout layout = this->layout();
+    // This rank's slices, copied; the start of each tensor noted for the passes.
+    layout.for_each_run(rank_, [&](std::size_t from, std::size_t local, std::size_t n, bool) {
+        params_.resize(local + n);
+        std::copy(base + from, base + from + n, params_.begin() + static_cast<std::ptrdiff_t>(local));
+    });
+    grads_.assign(params_.size(), 0.0f);
+    // The start of each tensor in params_: sizes as in Layout, in its order.
+    const std::size_t V = layout.V, Tb = layout.Tb, C = layout.C, A = layout.A, H = layout.H;
+    const std::size_t b = c.bias ? 1 : 0;  // a bias's floats count only where the model has one
+    const std::size_t whole_sizes[whole_count] = {V * C, Tb * C, C, b * C};
+    const std::size_t block_sizes[block_count] = {C, b * C, 3 * A * C, b * 3 * A, C * A, b * C,
+                                                  C, b * C, H * C, b * H, C * H, b * C};
+    std::size_t o = 0;
+    // An absent bias's offset is npos: P() and G() give nullptr for it.
+    for (std::size_t s : whole_sizes) {
+        offsets_.push_back(s ? o : npos);
+        o += s;
+    }
+    for (std::size_t l = 0; l < layout.L; ++l) {
+        for (std::size_t s : block_sizes) {
+            offsets_.push_back(s ? o : npos);
+            o += s;
+        }
+    }
+}
+
+float* TensorParallelGPT::at(std::vector<float>& buffer, int kind, int layer) {
+    const std::size_t o = offsets_[static_cast<std::size_t>(layer < 0 ? kind : whole_count + layer * block_count + kind)];
+    return o == npos ? nullptr : buffer.data() + o;
+}
+
+void TensorParallelGPT::allreduce(float* x, std::size_t n) {
+    if (size_ == 1) return;  // nothing to join
+    if (n > static_cast<std::size_t>(INT_MAX)) throw std::invalid_argument("tensor parallelism: an allreduce too large");
+    MPI_Allreduce(MPI_IN_PLACE, x, static_cast<int>(n), MPI_FLOAT, MPI_SUM, comm_);
+    ++traffic_.allreduces;
+    traffic_.floats += n;
+}
+
+float TensorParallelGPT::forward(const int* x, const int* y, int B, int T) {
+    const GPTConfig& c = config_;
+    require(B >= 1 && T >= 1 && T <= c.block_size, "a batch of " + std::to_string(B) + " x " + std::to_string(T) +
+                                                       " for a block size of " + std::to_string(c.block_size));
+    B_ = B;
+    T_ = T;
+    const int C = c.n_embd, L = c.n_layer, V = c.vocab_size, A = width_, H = hidden_;
+    const std::size_t N = static_cast<std::size_t>(B) * T, NC = N * C;
+    x_.assign(x, x + N);
+    y_.assign(y, y + N);
+    traffic_ = {};
+    const auto grow = [](std::vector<float>& v, std::size_t n) { v.assign(n, 0.0f); };
+    grow(encoded_, NC);
+    grow(ln1_, L * NC);
+    grow(ln1_mean_, L * N);
+    grow(ln1_rstd_, L * N);
+    grow(qkv_, L * N * 3 * A);
+    grow(att_, static_cast<std::size_t>(L) * B * heads_ * T * T);
+    grow(atty_, L * N * A);
+    grow(res2_, L * NC);
+    grow(ln2_, L * NC);
+    grow(ln2_mean_, L * N);
+    grow(ln2_rstd_, L * N);
+    grow(fch_, L * N * H);
+    grow(fch_gelu_, L * N * H);
+    grow(res3_, L * NC);
+    grow(lnf_, NC);
+    grow(lnf_mean_, N);
+    grow(lnf_rstd_, N);
+    grow(logits_, N * V);
+    grow(probs_, N * V);
+    grow(losses_, N);
+    const auto P = [&](int k, int l = -1) { return at(params_, k, l); };
+    const int n = static_cast<int>(N);
+    std::vector<float> partial(NC);
+    encoder_forward(encoded_.data(), x, P(wte), P(wpe), B, T, C);
+    //! [tensor_parallel_forward]
+    for (int l = 0; l < L; ++l) {
+        const std::size_t at = l * NC;
+        const float* in = l == 0 ? encoded_.data() : res3_.data() + at - NC;
+        float* ln1 = ln1_.data() + at;
+        float* qkv = qkv_.data() + l * N * 3 * A;
+        float* atty = atty_.data() + l * N * A;
+        layernorm_forward(ln1, ln1_mean_.data() + l * N, ln1_rstd_.data() + l * N, in, P(ln1w, l), P(ln1b, l), B, T, C);
+        // this rank's heads: their q, k and v, their attention, their share of c_proj
+        matmul_forward(qkv, ln1, P(qkvw, l), P(qkvb, l), n, C, 3 * A);
+        attention_forward(atty, att_.data() + static_cast<std::size_t>(l) * B * heads_ * T * T, nullptr, qkv, 0.0f,
+                          nullptr, B, T, A, heads_, c.causal, c.scaled_attention);
+        matmul_forward(partial.data(), atty, P(attprojw, l), nullptr, n, A, C);
+        allreduce(partial.data(), NC);  // the heads of every rank, summed
+        float* res2 = res2_.data() + at;
+        const float* b = P(attprojb, l);
+        for (std::size_t i = 0; i < NC; ++i) res2[i] = in[i] + (b ? partial[i] + b[i % C] : partial[i]);
+        // this rank's hidden units: their share of c_fc, GELU, their share of c_proj
+        float* ln2 = ln2_.data() + at;
+        layernorm_forward(ln2, ln2_mean_.data() + l * N, ln2_rstd_.data() + l * N, res2, P(ln2w, l), P(ln2b, l), B, T, C);
+        float* fch = fch_.data() + l * N * H;
+        float* fch_gelu = fch_gelu_.data() + l * N * H;
+        matmul_forward(fch, ln2, P(fcw, l), P(fcb, l), n, C, H);
+        gelu_forward(fch_gelu, fch, n * H);
+        matmul_forward(partial.data(), fch_gelu, P(fcprojw, l), nullptr, n, H, C);
+        allreduce(partial.data(), NC);  // every rank's hidden units, summed
+        float* res3 = res3_.data() + at;
+        const float* b2 = P(fcprojb, l);
+        for (std::size_t i = 0; i < NC; ++i) res3[i] = res2[i] + (b2 ? partial[i] + b2[i % C] : partial[i]);
+    }
+    //! [tensor_parallel_forward]
+    layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), res3_.data() + (L - 1) * NC, P(lnfw), P(lnfb),
+                      B, T, C);
+    matmul_forward(logits_.data(), lnf_.data(), P(wte), nullptr, n, C, V);
+    return crossentropy_forward(probs_.data(), losses_.data(), logits_.data(), y, B, T, V);
+}
+
+void TensorParallelGPT::backward() {
+    require(B_ > 0, "backward() before any forward pass");
+    const GPTConfig& c = config_;
+    const int B = B_, T = T_, C = c.n_embd, L = c.n_layer, V = c.vocab_size, A = width_, H = hidden_;
+    const std::size_t N = static_cast<std::size_t>(B) * T, NC = N * C;
+    const int n = static_cast<int>(N);
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    const auto P = [&](int k, int l = -1) { return at(params_, k, l); };
+    const auto G = [&](int k, int l = -1) { return at(grads_, k, l); };
+    std::vector<float> dlogits(N * V, 0.0f), dln(NC, 0.0f), dres(NC, 0.0f), dgelu(N * H), dfch(N * H), datty(N * A),
+        dqkv(N * 3 * A), scratch(static_cast<std::size_t>(B) * heads_ * T * T);
+    crossentropy_backward(dlogits.data(), probs_.data(), y_.data(), B, T, V);
+    matmul_backward(dln.data(), G(wte), nullptr, dlogits.data(), lnf_.data(), P(wte), n, C, V);
+    layernorm_backward(dres.data(), G(lnfw), G(lnfb), dln.data(), res3_.data() + (L - 1) * NC, P(lnfw), lnf_mean_.data(),
+                       lnf_rstd_.data(), B, T, C);
+    //! [tensor_parallel_backward]
+    for (int l = L - 1; l >= 0; --l) {
+        const std::size_t at = l * NC;
+        const float* in = l == 0 ? encoded_.data() : res3_.data() + at - NC;
+        // res3 = res2 + c_proj(gelu(c_fc(ln2))): this rank's hidden units
+        std::fill(dgelu.begin(), dgelu.end(), 0.0f);
+        matmul_backward(dgelu.data(), G(fcprojw, l), G(fcprojb, l), dres.data(), fch_gelu_.data() + l * N * H,
+                        P(fcprojw, l), n, H, C);
+        std::fill(dfch.begin(), dfch.end(), 0.0f);
+        gelu_backward(dfch.data(), fch_.data() + l * N * H, dgelu.data(), n * H);
+        std::fill(dln.begin(), dln.end(), 0.0f);
+        matmul_backward(dln.data(), G(fcw, l), G(fcb, l), dfch.data(), ln2_.data() + at, P(fcw, l), n, C, H);
+        allreduce(dln.data(), NC);  // every rank's hidden units' share of d(ln2)
+        layernorm_backward(dres.data(), G(ln2w, l), G(ln2b, l), dln.data(), res2_.data() + at, P(ln2w, l),
+                           ln2_mean_.data() + l * N, ln2_rstd_.data() + l * N, B, T, C);
+        // res2 = in + c_proj(attention(c_attn(ln1))): this rank's heads
+        std::fill(datty.begin(), datty.end(), 0.0f);
+        matmul_backward(datty.data(), G(attprojw, l), G(attprojb, l), dres.data(), atty_.data() + l * N * A,
+                        P(attprojw, l), n, A, C);
+        std::fill(dqkv.begin(), dqkv.end(), 0.0f);
+        attention_backward(dqkv.data(), scratch.data(), datty.data(), qkv_.data() + l * N * 3 * A,
+                           att_.data() + static_cast<std::size_t>(l) * B * heads_ * T * T, nullptr, 0.0f, B, T, A,
+                           heads_, c.causal, c.scaled_attention);
+        std::fill(dln.begin(), dln.end(), 0.0f);
+        matmul_backward(dln.data(), G(qkvw, l), G(qkvb, l), dqkv.data(), ln1_.data() + at, P(qkvw, l), n, C, 3 * A);
+        allreduce(dln.data(), NC);  // every rank's heads' share of d(ln1)
+        layernorm_backward(dres.data(), G(ln1w, l), G(ln1b, l), dln.data(), in, P(ln1w, l), ln1_mean_.data() + l * N,
+                           ln1_rstd_.data() + l * N, B, T, C);
+    }
+    //! [tensor_parallel_backward]
+    encoder_backward(G(wte), G(wpe), dres.data(), x_.data(), B, T, C);
+}
+
+TensorParallelGPT::Layout TensorParallelGPT::layout() const {
+    const GPTConfig& c = config_;
+    Layout layout{static_cast<std::size_t>(c.vocab_size), static_cast<std::size_t>(c.block_size),
+                  static_cast<std::size_t>(c.n_embd), static_cast<std::size_t>(c.n_layer),
+                  static_cast<std::size_t>(width_), static_cast<std::size_t>(hidden_), c.bias};
+    for (int k = 0; k < whole_count; ++k) layout.whole_base[k] = bases_[static_cast<std::size_t>(k)];
+    for (int k = 0; k < block_count; ++k) layout.block_base[k] = bases_[static_cast<std::size_t>(whole_count + k)];
+    return layout;
+}
+
+std::vector<float> TensorParallelGPT::whole_gradients() const {
+    const Layout layout = this->layout();
+    // Every rank's slices (all of one size: the split divides evenly).
+    std::vector<float> every(grads_.size() * static_cast<std::size_t>(size_));
+    MPI_Allgather(grads_.data(), static_cast<int>(grads_.size()), MPI_FLOAT, every.data(),
+                  static_cast<int>(grads_.size()), MPI_FLOAT, comm_);
+    std::vector<float> whole(whole_size_, 0.0f);
+    for (int r = 0; r < size_; ++r) {
+        const float* theirs = every.data() + static_cast<std::size_t>(r) * grads_.size();
+        layout.for_each_run(r, [&](std::size_t to, std::size_t local, std::size_t n, bool replicated) {
+            if (replicated && r != rank_) return;  // the same on every rank: this rank's
+            std::copy(theirs + local, theirs + local + n, whole.begin() + static_cast<std::ptrdiff_t>(to));
+        });
+    }
+    return whole;
+}
+
+}  // namespace attn::mpi
