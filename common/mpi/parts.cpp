@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <sstream>
 #include <stdexcept>
 
@@ -38,6 +39,22 @@ Numbers run_part(LaunchOptions options, const std::string& what, LaunchResult* e
                                  " ranks: " + describe_end(result, options.ranks));
     }
     return read_numbers(result.output);
+}
+
+int run_rank(int argc, char** argv, const char* program, const std::function<void(World&)>& part) {
+    World world(argc, argv);
+    try {
+        part(world);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: rank %d: error: %s\n", program, world.rank(), e.what());
+        abort_job(1);  // the others may be waiting for this rank
+    }
+    return 0;
+}
+
+std::string environment(const char* key) {
+    const char* v = std::getenv(key);
+    return v ? v : "";
 }
 
 void say(const std::string& key, const std::vector<double>& values) {

@@ -473,26 +473,17 @@ void sequence_part(const Part& part) {
 }
 
 int run_part(const char* name, int argc, char** argv) {
-    mpi::World world(argc, argv);
-    world.share_cpus();
-    auto env = [](const char* key) {
-        const char* v = std::getenv(key);
-        return std::string(v ? v : "");
-    };
-    const Part part{world, sizes(env("ATTN_LESSON19_QUICK") == "1"), env("ATTN_LESSON19_CORPUS"),
-                    env("ATTN_LESSON19_OUT")};
-    const std::string which = name;
-    try {
+    return mpi::run_rank(argc, argv, "lesson_19", [name](mpi::World& world) {
+        world.share_cpus();
+        const Part part{world, sizes(mpi::environment("ATTN_LESSON19_QUICK") == "1"),
+                        mpi::environment("ATTN_LESSON19_CORPUS"), mpi::environment("ATTN_LESSON19_OUT")};
+        const std::string which = name;
         if (which == "dp") data_parallel_part(part);
         else if (which == "train") training_part(part, false);
         else if (which == "resume") training_part(part, true);
         else if (which == "sequence") sequence_part(part);
         else throw std::invalid_argument("unknown part " + which);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "lesson_19: rank %d: error: %s\n", world.rank(), e.what());
-        mpi::abort_job(1);  // the others may be waiting for this rank
-    }
-    return 0;
+    });
 }
 
 // ---------------------------------------------------------------------------------------

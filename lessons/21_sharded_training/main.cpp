@@ -386,24 +386,16 @@ void tensor_part(const Sizes& s, const fs::path& corpus) {
 }
 
 int run_part(const char* scheme, int argc, char** argv) {
-    mpi::World world(argc, argv);
-    auto env = [](const char* key) {
-        const char* v = std::getenv(key);
-        return std::string(v ? v : "");
-    };
-    try {
-        const std::string save_at = env("ATTN_LESSON21_SAVE_AT");
-        const Sizes s = sizes(env("ATTN_LESSON21_QUICK") == "1");
+    return mpi::run_rank(argc, argv, "lesson_21", [scheme](mpi::World&) {
+        const Sizes s = sizes(mpi::environment("ATTN_LESSON21_QUICK") == "1");
+        const std::string corpus = mpi::environment("ATTN_LESSON21_CORPUS");
         if (std::string(scheme) == "tensor") {
-            tensor_part(s, env("ATTN_LESSON21_CORPUS"));
+            tensor_part(s, corpus);
         } else {
-            train_part(scheme, s, env("ATTN_LESSON21_CORPUS"), env("ATTN_LESSON21_OUT"), save_at.empty() ? 0 : std::stoi(save_at));
+            const std::string save_at = mpi::environment("ATTN_LESSON21_SAVE_AT");
+            train_part(scheme, s, corpus, mpi::environment("ATTN_LESSON21_OUT"), save_at.empty() ? 0 : std::stoi(save_at));
         }
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "lesson_21: rank %d: error: %s\n", world.rank(), e.what());
-        mpi::abort_job(1);  // the others may be waiting for this rank
-    }
-    return 0;
+    });
 }
 
 // This process's side: it starts the ranks, reads their numbers and explains them.

@@ -6,7 +6,9 @@
 #pragma once
 
 #include "attn/mpi/launch.hpp"
+#include "attn/mpi/world.hpp"
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,6 +32,17 @@ const std::vector<double>& need(const Numbers& numbers, const std::string& key);
 /// null, a job that did not end with 0 is an error
 /// @return the numbers @throws std::runtime_error for a job that failed (ended null)
 Numbers run_part(LaunchOptions options, const std::string& what, LaunchResult* ended = nullptr);
+
+/// A rank's side of a part: starts MPI, runs `part`, and turns an exception into one line on
+/// stderr (`program: rank r: error: …`) and the end of the whole job, since the other ranks
+/// may be waiting for this one. @param argc main's argc @param argv main's argv
+/// @param program the program's name, for the line @param part the work, given the world
+/// @return the process's exit status (0; a failure ends the job instead)
+int run_rank(int argc, char** argv, const char* program, const std::function<void(World&)>& part);
+
+/// A variable of this process's environment. @param key its name @return its value, or ""
+/// when it is not set
+std::string environment(const char* key);
 
 /// On rank 0 of MPI's world, prints `key v1 v2 …` (10 significant digits) and flushes;
 /// other ranks print nothing. MPI must be initialised. @param key the key
