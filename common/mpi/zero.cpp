@@ -1,5 +1,6 @@
-// ZeRO stage 1: AdamW's moments sharded over the ranks, the gradients reduce-scattered and the
-// parameters all-gathered by rings of MPI_Sendrecv that count what they send.
+// ZeRO stages 1 and 2: AdamW's moments (and in stage 2 the summed gradients) sharded over the
+// ranks, the gradients reduce-scattered and the parameters all-gathered by rings of
+// MPI_Sendrecv that count what they send.
 #include "attn/mpi/zero.hpp"
 
 #include "attn/gpt.hpp"

@@ -16,8 +16,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace attn {

@@ -17,6 +17,10 @@ void AdamW::step(GPT& model, float lr) {
 ATTN_SIMD_CLONES
 void AdamW::step(std::vector<float>& params, const std::vector<float>& grads,
                  const std::vector<ParameterInfo>& table, float lr) {
+    if (grads.size() != params.size()) {  // e.g. a model whose gradients go to a sink (ZeRO stage 2)
+        throw std::invalid_argument("AdamW::step: " + std::to_string(grads.size()) + " gradients for " +
+                                    std::to_string(params.size()) + " parameters");
+    }
     if (m.size() != params.size()) {
         m.assign(params.size(), 0.0f);
         v.assign(params.size(), 0.0f);

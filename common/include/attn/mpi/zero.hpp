@@ -1,9 +1,10 @@
 /// @file zero.hpp
-/// @brief ZeRO stage 1 over MPI (lesson 21; Rajbhandari et al., "ZeRO: Memory Optimizations
-/// Toward Training Trillion Parameter Models", SC 2020): data parallelism in which each rank keeps
-/// AdamW's moments for its shard of the parameters only. The gradients are summed by a ring
-/// reduce-scatter (each rank ends with the whole batch's gradient of its shard), each rank
-/// updates its shard, and a ring all-gather gives every rank every shard's new parameters.
+/// @brief ZeRO stages 1 and 2 over MPI (lesson 21; Rajbhandari et al., "ZeRO: Memory
+/// Optimizations Toward Training Trillion Parameter Models", SC 2020): data parallelism in
+/// which each rank keeps AdamW's moments (stage 1), and the summed gradients too (stage 2),
+/// for its shard of the parameters only. The gradients are summed by ring reduce-scatters
+/// (each rank ends with the whole batch's gradient of its shard), each rank updates its
+/// shard, and ring all-gathers give every rank every shard's new parameters.
 #pragma once
 
 #include "attn/mpi/data_parallel.hpp"
@@ -29,11 +30,11 @@ struct ZeroTraffic {
 /// Each rank still computes its share of the batch's gradients into a whole gradient buffer
 /// (the model's backward pass writes one), so what the sharding saves is AdamW's moments:
 /// 8 bytes per parameter become 8 per parameter of the shard. The collectives are written
-/// out as rings of MPI_Sendrecv, in pieces of at most 64 KiB (so that a rank needs a buffer
-/// of one piece to receive into, not of a shard), and each rank counts the bytes it sends: (P − |shard
-/// r|) floats for the reduce-scatter and (P − |shard r + 1|) for the all-gather, together
-/// 2(N − 1)/N of the parameters' bytes, what the ring allreduce of plain data parallelism
-/// sends (the paper: stage 1 moves what data parallelism moves).
+/// out as rings of MPI_Sendrecv, in pieces of at most 64 KiB (so that a rank receives into a
+/// buffer of one piece, not of a shard), and each rank counts the bytes it sends: (P −
+/// |shard r|) floats for the reduce-scatter and (P − |shard r + 1|) for the all-gather,
+/// together 2(N − 1)/N of the parameters' bytes, what the ring allreduce of plain data
+/// parallelism sends (the paper: stage 1 moves what data parallelism moves).
 class ShardedOptimizer : public DataParallel {
 public:
     ShardedOptimizer();
