@@ -604,7 +604,7 @@ void tensor_parallelism(const Launcher& launcher) {
     std::printf("%5s  %9s  %13s  %11s  %16s  %25s\n", "ranks", "loss gap", "gradient gap", "allreduces",
                 "floats summed", "parameters held");
     double worst = 0.0;
-    double grid_gap = 0.0;
+    double grid_gap = 0.0, tp_sent = 0.0, dp_sent = 0.0;
     for (int N : {1, 2, 4}) {
         const Run run = launcher.run("tensor", N);
         const std::vector<double>& t = need(run.numbers, "tensor");
@@ -621,11 +621,8 @@ void tensor_parallelism(const Launcher& launcher) {
             print_claim("tp_params_percent_4", 100.0 * t[4] / P, 0);
             // A ring allreduce sends 2(N - 1)/N of its buffer from each rank: tensor
             // parallelism's (B, T, C) buffers against data parallelism's parameters.
-            const double tp_sent = 2.0 * 3 / 4 * 4.0 * t[3], dp_sent = 2.0 * 3 / 4 * 4.0 * P;
-            std::printf("\non 4 ranks a ring allreduce of these buffers sends %.2f MB per rank per step, on the\n"
-                        "critical path (each waits for the one before); data parallelism's gradient sum sends\n"
-                        "%.2f MB, which the backward pass can hide: %.1f times less\n", tp_sent / 1e6, dp_sent / 1e6,
-                        tp_sent / dp_sent);
+            tp_sent = 2.0 * 3 / 4 * 4.0 * t[3];
+            dp_sent = 2.0 * 3 / 4 * 4.0 * P;
             print_claim("tp_sent_mb_4", tp_sent / 1e6, 2);
             print_claim("dp_sent_mb_4", dp_sent / 1e6, 2);
             print_claim("tp_btc", std::to_string(static_cast<long long>(BTC)));
@@ -634,6 +631,10 @@ void tensor_parallelism(const Launcher& launcher) {
     }
     std::printf("(gaps: relative to one process's loss and largest gradient; held: the split tensors' 1/N\n"
                 "and the whole ones: embeddings, LayerNorms, the biases added after an allreduce)\n");
+    std::printf("\non 4 ranks a ring allreduce of these buffers sends %.2f MB per rank per step, on the\n"
+                "critical path (each waits for the one before); data parallelism's gradient sum sends\n"
+                "%.2f MB, %.1f times less, and the backward pass can hide it\n", tp_sent / 1e6, dp_sent / 1e6,
+                tp_sent / dp_sent);
     std::printf("\n2 x 2 grid (MPI_Comm_split: tensor-parallel pairs, data-parallel across, each pair on half\n"
                 "of the batch): largest relative gap from one process %.1e\n", grid_gap);
     print_claim("tp_gap", worst < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
