@@ -7,8 +7,9 @@
 # configuration compiles.
 #   cpu      no CUDA even where nvcc is installed: train_gpt and lesson 12 (its GPU part is
 #            left out: the code under #if !ATTN_HAVE_CUDA)
-#   no-mpi   as on a machine without Open MPI: train_gpt and lesson 19; then lesson 19 must
-#            say that it left its processes out, and train_gpt --ranks must refuse in one line
+#   no-mpi   as on a machine without Open MPI: train_gpt and lessons 19 and 21; then each
+#            lesson must say that it left its processes out, and train_gpt --ranks must
+#            refuse in one line
 # One line per configuration with its time; the first error of a failed build is shown.
 # Exit status: 0 when every configuration passed.
 set -uo pipefail
@@ -27,7 +28,7 @@ for preset in "${presets[@]}"; do
   log="$log_dir/$preset.log"
   case $preset in
     cpu) build_dir="$ROOT/build-cpu" targets=(train_gpt lesson_12) ;;
-    no-mpi) build_dir="$ROOT/build-nompi" targets=(train_gpt lesson_19) ;;
+    no-mpi) build_dir="$ROOT/build-nompi" targets=(train_gpt lesson_19 lesson_21) ;;
     *) fail "$preset" "unknown configuration (cpu or no-mpi)"; continue ;;
   esac
   if ! cmake --preset "$preset" -S "$ROOT" >"$log" 2>&1; then
@@ -43,13 +44,16 @@ for preset in "${presets[@]}"; do
     out=$("$build_dir/lesson_19" --quick 2>&1) || { printf '%s\n' "$out" | tail -5; fail "$preset" "lesson 19 --quick failed"; continue; }
     grep -q 'This build has no MPI' <<<"$out" ||
       { fail "$preset" "lesson 19 did not say that this build has no MPI"; continue; }
+    out=$("$build_dir/lesson_21" --quick 2>&1) || { printf '%s\n' "$out" | tail -5; fail "$preset" "lesson 21 --quick failed"; continue; }
+    grep -q 'This build has no MPI' <<<"$out" ||
+      { fail "$preset" "lesson 21 did not say that this build has no MPI"; continue; }
     err=$("$build_dir/tools/train_gpt" --ranks 2 --max-iters 1 --out "$log_dir/nompi-run" 2>&1 >/dev/null)
     rc=$?
     if [ $rc = 0 ] || [ "$(printf '%s\n' "$err" | wc -l)" != 1 ] || ! grep -q 'no MPI' <<<"$err"; then
       printf '%s\n' "$err" | head -5
       fail "$preset" "train_gpt --ranks 2 did not refuse in one line (exit $rc)"; continue
     fi
-    detail="$detail; lesson 19 ran its single-process parts; train_gpt --ranks 2: \"${err#train_gpt: }\""
+    detail="$detail; lessons 19 and 21 ran their single-process parts; train_gpt --ranks 2: \"${err#train_gpt: }\""
   fi
   printf 'configuration %s: passed in %d s (%s)\n' "$preset" $((SECONDS - start)) "$detail"
 done

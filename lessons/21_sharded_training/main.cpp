@@ -265,6 +265,7 @@ Sizes sizes(bool quick) {
     return s;
 }
 
+#ifdef ATTN_HAVE_MPI
 TrainConfig recipe(const Sizes& s) {
     TrainConfig c = TrainConfig::named(s.recipe);
     c.batch_size = 12;
@@ -272,7 +273,6 @@ TrainConfig recipe(const Sizes& s) {
     return c;
 }
 
-#ifdef ATTN_HAVE_MPI
 // One rank's run of a scheme: its losses, every rank's bytes by kind and bytes sent, whether
 // the ranks end with the same weights, and with ATTN_LESSON21_SAVE_AT a checkpoint.
 void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpus, const fs::path& out, int save_at) {
