@@ -6,9 +6,22 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <system_error>
+#include <unistd.h>
 #include <stdexcept>
 
 namespace attn::mpi {
+
+ScratchFolder::ScratchFolder(const std::string& prefix)
+    : path_(std::filesystem::temp_directory_path() / (prefix + "_" + std::to_string(::getpid()))) {
+    std::filesystem::remove_all(path_);
+    std::filesystem::create_directories(path_);
+}
+
+ScratchFolder::~ScratchFolder() {
+    std::error_code ec;  // nothing to say if it is gone already
+    std::filesystem::remove_all(path_, ec);
+}
 
 Numbers read_numbers(const std::string& output) {
     Numbers numbers;

@@ -83,7 +83,21 @@ std::size_t ring_buffer_floats(std::size_t n, int ranks) {
     return ranks > 1 ? std::min(ring_chunk, shard_of(n, 0, ranks).size()) : 0;
 }
 
-ShardedOptimizer::ShardedOptimizer() : DataParallel(AllreduceSchedule::after) {}
+ZeroGroup::ZeroGroup() : DataParallel(AllreduceSchedule::after) {}
+
+float ZeroGroup::clip_shard(float* g, std::size_t n, float max_norm) {
+    double local = 0.0;
+    for (std::size_t i = 0; i < n; ++i) local += static_cast<double>(g[i]) * g[i];
+    const double sum_sq = size() > 1 ? sum(local) : local;
+    if (size() > 1) traffic_.norm_bytes = sizeof(double);
+    const float norm = static_cast<float>(std::sqrt(sum_sq));
+    // clip_grad_norm()'s rule, on this rank's shard (the rest is another rank's to clip).
+    const float coef = max_norm / (norm + 1e-6f);
+    if (max_norm > 0.0f && std::isfinite(norm) && coef < 1.0f) {
+        for (std::size_t i = 0; i < n; ++i) g[i] *= coef;
+    }
+    return norm;
+}
 
 void ShardedOptimizer::begin_gradients(GPT&, double share) { share_ = static_cast<float>(share); }
 
@@ -97,19 +111,8 @@ void ShardedOptimizer::finish_gradients(GPT& model) {
 
 float ShardedOptimizer::clip_gradients(GPT& model, float max_norm) {
     // The norm of the whole gradient from each rank's sum of squares over its shard.
-    std::vector<float>& grads = model.gradients();
     const Shard mine = shard(model);
-    double local = 0.0;
-    for (std::size_t i = mine.begin; i < mine.end; ++i) local += static_cast<double>(grads[i]) * grads[i];
-    const double sum_sq = size() > 1 ? sum(local) : local;
-    if (size() > 1) traffic_.norm_bytes = sizeof(double);
-    const float norm = static_cast<float>(std::sqrt(sum_sq));
-    // clip_grad_norm()'s rule, on this rank's shard (the rest is another rank's to clip).
-    const float coef = max_norm / (norm + 1e-6f);
-    if (max_norm > 0.0f && std::isfinite(norm) && coef < 1.0f) {
-        for (std::size_t i = mine.begin; i < mine.end; ++i) grads[i] *= coef;
-    }
-    return norm;
+    return clip_shard(model.gradients().data() + mine.begin, mine.size(), max_norm);
 }
 
 //! [all_gather]
@@ -163,8 +166,6 @@ void ShardedOptimizer::whole_moments(const GPT& model, const AdamW& optimizer, s
 
 namespace attn::mpi {
 
-ShardedGradients::ShardedGradients() : DataParallel(AllreduceSchedule::after) {}
-
 std::vector<AdamW::Segment> ShardedGradients::segments(const GPT& model) const {
     std::vector<AdamW::Segment> runs;
     for (const GradientBucket& bucket : model.gradient_buckets()) {
@@ -182,8 +183,12 @@ std::size_t ShardedGradients::gradient_bytes() const {
 void ShardedGradients::begin_gradients(GPT& model, double share) {
     share_ = static_cast<float>(share);
     traffic_ = {};
+    piece_at_.clear();
     std::size_t mine = 0;
-    for (const GradientBucket& bucket : model.gradient_buckets()) mine += shard_of(bucket.size, rank(), size()).size();
+    for (const GradientBucket& bucket : model.gradient_buckets()) {
+        piece_at_.push_back(mine);
+        mine += shard_of(bucket.size, rank(), size()).size();
+    }
     shard_.assign(mine, 0.0f);
     // The rings' buffers, once, at their final size: the largest piece of any bucket.
     std::size_t largest = 0;
@@ -202,27 +207,15 @@ void ShardedGradients::take(const GPT& model, int bucket, float* gradients) {
     // The bucket's sum round the ring, this rank's piece of it kept; the model reuses the
     // buffer for its next block as soon as this returns.
     traffic_.reduce_scatter_bytes += ring_reduce_scatter(gradients, n, scratch_);
-    std::size_t at = 0;  // where this bucket's piece starts in shard_
-    for (int b = 0; b < bucket; ++b) at += shard_of(buckets[static_cast<std::size_t>(b)].size, rank(), size()).size();
     const Shard piece = shard_of(n, rank(), size());
-    std::copy(gradients + piece.begin, gradients + piece.end, shard_.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy(gradients + piece.begin, gradients + piece.end,
+              shard_.begin() + static_cast<std::ptrdiff_t>(piece_at_[static_cast<std::size_t>(bucket)]));
 }
 //! [stage2]
 
 void ShardedGradients::finish_gradients(GPT&) {}  // every bucket was taken during the pass
 
-float ShardedGradients::clip_gradients(GPT&, float max_norm) {
-    double local = 0.0;
-    for (float g : shard_) local += static_cast<double>(g) * g;
-    const double sum_sq = size() > 1 ? sum(local) : local;
-    if (size() > 1) traffic_.norm_bytes = sizeof(double);
-    const float norm = static_cast<float>(std::sqrt(sum_sq));
-    const float coef = max_norm / (norm + 1e-6f);
-    if (max_norm > 0.0f && std::isfinite(norm) && coef < 1.0f) {
-        for (float& g : shard_) g *= coef;
-    }
-    return norm;
-}
+float ShardedGradients::clip_gradients(GPT&, float max_norm) { return clip_shard(shard_.data(), shard_.size(), max_norm); }
 
 void ShardedGradients::update(GPT& model, AdamW& optimizer, float lr) {
     std::vector<float>& params = model.parameters();

@@ -43,7 +43,6 @@
 #include <numeric>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 using namespace attn;
@@ -931,16 +930,8 @@ void lesson(const LessonOptions& options) {
         Trainer check(config, make_dataset(read_corpus(launcher.corpus)));
         (void)check;
     }
-    launcher.scratch = fs::temp_directory_path() / ("attn_lesson19_" + std::to_string(::getpid()));
-    fs::remove_all(launcher.scratch);
-    fs::create_directories(launcher.scratch);
-    struct Cleanup {
-        fs::path dir;
-        ~Cleanup() {
-            std::error_code ec;
-            fs::remove_all(dir, ec);
-        }
-    } cleanup{launcher.scratch};
+    const mpi::ScratchFolder scratch("attn_lesson19");  // removed when the lesson ends
+    launcher.scratch = scratch.path();
     std::printf("\n%s; each rank starts this program again under %s\n", describe_threads().c_str(),
                 mpi::mpirun_path().c_str());
     const DataParallelPoints dp = data_parallel(launcher);

@@ -39,7 +39,6 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 using namespace attn;
@@ -286,10 +285,9 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     Trainer trainer(recipe(s), data);
     //! [schemes]
     std::shared_ptr<mpi::DataParallel> group;
-    std::shared_ptr<mpi::ShardedOptimizer> stage1;
-    std::shared_ptr<mpi::ShardedGradients> stage2;
-    if (scheme == "stage1") group = stage1 = std::make_shared<mpi::ShardedOptimizer>();
-    else if (scheme == "stage2") group = stage2 = std::make_shared<mpi::ShardedGradients>();
+    std::shared_ptr<mpi::ZeroGroup> sharded;
+    if (scheme == "stage1") group = sharded = std::make_shared<mpi::ShardedOptimizer>();
+    else if (scheme == "stage2") group = sharded = std::make_shared<mpi::ShardedGradients>();
     else group = std::make_shared<mpi::DataParallel>();  // every rank holds everything
     trainer.use_group(group);
     std::vector<double> losses;
@@ -308,8 +306,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     mpi::say("gradients", mpi::gather_from_ranks(static_cast<double>(use.gradients)));
     mpi::say("optimizer", mpi::gather_from_ranks(static_cast<double>(use.optimizer)));
     mpi::say("activations", mpi::gather_from_ranks(static_cast<double>(use.activations)));
-    if (stage1) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(stage1->last_traffic().total())));
-    if (stage2) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(stage2->last_traffic().total())));
+    if (sharded) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(sharded->last_traffic().total())));
     // The weights alone, hashed (a sharded rank's moments are its shard's, unlike the others').
     std::uint64_t h = 0xcbf29ce484222325ull;
     const std::vector<float>& w = trainer.model().parameters();
@@ -655,16 +652,8 @@ void lesson(const LessonOptions& options) {
         Trainer check(recipe(s), make_dataset(read_corpus(launcher.corpus)));
         (void)check;
     }
-    launcher.scratch = fs::temp_directory_path() / ("attn_lesson21_" + std::to_string(::getpid()));
-    fs::remove_all(launcher.scratch);
-    fs::create_directories(launcher.scratch);
-    struct Cleanup {
-        fs::path dir;
-        ~Cleanup() {
-            std::error_code ec;
-            fs::remove_all(dir, ec);
-        }
-    } cleanup{launcher.scratch};
+    const mpi::ScratchFolder scratch("attn_lesson21");  // removed when the lesson ends
+    launcher.scratch = scratch.path();
     std::printf("\neach rank starts this program again under %s\n", mpi::mpirun_path().c_str());
     schemes(launcher, options);
     tensor_parallelism(launcher);

@@ -42,6 +42,10 @@ std::shared_ptr<mpi::DataParallel> group_of(const std::string& scheme) {
     return std::make_shared<mpi::DataParallel>();
 }
 
+std::shared_ptr<mpi::ZeroGroup> zero_group_of(const std::string& stage) {
+    return std::static_pointer_cast<mpi::ZeroGroup>(group_of(stage));
+}
+
 // The floats of rank r's piece of every gradient bucket (stage 2's shard).
 std::size_t pieces_of(const GPT& model, int r, int N) {
     std::size_t n = 0;
@@ -82,7 +86,7 @@ int main(int argc, char** argv) {
             Trainer single(config, data);
             const Run reference = train(single, 20);
             Trainer shared(config, data);
-            const std::shared_ptr<mpi::DataParallel> group = group_of(stage);
+            const std::shared_ptr<mpi::ZeroGroup> group = zero_group_of(stage);
             shared.use_group(group);
             const Run run = train(shared, 20);
             const double losses = relative_gap(run.losses, reference.losses);
@@ -120,9 +124,7 @@ int main(int argc, char** argv) {
                 }
             }
             const std::size_t norm = N > 1 ? sizeof(double) : 0;
-            const mpi::ZeroTraffic& t = stage == "stage 1"
-                                            ? std::static_pointer_cast<mpi::ShardedOptimizer>(group)->last_traffic()
-                                            : std::static_pointer_cast<mpi::ShardedGradients>(group)->last_traffic();
+            const mpi::ZeroTraffic& t = group->last_traffic();
             checks.check(t.reduce_scatter_bytes == rs && t.all_gather_bytes == ag && t.norm_bytes == norm,
                          what + ": the bytes each rank sends in a step are the ring's (every shard but its own, "
                          "every shard but the next rank's)",

@@ -8,6 +8,7 @@
 #include "attn/mpi/launch.hpp"
 #include "attn/mpi/world.hpp"
 
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <string>
@@ -17,6 +18,23 @@ namespace attn::mpi {
 
 /// What a part's rank 0 printed: each line's first word, and the numbers after it.
 using Numbers = std::map<std::string, std::vector<double>>;
+
+/// A folder of its own for the files a lesson's parts write (checkpoints, run folders), in
+/// the system's temp folder, empty when made and removed with everything in it when this
+/// goes. Not copyable.
+class ScratchFolder {
+public:
+    /// @param prefix the start of its name, e.g. "attn_lesson21"; the process id follows
+    explicit ScratchFolder(const std::string& prefix);
+    ~ScratchFolder();
+    ScratchFolder(const ScratchFolder&) = delete;             ///< one owner
+    ScratchFolder& operator=(const ScratchFolder&) = delete;  ///< one owner
+    /// Its path. @return the folder
+    const std::filesystem::path& path() const { return path_; }
+
+private:
+    std::filesystem::path path_;
+};
 
 /// The `key value…` lines of a part's output, read back; lines with no number are kept with
 /// none. @param output what rank 0 printed @return the numbers by key

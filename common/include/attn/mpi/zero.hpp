@@ -24,6 +24,28 @@ struct ZeroTraffic {
     std::size_t total() const { return reduce_scatter_bytes + all_gather_bytes + norm_bytes; }
 };
 
+/// What both ZeRO stages share: data parallelism over MPI's world communicator in which each
+/// rank keeps its shard of the summed gradients, counts what its rings send, and clips by
+/// the norm of the shards' squares summed over the ranks.
+class ZeroGroup : public DataParallel {
+public:
+    ZeroGroup();
+    bool holds_whole_gradients() const override { return false; }
+    /// What this rank sent in the last step.
+    const ZeroTraffic& last_traffic() const { return traffic_; }
+
+protected:
+    /// clip_grad_norm()'s rule on this rank's shard of the gradients, with the norm of every
+    /// rank's: each sums its squares, the sums are added over the ranks (one double each,
+    /// counted). @param g the shard @param n its floats @param max_norm as clip_grad_norm()'s
+    /// @return the norm before clipping, the same on every rank
+    float clip_shard(float* g, std::size_t n, float max_norm);
+
+    float share_ = 1.0f;          ///< this rank's part of the batch (begin_gradients)
+    std::vector<float> scratch_;  ///< a piece received (the rings move 64 KiB at a time)
+    ZeroTraffic traffic_;         ///< what this rank's rings sent in the last step
+};
+
 /// ZeRO stage 1 over MPI's world communicator (Trainer::use_group), with the ranks' shards
 /// from shard_of() over the model's flat parameter buffer. MPI must be initialised.
 ///
@@ -35,28 +57,18 @@ struct ZeroTraffic {
 /// |shard r|) floats for the reduce-scatter and (P − |shard r + 1|) for the all-gather,
 /// together 2(N − 1)/N of the parameters' bytes, what the ring allreduce of plain data
 /// parallelism sends (the paper: stage 1 moves what data parallelism moves).
-class ShardedOptimizer : public DataParallel {
+class ShardedOptimizer : public ZeroGroup {
 public:
-    ShardedOptimizer();
-
     void begin_gradients(GPT& model, double share) override;
     void finish_gradients(GPT& model) override;
     float clip_gradients(GPT& model, float max_norm) override;
     void update(GPT& model, AdamW& optimizer, float lr) override;
     void whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m, std::vector<float>& v) override;
-    bool holds_whole_gradients() const override { return false; }
     /// The ring's buffer for a piece received (at most 64 KiB). @return its bytes
     std::size_t gradient_bytes() const override { return scratch_.capacity() * sizeof(float); }
 
     /// This rank's shard of a model's parameters. @param model the model @return its range
     Shard shard(const GPT& model) const { return shard_of(model.parameters().size(), rank(), size()); }
-    /// What this rank sent in the last step.
-    const ZeroTraffic& last_traffic() const { return traffic_; }
-
-private:
-    float share_ = 1.0f;
-    std::vector<float> scratch_;  // a piece of a shard received (the rings move 64 KiB at a time)
-    ZeroTraffic traffic_;
 };
 
 /// ZeRO stage 2 over MPI's world communicator: the gradients sharded as well as AdamW's
@@ -70,20 +82,16 @@ private:
 /// Per rank it holds 4P of weights, 4P/N of gradients (its pieces) plus one block's buffer
 /// and the embeddings' (the model's, per thread), and 8P/N of moments. What it sends per
 /// step is what stage 1 sends, 2(N − 1)/N of the parameters' bytes, in a ring per bucket.
-class ShardedGradients : public DataParallel {
+class ShardedGradients : public ZeroGroup {
 public:
-    ShardedGradients();
-
     void begin_gradients(GPT& model, double share) override;
     void finish_gradients(GPT& model) override;
     float clip_gradients(GPT& model, float max_norm) override;
     void update(GPT& model, AdamW& optimizer, float lr) override;
     void whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m, std::vector<float>& v) override;
-    bool holds_whole_gradients() const override { return false; }
+    /// Its pieces of the summed gradients and the rings' two buffers. @return their bytes
     std::size_t gradient_bytes() const override;
 
-    /// What this rank sent in the last step.
-    const ZeroTraffic& last_traffic() const { return traffic_; }
     /// This rank's parameters, a piece of every bucket in the model's bucket order, as
     /// runs of the flat buffer. @param model the model @return the runs
     std::vector<AdamW::Segment> segments(const GPT& model) const;
@@ -93,12 +101,10 @@ private:
     // piece kept.
     void take(const GPT& model, int bucket, float* gradients);
 
-    float share_ = 1.0f;
-    bool moments_cut_ = false;    // whether AdamW's moments are this rank's pieces (else whole or none)
-    std::vector<float> shard_;    // this rank's gradients: its piece of every bucket, in order
-    std::vector<float> scratch_;  // a piece received (the rings move 64 KiB at a time)
-    std::vector<float> sending_;  // a piece of parameters sent, packed
-    ZeroTraffic traffic_;
+    bool moments_cut_ = false;          // whether AdamW's moments are this rank's pieces (else whole or none)
+    std::vector<float> shard_;          // this rank's gradients: its piece of every bucket, in order
+    std::vector<std::size_t> piece_at_; // where each bucket's piece starts in shard_
+    std::vector<float> sending_;        // a piece of parameters sent, packed
 };
 
 /// The floats of the buffer a ring collective over `n` floats on `ranks` ranks receives into
