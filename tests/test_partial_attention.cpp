@@ -387,6 +387,97 @@ TEST_CASE("the gradient sink gets every bucket's gradients bit for bit, keeping 
     set_num_threads(threads, "test");
 }
 
+TEST_CASE("a weight source gives the passes every block's weights: the same loss and gradients, bit for bit") {
+    const int B = 5, T = 8;
+    Rng rng(7);
+    std::vector<int> x(B * T), y(B * T);
+    for (int i = 0; i < B * T; ++i) {
+        x[i] = static_cast<int>(rng.below(13));
+        y[i] = static_cast<int>(rng.below(13));
+    }
+    const int threads = num_threads();
+    for (const bool bias : {true, false}) {
+        for (const Position position : {Position::learned, Position::rope}) {
+            GPTConfig config;
+            config.vocab_size = 13;
+            config.block_size = 8;
+            config.n_layer = 3;
+            config.n_head = 2;
+            config.n_embd = 16;
+            config.dropout = 0.1f;
+            config.bias = bias;
+            config.position = position;
+            for (int n : {1, 2, 3}) {
+                CAPTURE(bias);
+                const std::string where = position_name(position);
+                CAPTURE(where);
+                CAPTURE(n);
+                set_num_threads(n, "test");
+                GPT plain(config, 9), sourced(config, 9);
+                // The source hands out each bucket of a copy of the weights, as a gather would.
+                const std::vector<float> weights = sourced.parameters();
+                std::vector<int> asked;
+                const auto source = [&](int b, float* w) {
+                    asked.push_back(b);
+                    for (const auto& [offset, size] : sourced.gradient_buckets()[static_cast<std::size_t>(b)].ranges) {
+                        std::copy(weights.begin() + static_cast<std::ptrdiff_t>(offset),
+                                  weights.begin() + static_cast<std::ptrdiff_t>(offset + size), w);
+                        w += size;
+                    }
+                };
+                std::vector<float> gathered(weights.size(), -1.0f);
+                sourced.set_gradient_sink([&](int b, float* g) {
+                    for (const auto& [offset, size] : sourced.gradient_buckets()[static_cast<std::size_t>(b)].ranges) {
+                        std::copy(g, g + size, gathered.begin() + static_cast<std::ptrdiff_t>(offset));
+                        g += size;
+                    }
+                });
+                sourced.set_weight_source(source);
+                CHECK(sourced.parameters().empty());
+                CHECK(sourced.params().qkvw == nullptr);
+                for (int step = 0; step < 2; ++step) {
+                    plain.seed_dropout(5 + step);
+                    sourced.seed_dropout(5 + step);
+                    asked.clear();
+                    const float loss = plain.forward(x, y, B, T);
+                    CHECK(sourced.forward(x, y, B, T) == loss);
+                    // the embeddings and ln_f first, then block 0, 1, 2 (buckets 2, 1, 0)
+                    CHECK(asked == std::vector<int>{3, 2, 1, 0});
+                    CHECK(sourced.logits() == plain.logits());
+                    plain.zero_grad();
+                    plain.backward();
+                    asked.clear();
+                    sourced.backward();
+                    CHECK(asked == std::vector<int>{3, 0, 1, 2});  // then block 2, 1, 0
+                    CHECK(gathered == plain.gradients());  // bit for bit, every parameter
+                }
+                // What it holds as weights: one block's and the embeddings' and ln_f's.
+                const std::size_t block = sourced.gradient_buckets()[0].size, rest = sourced.gradient_buckets()[3].size;
+                CHECK(sourced.memory_use().weights == (block + rest) * sizeof(float));
+                CHECK(plain.memory_use().weights == weights.size() * sizeof(float));
+                // Refused: another precision (it rounds a copy of the whole weights), and a
+                // backward pass with no sink to take its gradients.
+                sourced.set_precision(Precision::bf16);
+                CHECK_THROWS_WITH_AS(sourced.forward(x, y, B, T), doctest::Contains("float32 only"), std::invalid_argument);
+                sourced.set_precision(Precision::fp32);
+                sourced.set_gradient_sink({});
+                CHECK_THROWS_WITH_AS(sourced.backward(), doctest::Contains("needs a gradient sink"), std::invalid_argument);
+                CHECK(sourced.gather_parameters() == weights);
+                // Without the source the whole buffer is back, asked of the source bucket by bucket.
+                asked.clear();
+                sourced.set_weight_source({});
+                CHECK(asked == std::vector<int>{0, 1, 2, 3});
+                CHECK(sourced.parameters() == weights);
+                CHECK(sourced.memory_use().weights == weights.size() * sizeof(float));
+                sourced.seed_dropout(6);
+                plain.seed_dropout(6);
+                CHECK(sourced.forward(x, y, B, T) == plain.forward(x, y, B, T));
+            }
+        }
+    }
+    set_num_threads(threads, "test");
+}
+
 TEST_CASE("two halves of a batch with their offsets drop what the whole batch drops") {
     GPTConfig config;
     config.vocab_size = 13;

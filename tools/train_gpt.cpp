@@ -8,6 +8,7 @@
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
 //   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
 //   train_gpt --ranks 4 --shard gradients      ... and its shard of the gradients too (ZeRO 2)
+//   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP)
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
@@ -428,6 +429,7 @@ void check_rank_options(const Flags& f, const Job& job) {
 struct Setup {
     std::optional<Trainer> trainer;
     std::function<void()> report_group;  // what the ranks' group says after the run (rank 0)
+    std::function<void()> after_training;  // every rank, once the training has ended
     std::string device;  // cpu, cuda or sim
     fs::path corpus, out;
     std::string text;
@@ -490,54 +492,51 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
 // MiB of a byte count, for the reports.
 double mib(double bytes) { return bytes / (1024.0 * 1024.0); }
 
-// --shard gradients: ZeRO stage 2 (attn/mpi/zero.hpp), once the ranks agree on it (below).
-void join_sharded_gradients(const Job& job, Setup& setup, const std::shared_ptr<mpi::ShardedGradients>& group) {
+// --shard optimizer|gradients|parameters: ZeRO stage 1, 2 or 3 (attn/mpi/zero.hpp), once the
+// ranks agree on it (below).
+void join_zero(const Job& job, Setup& setup, const std::shared_ptr<mpi::ZeroGroup>& group, int stage) {
     Trainer& trainer = *setup.trainer;
+    const std::size_t P = trainer.model().config().num_parameters();
     trainer.use_group(group);
-    const std::size_t P = trainer.model().parameters().size();
-    std::size_t mine = 0;
-    for (const AdamW::Segment& s : group->segments(trainer.model())) mine += s.size;
-    std::cout << "ZeRO stage 2: " << job.size << " ranks share each batch of " << trainer.config().batch_size
-              << ", the gradients and AdamW's moments: each keeps its piece of every block's (rank 0: " << mine
-              << " of the " << P << " parameters); each block's gradients reduce-scattered by a ring as the "
-              << "backward pass finishes it, parameters gathered by a ring per block\n";
-    setup.report_group = [group, &trainer, P, N = job.size] {
-        const mpi::ZeroTraffic& t = group->last_traffic();
-        const MemoryUse use = trainer.memory_use();
-        std::printf("ZeRO stage 2 (rank 0 of %d): gradients %.3f MiB here and AdamW's moments %.3f MiB, instead "
-                    "of %.3f and %.3f MiB; the last step sent %.3f MiB (reduce-scatters %.3f, all-gathers %.3f, "
-                    "the norm's %zu bytes), against 2(N-1)/N of the parameters' %.3f MiB: %.3f MiB\n",
-                    N, mib(static_cast<double>(use.gradients)), mib(static_cast<double>(use.optimizer)),
-                    mib(sizeof(float) * static_cast<double>(P)), mib(2.0 * sizeof(float) * static_cast<double>(P)),
-                    mib(static_cast<double>(t.total())), mib(static_cast<double>(t.reduce_scatter_bytes)),
-                    mib(static_cast<double>(t.all_gather_bytes)), t.norm_bytes,
-                    mib(sizeof(float) * static_cast<double>(P)),
-                    mib(2.0 * (N - 1) / N * sizeof(float) * static_cast<double>(P)));
+    const int B = trainer.config().batch_size;
+    std::cout << "ZeRO stage " << stage << ": " << job.size << " ranks share each batch of " << B;
+    if (stage == 1) {
+        const Shard mine = static_cast<const mpi::ShardedOptimizer&>(*group).shard(trainer.model());
+        std::cout << " and AdamW's moments: each keeps those of its shard of the " << P << " parameters (rank 0: ["
+                  << mine.begin << ", " << mine.end << "), " << mine.size()
+                  << "); gradients summed by a ring reduce-scatter, parameters gathered by a ring all-gather\n";
+    } else {
+        std::size_t mine = 0;
+        for (const AdamW::Segment& s : static_cast<const mpi::ShardedGradients&>(*group).segments(trainer.model())) {
+            mine += s.size;
+        }
+        std::cout << (stage == 2 ? ", the gradients and AdamW's moments" : ", the parameters, the gradients and AdamW's moments")
+                  << ": each keeps its piece of every block's (rank 0: " << mine << " of the " << P << " parameters); "
+                  << (stage == 2 ? "each block's gradients reduce-scattered by a ring as the backward pass finishes it, "
+                                   "parameters gathered by a ring per block after the step\n"
+                                 : "each block's parameters gathered by a ring before the forward pass and again before "
+                                   "the backward pass reaches it, its gradients reduce-scattered as the backward pass "
+                                   "finishes it\n");
+    }
+    // What rank 0 holds, measured at the end of the training (stage 3 then gathers the whole
+    // weights back, for the sample), and what its rings sent in the last step.
+    auto held = std::make_shared<MemoryUse>();
+    setup.after_training = [&trainer, held, stage] {
+        *held = trainer.memory_use();
+        if (stage == 3) trainer.use_group(nullptr);  // the shards gathered: every rank calls this
     };
-}
-
-// --shard optimizer: ZeRO stage 1 (attn/mpi/zero.hpp), once the ranks agree on it (below).
-void join_sharded(const Job& job, Setup& setup, const std::shared_ptr<mpi::ShardedOptimizer>& group) {
-    Trainer& trainer = *setup.trainer;
-    trainer.use_group(group);
-    const std::size_t P = trainer.model().parameters().size();
-    const Shard mine = group->shard(trainer.model());
-    std::cout << "ZeRO stage 1: " << job.size << " ranks share each batch of " << trainer.config().batch_size
-              << " and AdamW's moments: each keeps those of its shard of the " << P
-              << " parameters (rank 0: [" << mine.begin << ", " << mine.end << "), " << mine.size()
-              << "); gradients summed by a ring reduce-scatter, parameters gathered by a ring all-gather\n";
-    setup.report_group = [group, &trainer, P, N = job.size] {
-        const Shard s = group->shard(trainer.model());
+    setup.report_group = [group, held, P, N = job.size, stage] {
         const mpi::ZeroTraffic& t = group->last_traffic();
-        const double whole = 2.0 * sizeof(float) * static_cast<double>(P);  // m and v, float32
-        std::printf("ZeRO stage 1 (rank 0 of %d): AdamW's moments %.3f MiB here (%zu parameters' m and v) "
-                    "instead of %.3f MiB; the last step sent %.3f MiB (reduce-scatter %.3f, all-gather "
-                    "%.3f, the norm's %zu bytes), against 2(N-1)/N of the parameters' %.3f MiB: %.3f MiB\n",
-                    N, mib(static_cast<double>(trainer.optimizer().bytes())), s.size(), mib(whole),
+        const double whole = sizeof(float) * static_cast<double>(P);  // one float32 copy of the parameters
+        const double allreduce = 2.0 * (N - 1) / N * whole;           // what data parallelism sends
+        std::printf("ZeRO stage %d (rank 0 of %d): held %.3f MiB of weights, %.3f of gradients and %.3f of AdamW's "
+                    "moments, against %.3f, %.3f and %.3f for one process (buffers included: lesson 21); the last "
+                    "step sent %.3f MiB (reduce-scatters %.3f, all-gathers %.3f, the norm's %zu bytes), against data "
+                    "parallelism's 2(N-1)/N of the parameters, %.3f MiB\n",
+                    stage, N, mib(static_cast<double>(held->weights)), mib(static_cast<double>(held->gradients)),
+                    mib(static_cast<double>(held->optimizer)), mib(whole), mib(whole), mib(2.0 * whole),
                     mib(static_cast<double>(t.total())), mib(static_cast<double>(t.reduce_scatter_bytes)),
-                    mib(static_cast<double>(t.all_gather_bytes)), t.norm_bytes,
-                    mib(sizeof(float) * static_cast<double>(P)),
-                    mib(2.0 * (N - 1) / N * sizeof(float) * static_cast<double>(P)));
+                    mib(static_cast<double>(t.all_gather_bytes)), t.norm_bytes, mib(allreduce));
     };
 }
 
@@ -554,12 +553,14 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
         if (f.bucket_cap_mb) plan.cap_bytes = mpi::bucket_cap_bytes(*f.bucket_cap_mb);
         if (f.first_bucket_mb) plan.first_cap_bytes = mpi::bucket_cap_bytes(*f.first_bucket_mb);
         plan.view = f.bucket_view;
-        const bool sharded = f.shard == "optimizer", sharded_gradients = f.shard == "gradients";
+        const int stage = f.shard == "optimizer" ? 1 : f.shard == "gradients" ? 2 : f.shard == "parameters" ? 3 : 0;
         std::shared_ptr<mpi::DataParallel> group;
-        if (sharded) {
+        if (stage == 1) {
             group = std::make_shared<mpi::ShardedOptimizer>();
-        } else if (sharded_gradients) {
+        } else if (stage == 2) {
             group = std::make_shared<mpi::ShardedGradients>();
+        } else if (stage == 3) {
+            group = std::make_shared<mpi::ShardedParameters>();
         } else {
             group = std::make_shared<mpi::DataParallel>(schedule, plan);
         }
@@ -571,12 +572,8 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
         for (const char c : settings) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001B3ull;
         group->check_same(h, "--shard, --allreduce, --bucket-cap-mb, --first-bucket-mb or --bucket-view (how the "
                              "gradients are summed and the optimizer's state kept)");
-        if (sharded) {
-            join_sharded(job, setup, std::static_pointer_cast<mpi::ShardedOptimizer>(group));
-            return;
-        }
-        if (sharded_gradients) {
-            join_sharded_gradients(job, setup, std::static_pointer_cast<mpi::ShardedGradients>(group));
+        if (stage > 0) {
+            join_zero(job, setup, std::static_pointer_cast<mpi::ZeroGroup>(group), stage);
             return;
         }
         trainer->use_group(group);
@@ -648,6 +645,7 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
                   << (out / "checkpoint").string() << "; go on with --resume " << out.string() << "\n";
         return 0;
     }
+    if (setup.after_training) setup.after_training();
     if (job.rank != 0) return 0;  // rank 0 writes the loss curve and the sample
     std::vector<StepRecord> steps;
     std::vector<EvalRecord> evals;
@@ -904,8 +902,10 @@ int main(int argc, char** argv) {
                    "with ranks: optimizer keeps AdamW's moments only for each rank's shard of the "
                    "parameters (ZeRO stage 1: gradients reduce-scattered, parameters all-gathered); "
                    "gradients keeps each rank's shard of the gradients too, each block's "
-                   "reduce-scattered as the backward pass finishes it (ZeRO stage 2; lesson 21)")
-        ->check(CLI::IsMember({"optimizer", "gradients"}));
+                   "reduce-scattered as the backward pass finishes it (ZeRO stage 2); parameters keeps each "
+                   "rank's shard of the parameters too, each block's gathered just before each pass uses it "
+                   "(ZeRO stage 3, PyTorch's FSDP; fp32 only; lesson 21)")
+        ->check(CLI::IsMember({"optimizer", "gradients", "parameters"}));
     app.add_option("--bucket-cap-mb", f.bucket_cap_mb,
                    "with ranks: a gradient bucket takes whole blocks until it holds this many MiB, "
                    "then its sum starts (PyTorch DDP's bucket_cap_mb; default: each block its own bucket)")

@@ -209,6 +209,13 @@ LaunchResult run_ranks(const std::string& program, const std::vector<std::string
         // mpirun's note that it passed a signal on ("mpiexec: Forwarding signal 10 to job"):
         // the launcher has said what the signal does.
         if (line.find(": Forwarding signal ") != std::string::npos && line.size() < 80) return;
+        // Open MPI's shared-memory transport, when the rank whose memory it was copying a
+        // message from is gone ("[host:pid] Read -1, expected 196864, errno = 3", ESRCH): the
+        // launcher's own line says which rank ended and how.
+        if (line.find("] Read -1, expected ") != std::string::npos && line.size() < 100 &&
+            line.compare(line.size() - 11, 11, ", errno = 3") == 0) {
+            return;
+        }
         if (is_frame(line)) {
             in_frame = !in_frame;
             if (!in_frame) read_report(report, result);

@@ -1,5 +1,5 @@
-// ZeRO stages 1 and 2: AdamW's moments (and in stage 2 the summed gradients) sharded over the
-// ranks, the gradients reduce-scattered and the parameters all-gathered by rings of
+// ZeRO stages 1, 2 and 3: AdamW's moments (in stage 2 the summed gradients too, in stage 3 the
+// parameters too) sharded over the ranks, the gradients reduce-scattered and the parameters all-gathered by rings of
 // MPI_Sendrecv that count what they send.
 #include "attn/mpi/zero.hpp"
 
@@ -131,6 +131,7 @@ void ShardedOptimizer::update(GPT& model, AdamW& optimizer, float lr) {
                      MPI_COMM_WORLD, MPI_STATUS_IGNORE);
         traffic_.all_gather_bytes += out.size() * sizeof(float);
     }
+    last_ = traffic_;
 }
 //! [all_gather]
 
@@ -166,6 +167,12 @@ void ShardedOptimizer::whole_moments(const GPT& model, const AdamW& optimizer, s
 
 namespace attn::mpi {
 
+std::size_t ShardedGradients::largest_piece(const GPT& model) const {
+    std::size_t largest = 0;
+    for (const GradientBucket& bucket : model.gradient_buckets()) largest = std::max(largest, ring_buffer_floats(bucket.size, size()));
+    return largest;
+}
+
 std::vector<AdamW::Segment> ShardedGradients::segments(const GPT& model) const {
     std::vector<AdamW::Segment> runs;
     for (const GradientBucket& bucket : model.gradient_buckets()) {
@@ -190,11 +197,8 @@ void ShardedGradients::begin_gradients(GPT& model, double share) {
         mine += shard_of(bucket.size, rank(), size()).size();
     }
     shard_.assign(mine, 0.0f);
-    // The rings' buffers, once, at their final size: the largest piece of any bucket.
-    std::size_t largest = 0;
-    for (const GradientBucket& bucket : model.gradient_buckets()) largest = std::max(largest, ring_buffer_floats(bucket.size, size()));
-    scratch_.reserve(largest);
-    sending_.reserve(largest);
+    // The reduce-scatter's buffer, once, at its final size: the largest piece of any bucket.
+    scratch_.reserve(largest_piece(model));
     const GPT* m = &model;
     model.set_gradient_sink([this, m](int bucket, float* gradients) { take(*m, bucket, gradients); });
 }
@@ -217,18 +221,17 @@ void ShardedGradients::finish_gradients(GPT&) {}  // every bucket was taken duri
 
 float ShardedGradients::clip_gradients(GPT&, float max_norm) { return clip_shard(shard_.data(), shard_.size(), max_norm); }
 
-void ShardedGradients::update(GPT& model, AdamW& optimizer, float lr) {
-    std::vector<float>& params = model.parameters();
-    const std::vector<AdamW::Segment> mine = segments(model);
+void ShardedGradients::cut_moments(const GPT& model, AdamW& optimizer, const std::vector<AdamW::Segment>& mine) {
+    const std::size_t P = model.config().num_parameters();
     std::size_t n = 0;
     for (const AdamW::Segment& s : mine) n += s.size;
-    if (!moments_cut_ && optimizer.m.size() != model.parameters().size() && optimizer.m.size() == n) {
+    if (!moments_cut_ && optimizer.m.size() != P && optimizer.m.size() == n) {
         moments_cut_ = true;  // another ShardedGradients' pieces: the same rule cut them
     }
     if (!moments_cut_ && !optimizer.m.empty()) {
-        if (optimizer.m.size() != model.parameters().size() || optimizer.v.size() != optimizer.m.size()) {
+        if (optimizer.m.size() != P || optimizer.v.size() != optimizer.m.size()) {
             throw std::logic_error("ShardedGradients: moments of " + std::to_string(optimizer.m.size()) +
-                                   " parameters, neither the model's " + std::to_string(model.parameters().size()) +
+                                   " parameters, neither the model's " + std::to_string(P) +
                                    " nor this rank's " + std::to_string(n));
         }
         // A checkpoint's whole state, in the flat buffer's order: this rank's pieces of it.
@@ -242,7 +245,14 @@ void ShardedGradients::update(GPT& model, AdamW& optimizer, float lr) {
         optimizer.v = std::move(v);
     }
     moments_cut_ = true;
+}
+
+void ShardedGradients::update(GPT& model, AdamW& optimizer, float lr) {
+    std::vector<float>& params = model.parameters();
+    const std::vector<AdamW::Segment> mine = segments(model);
+    cut_moments(model, optimizer, mine);
     optimizer.step_segments(params, shard_.data(), model.parameter_table(), lr, mine);
+    sending_.reserve(largest_piece(model));  // once, at its final size
     const int N = size(), r = rank();
     const int next = (r + 1) % N, previous = (r + N - 1) % N;
     // Bucket by bucket, each rank's piece of new parameters round the ring: packed from the
@@ -272,11 +282,12 @@ void ShardedGradients::update(GPT& model, AdamW& optimizer, float lr) {
             }
         }
     }
+    last_ = traffic_;
 }
 
 void ShardedGradients::whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m,
                                      std::vector<float>& v) {
-    const std::size_t P = model.parameters().size();
+    const std::size_t P = model.config().num_parameters();
     if (!moments_cut_ || optimizer.m.empty()) {  // none yet, or a checkpoint's whole state
         m = optimizer.m;
         v = optimizer.v;
@@ -314,6 +325,72 @@ void ShardedGradients::whole_moments(const GPT& model, const AdamW& optimizer, s
         }
         at += static_cast<std::size_t>(own);
     }
+}
+
+}  // namespace attn::mpi
+
+namespace attn::mpi {
+
+void ShardedParameters::attach(GPT& model) {
+    if (model.precision() != Precision::fp32) {
+        throw std::invalid_argument(std::string("ZeRO stage 3 gathers the weights a block at a time, and mixed "
+                                                "precision (") + precision_name(model.precision()) +
+                                    ") rounds a copy of the whole weights, which no rank holds: train in fp32");
+    }
+    // This rank's piece of every bucket's parameters, packed as its gradients are, then the
+    // model lets go of its whole buffer.
+    bucket_sizes_.clear();
+    piece_at_.clear();
+    weights_.clear();
+    const std::vector<float>& params = model.parameters();
+    for (const GradientBucket& bucket : model.gradient_buckets()) {
+        const Shard piece = shard_of(bucket.size, rank(), size());
+        bucket_sizes_.push_back(bucket.size);
+        piece_at_.push_back(weights_.size());
+        for_each_run(bucket, piece.begin, piece.end, [&](std::size_t offset, std::size_t, std::size_t n) {
+            weights_.insert(weights_.end(), params.begin() + static_cast<std::ptrdiff_t>(offset),
+                            params.begin() + static_cast<std::ptrdiff_t>(offset + n));
+        });
+    }
+    weights_.shrink_to_fit();
+    model.set_weight_source([this](int bucket, float* weights) { gather(bucket, weights); });
+}
+
+//! [stage3]
+void ShardedParameters::gather(int bucket, float* weights) {
+    const std::size_t b = static_cast<std::size_t>(bucket), n = bucket_sizes_[b];
+    // A forward pass starts with the embeddings (the last bucket): a new step's traffic.
+    if (b + 1 == bucket_sizes_.size() && !in_backward_) traffic_ = {};
+    const int N = size(), r = rank();
+    const int next = (r + 1) % N, previous = (r + N - 1) % N;
+    const Shard own = shard_of(n, r, N);
+    std::copy(weights_.begin() + static_cast<std::ptrdiff_t>(piece_at_[b]),
+              weights_.begin() + static_cast<std::ptrdiff_t>(piece_at_[b] + own.size()), weights + own.begin);
+    // Every rank's piece round the ring, straight into its place in the bucket's buffer.
+    for (int step = 0; step < N - 1; ++step) {
+        const Shard out = shard_of(n, ring_all_gather_send(r, step, N), N);
+        const Shard in = shard_of(n, ring_all_gather_send(previous, step, N), N);
+        MPI_Sendrecv(weights + out.begin, count_of(out.size()), MPI_FLOAT, next, step, weights + in.begin,
+                     count_of(in.size()), MPI_FLOAT, previous, step, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        traffic_.all_gather_bytes += out.size() * sizeof(float);
+    }
+}
+//! [stage3]
+
+void ShardedParameters::begin_gradients(GPT& model, double share) {
+    const ZeroTraffic forward = traffic_;  // the forward pass's gathers, counted in this step
+    ShardedGradients::begin_gradients(model, share);
+    traffic_ = forward;
+    in_backward_ = true;
+}
+
+void ShardedParameters::update(GPT& model, AdamW& optimizer, float lr) {
+    const std::vector<AdamW::Segment> mine = segments(model);
+    cut_moments(model, optimizer, mine);
+    // This rank's pieces where they lie; the next forward pass gathers them.
+    optimizer.step_packed(weights_.data(), shard_.data(), model.parameter_table(), lr, mine);
+    in_backward_ = false;
+    last_ = traffic_;
 }
 
 }  // namespace attn::mpi

@@ -492,6 +492,10 @@ void Trainer::save(const fs::path& dir) {
     // process 0 gathers): rank 0 writes it once, and the others wait, so that a checkpoint
     // that one process calls written is written for all.
     std::vector<float> m, v;
+    // ZeRO stage 3's shards of the weights gathered (every process takes part), or the model's.
+    std::vector<float> gathered;
+    if (model_.has_weight_source()) gathered = model_.gather_parameters();
+    const std::vector<float>& weights = model_.has_weight_source() ? gathered : model_.parameters();
     if (group_) {
         group_->whole_moments(model_, optimizer_, m, v);
     } else {
@@ -503,9 +507,9 @@ void Trainer::save(const fs::path& dir) {
         return;
     }
     write_directory_atomically(dir, [&](const fs::path& tmp) {
-        save_checkpoint(tmp, model_, {data_.vocab.chars(), step_});
+        save_checkpoint_weights(tmp, model_, weights, {data_.vocab.chars(), step_});
         fs::create_directory(tmp / "optimizer");
-        const std::size_t P = model_.parameters().size();
+        const std::size_t P = weights.size();
         m.resize(P, 0.0f);
         v.resize(P, 0.0f);
         write_npy(tmp / "optimizer" / "m.npy", {P}, m.data());
@@ -529,8 +533,16 @@ void Trainer::save(const fs::path& dir) {
 MemoryUse Trainer::memory_use() const {
     MemoryUse use = model_.memory_use();
     use.optimizer = optimizer_.bytes();
-    if (group_) use.gradients += group_->gradient_bytes();
+    if (group_) {
+        use.gradients += group_->gradient_bytes();
+        use.weights += group_->weight_bytes();
+    }
     return use;
+}
+
+std::vector<float> Trainer::whole_parameters() {
+    sync_from_device();
+    return model_.gather_parameters();
 }
 
 void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
@@ -550,6 +562,8 @@ void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
                                     "state sharded each process holds only its shard of them: train "
                                     "in bf16 or fp32");
     }
+    // The whole weights back from a group that kept them (ZeRO stage 3): a collective call.
+    model_.set_weight_source({});
     group_ = std::move(group);
     model_.set_batch_offset(0);
     model_.set_gradient_sink({});  // a group that wants one (ZeRO stage 2) sets its own
@@ -557,6 +571,7 @@ void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
         group_->check_same(state_fingerprint(),
                            "the run's settings, weights, optimizer, step and corpus (started "
                            "from different checkpoints or corpora?)");
+        group_->attach(model_);
     }
 }
 

@@ -278,7 +278,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     // One thread per rank: a rank with more keeps a gradient buffer for each extra thread's
     // slice of the batch, which the formulas below do not count.
     set_num_threads(1);
-    if (scheme != "plain" && scheme != "stage1" && scheme != "stage2") {
+    if (scheme != "plain" && scheme != "stage1" && scheme != "stage2" && scheme != "stage3") {
         throw std::invalid_argument("unknown scheme " + scheme);
     }
     const TextDataset data = make_dataset(read_corpus(corpus));
@@ -288,6 +288,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     std::shared_ptr<mpi::ZeroGroup> sharded;
     if (scheme == "stage1") group = sharded = std::make_shared<mpi::ShardedOptimizer>();
     else if (scheme == "stage2") group = sharded = std::make_shared<mpi::ShardedGradients>();
+    else if (scheme == "stage3") group = sharded = std::make_shared<mpi::ShardedParameters>();
     else group = std::make_shared<mpi::DataParallel>();  // every rank holds everything
     trainer.use_group(group);
     std::vector<double> losses;
@@ -298,7 +299,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     const MemoryUse use = trainer.memory_use();  // what this rank allocated, by kind
     //! [schemes]
     mpi::say("losses", losses);
-    mpi::say("parameters", {static_cast<double>(trainer.model().parameters().size())});
+    mpi::say("parameters", {static_cast<double>(trainer.model().config().num_parameters())});
     std::vector<double> buckets;  // every gradient bucket's floats: one block, …, the embeddings
     for (const GradientBucket& b : trainer.model().gradient_buckets()) buckets.push_back(static_cast<double>(b.size));
     mpi::say("buckets", buckets);
@@ -307,9 +308,10 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     mpi::say("optimizer", mpi::gather_from_ranks(static_cast<double>(use.optimizer)));
     mpi::say("activations", mpi::gather_from_ranks(static_cast<double>(use.activations)));
     if (sharded) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(sharded->last_traffic().total())));
-    // The weights alone, hashed (a sharded rank's moments are its shard's, unlike the others').
+    // The weights alone, hashed (a sharded rank's moments are its shard's, unlike the others';
+    // stage 3's weights are gathered from the shards first, by every rank).
     std::uint64_t h = 0xcbf29ce484222325ull;
-    const std::vector<float>& w = trainer.model().parameters();
+    const std::vector<float> w = trainer.whole_parameters();
     const auto* bytes = reinterpret_cast<const unsigned char*>(w.data());
     for (std::size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001B3ull;  // FNV-1a
     bool identical = true;
@@ -438,15 +440,20 @@ struct Launcher {
     }
 };
 
-// Plain data parallelism and ZeRO stages 1 and 2 on 1 to 4 ranks: the same losses as one
+// The name of a scheme in the tables.
+const char* scheme_name(const std::string& scheme) {
+    return scheme == "plain" ? "plain" : scheme == "stage1" ? "stage 1" : scheme == "stage2" ? "stage 2" : "stage 3";
+}
+
+// Plain data parallelism and ZeRO stages 1, 2 and 3 on 1 to 4 ranks: the same losses as one
 // process, the bytes every rank measured beside each scheme's formula and its working
 // buffers, the bytes sent beside the ring's count, the sharded runs' checkpoints resumed in
 // one process, and the plot.
 void schemes(const Launcher& launcher, const LessonOptions& options) {
-    print_heading("Data parallelism and ZeRO stages 1 and 2, trained and measured");
+    print_heading("Data parallelism and ZeRO stages 1, 2 and 3, trained and measured");
     std::vector<Run> runs;
     for (int N : {1, 2, 4}) runs.push_back(launcher.run("plain", N));
-    for (const char* stage : {"stage1", "stage2"}) {
+    for (const char* stage : {"stage1", "stage2", "stage3"}) {
         for (int N : {1, 2, 3, 4}) runs.push_back(launcher.run(stage, N, N == 4 ? launcher.s.save_at : 0));
     }
     const Run& one = runs.front();
@@ -465,17 +472,20 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     const auto formula = [P](const std::string& scheme, int N) {
         if (scheme == "plain") return 16.0 * P;
         if (scheme == "stage1") return 4.0 * P + 4.0 * P + 8.0 * P / N;
-        return 4.0 * P + (4.0 + 8.0) * P / N;  // stage 2
+        if (scheme == "stage2") return 4.0 * P + (4.0 + 8.0) * P / N;
+        return (4.0 + 4.0 + 8.0) * P / N;  // stage 3
     };
     // What each keeps besides: the rings' buffers for a piece of at most 64 KiB (stage 2: one
-    // to send, one to receive), and in stage 2 the backward pass's buffer of one block and the
-    // embeddings' and ln_f's gradients, which it hands over bucket by bucket
+    // to send, one to receive), in stages 2 and 3 the backward pass's buffer of one block's
+    // and the embeddings' and ln_f's gradients, which it hands over bucket by bucket, and in
+    // stage 3 the buffers of one block's and the embeddings' weights, which it gathers
     const auto buffers = [&](const std::string& scheme, int N) {
         if (scheme == "plain") return 0.0;
         if (scheme == "stage1") return 4.0 * static_cast<double>(mpi::ring_buffer_floats(static_cast<std::size_t>(P), N));
         std::size_t piece = 0;
         for (std::size_t b : buckets) piece = std::max(piece, mpi::ring_buffer_floats(b, N));
-        return 4.0 * (block + rest) + 2.0 * 4.0 * static_cast<double>(piece);
+        if (scheme == "stage2") return 4.0 * (block + rest) + 2.0 * 4.0 * static_cast<double>(piece);
+        return 2.0 * 4.0 * (block + rest) + 4.0 * static_cast<double>(piece);  // stage 3
     };
     //! [formulas]
     std::printf("%-7s %5s  %8s  %9s  %8s  %8s  %8s  %6s  %8s  %10s  %11s  %9s  %s\n", "scheme", "ranks", "weights",
@@ -489,10 +499,10 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         const double gap = largest_relative_gap(need(run.numbers, "losses"), reference);
         const bool same = need(run.numbers, "identical")[0] == 1.0;
         worst_gap = std::max(worst_gap, gap);
-        if (run.scheme != "stage2") worst_off = std::max(worst_off, std::fabs(off));
+        if (run.scheme == "plain" || run.scheme == "stage1") worst_off = std::max(worst_off, std::fabs(off));
         worst_unexplained = std::max(worst_unexplained, std::fabs(unexplained) / state);
         identical = identical && same;
-        const char* name = run.scheme == "plain" ? "plain" : run.scheme == "stage1" ? "stage 1" : "stage 2";
+        const char* name = scheme_name(run.scheme);
         std::printf("%-7s %5d  %8.3f  %9.3f  %8.3f  %8.3f  %8.3f  %+5.1f%%  %8.3f  %8.0f B  %11.3f  %9.1e  %s\n", name,
                     run.N, run.largest("weights") / mb, run.largest("gradients") / mb, run.largest("optimizer") / mb,
                     state / mb, expected / mb, 100.0 * off, extra / mb, unexplained, run.largest("activations") / mb,
@@ -505,9 +515,10 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         print_claim(key + "_activations_mb", run.largest("activations") / mb, 2);
     }
     std::printf("(MB = 10^6 bytes; state = weights + gradients + AdamW; off by: from ZeRO's formula; buffers: the\n"
-                "rings' and stage 2's backward buffer, from the sizes above; unexplained: state - formula - buffers,\n"
-                "from a shard's size differing by one float from rank to rank; loss gap: the largest relative\n"
-                "difference from the plain run on 1 rank over the %d steps)\n", launcher.s.steps);
+                "rings', the backward pass's (stages 2, 3) and the gathered weights' (stage 3), from the sizes\n"
+                "above; unexplained: state - formula - buffers, from a shard's size differing by one float from\n"
+                "rank to rank; loss gap: the largest relative difference from the plain run on 1 rank over the\n"
+                "%d steps)\n", launcher.s.steps);
     print_claim("block_floats", std::to_string(buckets.front()));
     print_claim("blocks", std::to_string(buckets.size() - 1));
     print_claim("state_worst_off_percent", 100.0 * worst_off, 1);
@@ -519,15 +530,17 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     // The bytes each rank sent in its last step, counted by the rings, against the ring's
     // 2(N - 1)/N of the parameters' bytes, and against what rank r's rings must send: every
     // shard but its own in the reduce-scatter, every shard but rank r + 1's in the
-    // all-gather (stage 2: of every bucket), and on more than one rank the clipping norm's
-    // sum of squares (a double).
-    std::printf("\nbytes sent in one step, counted by the rings, rank by rank, against the ring's formula\n"
-                "2(N-1)/N x 4P and against each rank's exact count 4(P - |shard r|) + 4(P - |shard r+1|) + 8\n"
-                "(stage 2: summed over the buckets):\n");
-    std::printf("%-7s %5s  %-40s  %14s  %s\n", "scheme", "ranks", "sent", "2(N-1)/N x 4P", "exact count");
+    // all-gather (stage 2: of every bucket; stage 3: two all-gathers of every bucket), and on
+    // more than one rank the clipping norm's sum of squares (a double).
+    std::printf("\nbytes sent in one step, counted by the rings, rank by rank, against data parallelism's ring\n"
+                "allreduce, 2(N-1)/N x 4P, and against each rank's exact count 4(P - |shard r|) + g x 4(P -\n"
+                "|shard r+1|) + 8 (stages 2 and 3: summed over the buckets; g = 2 gathers in stage 3, else 1):\n");
+    std::printf("%-7s %5s  %-40s  %14s  %7s  %s\n", "scheme", "ranks", "sent", "2(N-1)/N x 4P", "x DP", "exact count");
     bool exact = true;
+    double stage3_ratio = 0.0;
     for (const Run& run : runs) {
         if (run.scheme == "plain") continue;
+        const double gathers = run.scheme == "stage3" ? 2.0 : 1.0;
         const std::vector<std::size_t> sizes =
             run.scheme == "stage1" ? std::vector<std::size_t>{static_cast<std::size_t>(P)} : buckets;
         std::string each;
@@ -538,29 +551,37 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
             double count = run.N == 1 ? 0.0 : 8.0;
             for (std::size_t n : sizes) {
                 if (run.N > 1) {
-                    count += 4.0 * static_cast<double>(2 * n - shard_of(n, r, run.N).size() -
-                                                       shard_of(n, (r + 1) % run.N, run.N).size());
+                    count += 4.0 * static_cast<double>(n - shard_of(n, r, run.N).size()) +
+                             gathers * 4.0 * static_cast<double>(n - shard_of(n, (r + 1) % run.N, run.N).size());
                 }
             }
             all = all && sent == count;
         }
         exact = exact && all;
         const double ring = 2.0 * (run.N - 1) / run.N * 4.0 * P;
-        std::printf("%-7s %5d  %-40s  %14.0f  %s\n", run.scheme == "stage1" ? "stage 1" : "stage 2", run.N,
-                    each.c_str(), ring, all ? "equal on every rank" : "DIFFERS");
+        const double ratio = run.N > 1 ? run.of("sent", 0) / ring : 0.0;
+        if (run.N > 1) {
+            std::printf("%-7s %5d  %-40s  %14.0f  %7.3f  %s\n", scheme_name(run.scheme), run.N, each.c_str(), ring,
+                        ratio, all ? "equal on every rank" : "DIFFERS");
+        } else {
+            std::printf("%-7s %5d  %-40s  %14.0f  %7s  %s\n", scheme_name(run.scheme), run.N, each.c_str(), ring, "-",
+                        all ? "equal on every rank" : "DIFFERS");
+        }
+        if (run.scheme == "stage3" && run.N == 4) stage3_ratio = ratio;
         if (run.N == 4) {
             print_claim(run.scheme + "_sent_rank0_4", std::to_string(static_cast<long long>(run.of("sent", 0))));
             if (run.scheme == "stage1") print_claim("sent_formula_4", std::to_string(static_cast<long long>(ring + 0.5)));
         }
     }
     print_claim("sent_exact", exact ? "yes" : "no");
+    print_claim("stage3_sent_ratio_4", stage3_ratio, 3);
 
     // The checkpoints the sharded runs on 4 ranks saved, resumed in one process.
     const Sizes& s = launcher.s;
     const int threads = num_threads();
     set_num_threads(1);
     double resume_gap = 0.0;
-    for (const char* stage : {"stage1", "stage2"}) {
+    for (const char* stage : {"stage1", "stage2", "stage3"}) {
         Trainer resumed = Trainer::load(launcher.scratch / (std::string(stage) + "4"), make_dataset(read_corpus(launcher.corpus)));
         std::vector<double> later;
         while (resumed.step() < s.steps) later.push_back(resumed.train_step().loss);
@@ -568,9 +589,9 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         resume_gap = std::max(resume_gap, largest_relative_gap(later, tail));
     }
     set_num_threads(threads);
-    std::printf("\nthe stage-1 and stage-2 runs on 4 ranks saved a checkpoint after step %d (rank 0 gathered the\n"
-                "moments); one process resumed each for steps %d to %d: largest relative gap from the 1-rank\n"
-                "run's losses %.1e\n", s.save_at, s.save_at + 1, s.steps, resume_gap);
+    std::printf("\nthe runs of stages 1, 2 and 3 on 4 ranks saved a checkpoint after step %d (rank 0 gathered the\n"
+                "moments, and in stage 3 the weights); one process resumed each for steps %d to %d: largest\n"
+                "relative gap from the 1-rank run's losses %.1e\n", s.save_at, s.save_at + 1, s.steps, resume_gap);
     print_claim("resume_gap", resume_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
 
     if (!options.figures.empty()) {
@@ -578,14 +599,15 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         std::vector<PlotSeries> lines = {{"plain: weights + gradients + AdamW", {}, {}},
                                          {"stage 1: weights + gradients + AdamW", {}, {}},
                                          {"stage 2: weights + gradients + AdamW", {}, {}},
+                                         {"stage 3: weights + gradients + AdamW", {}, {}},
                                          {"activations, any scheme", {}, {}}};
         for (const Run& run : runs) {
-            PlotSeries& line = lines[run.scheme == "plain" ? 0 : run.scheme == "stage1" ? 1 : 2];
+            PlotSeries& line = lines[run.scheme == "plain" ? 0 : run.scheme == "stage1" ? 1 : run.scheme == "stage2" ? 2 : 3];
             line.x.push_back(run.N);
             line.y.push_back(run.state() / mb);
             if (run.scheme == "stage1") {
-                lines[3].x.push_back(run.N);
-                lines[3].y.push_back(run.largest("activations") / mb);
+                lines[4].x.push_back(run.N);
+                lines[4].y.push_back(run.largest("activations") / mb);
             }
         }
         line_plot_png(options.figures / "lesson21_measured_memory.png", lines,

@@ -7,7 +7,8 @@
 //       where the ranks do not implement the option; the base run also on 4 ranks, with
 //       the gradients summed after the backward pass, and with other gradient buckets (capped,
 //       a small first one, summed in place); each also with --ranks 2 --shard optimizer
-//       (ZeRO stage 1) and --shard gradients (stage 2), the base run on 3 and 4 ranks too. The options come from --help: one this
+//       (ZeRO stage 1), --shard gradients (stage 2) and --shard parameters (stage 3), the
+//       base run on 3 and 4 ranks too. The options come from --help: one this
 //       test's table does not know (or the reverse) fails it.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR refusals MPIRUN
 //       Bad uses of ranks get one line on stderr and exit status 1 or 2 (under mpirun, one
@@ -22,6 +23,8 @@
 //       sharded on 3.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill-sharded-gradients
 //       The same with the gradients sharded too (--shard gradients) on 4 ranks, resumed so on 3.
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill-sharded-parameters
+//       The same with the parameters sharded too (--shard parameters) on 4 ranks, resumed so on 3.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR stop
 //       SIGTERM to the launcher of a 2-rank run: every rank ends its step, the checkpoint is
 //       saved, one line, exit 0, no process left, and the run resumes from it; two signals
@@ -295,8 +298,8 @@ std::vector<Use> option_table() {
                                              "bucket) and 4 ranks (25 after a first of 0.03)"},
         {"--first-bucket-mb", Role::axis, {}, "with --bucket-cap-mb on the base run, 4 ranks"},
         {"--bucket-view", Role::axis, {}, "on the base run with 2 ranks, alone and with --bucket-cap-mb 0.06"},
-        {"--shard", Role::axis, {}, "optimizer and gradients with 2 ranks on every run beside plain data "
-                                    "parallelism; the base run also on 3 and 4 ranks"},
+        {"--shard", Role::axis, {}, "optimizer, gradients and parameters with 2 ranks on every run beside "
+                                    "plain data parallelism; the base run also on 3 and 4 ranks"},
         {"--batch-per-rank", Role::axis, {}, "2 ranks of the base's batch of 8 each against one process "
                                               "of --batch-size 16; refused without ranks"},
         {"--batch-size", Role::varied, {"6"}, ""},
@@ -420,12 +423,15 @@ int test_options(const std::string& program, const fs::path& root) {
         std::vector<fs::path> outs;
         // One process, then 2 ranks (and for the base run 4 ranks, and the other schedule).
         std::vector<std::vector<std::string>> extra = {{}, {"--ranks", "2"}, {"--ranks", "2", "--shard", "optimizer"},
-                                                       {"--ranks", "2", "--shard", "gradients"}};
+                                                       {"--ranks", "2", "--shard", "gradients"},
+                                                       {"--ranks", "2", "--shard", "parameters"}};
         if (i == 0) {
             extra.push_back({"--ranks", "3", "--shard", "optimizer"});
             extra.push_back({"--ranks", "4", "--shard", "optimizer"});
             extra.push_back({"--ranks", "3", "--shard", "gradients"});
             extra.push_back({"--ranks", "4", "--shard", "gradients"});
+            extra.push_back({"--ranks", "3", "--shard", "parameters"});
+            extra.push_back({"--ranks", "4", "--shard", "parameters"});
             extra.push_back({"--ranks", "4"});
             extra.push_back({"--ranks", "2", "--allreduce", "after"});
             extra.push_back({"--ranks", "4", "--allreduce", "after"});
@@ -554,7 +560,8 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"--shard gradients without ranks", {"--shard", "gradients"}},
         {"--shard gradients with --bucket-view", {"--ranks", "2", "--shard", "gradients", "--bucket-view"}},
         {"--shard gradients with fp16's loss scaling", {"--ranks", "2", "--shard", "gradients", "--precision", "fp16"}},
-        {"--shard parameters, a stage not built", {"--ranks", "2", "--shard", "parameters"}},
+        {"--shard parameters without ranks", {"--shard", "parameters"}},
+        {"--shard parameters with mixed precision", {"--ranks", "2", "--shard", "parameters", "--precision", "bf16"}},
         {"a corpus that does not exist, with ranks", {"--ranks", "2", "--data", (root / "missing.txt").string()}},
         {"a checkpoint that does not exist, with ranks", {"--ranks", "2", "--resume", (root / "nothing").string()}},
         {"--device sim with ranks", {"--ranks", "2", "--device", "sim"}},
@@ -692,8 +699,9 @@ long long checkpoint_step(const fs::path& run) {
 }
 
 // `shard`: the killed run and the resumed one keep the optimizer's state sharded (--shard
-// optimizer, ZeRO stage 1) or the gradients too (--shard gradients, stage 2), the resumed one
-// on 3 ranks; empty: plain data parallelism, resumed on 2.
+// optimizer, ZeRO stage 1), the gradients too (--shard gradients, stage 2) or the parameters
+// too (--shard parameters, stage 3), the resumed one on 3 ranks; empty: plain data
+// parallelism, resumed on 2.
 int test_kill(const std::string& program, const fs::path& root, const std::string& shard) {
     const bool sharded = !shard.empty();
     const fs::path corpus = root / "corpus.txt";
@@ -915,7 +923,7 @@ int main(int argc, char** argv) {
         return failures ? 1 : 0;
     }
     if (argc != 4 && argc != 5) {
-        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|stop [MPIRUN]\n"
+        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|kill-sharded-parameters|stop [MPIRUN]\n"
                      "       train_gpt_ranks_test compare RUN REFERENCE_RUN\n";
         return 2;
     }
@@ -929,6 +937,7 @@ int main(int argc, char** argv) {
     else if (part == "kill") status = test_kill(program, root, "");
     else if (part == "kill-sharded") status = test_kill(program, root, "optimizer");
     else if (part == "kill-sharded-gradients") status = test_kill(program, root, "gradients");
+    else if (part == "kill-sharded-parameters") status = test_kill(program, root, "parameters");
     else if (part == "stop") status = test_stop(program, root);
     else std::cerr << "unknown part '" << part << "'\n";
     std::cout << (status == 0 ? "passed" : "FAILED") << " (" << failures << " failures)\n";

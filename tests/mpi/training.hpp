@@ -55,7 +55,7 @@ inline Run train(attn::Trainer& t, int steps) {
         r.losses.push_back(s.loss);
         r.norms.push_back(s.grad_norm);
     }
-    r.weights = t.model().parameters();
+    r.weights = t.whole_parameters();  // ZeRO stage 3's shards gathered: every rank calls this
     r.eval = t.evaluate();
     return r;
 }

@@ -1,12 +1,14 @@
-// ZeRO stages 1 and 2 (attn/mpi/zero.hpp) on N ranks against one process: N ranks, each
-// keeping AdamW's moments (stage 1) and the summed gradients too (stage 2) for its shard of
-// the parameters only, give the losses, gradient norms and weights of one process over 20
+// ZeRO stages 1, 2 and 3 (attn/mpi/zero.hpp) on N ranks against one process: N ranks, each
+// keeping AdamW's moments (stage 1), the summed gradients too (stage 2) and the parameters
+// too (stage 3) for its shard of the parameters only, give the losses, gradient norms and
+// weights of one process over 20
 // steps (to the rounding of the summation order), with dropout and without; every rank holds
-// the same weights, bit for bit; each rank's moments and gradients are its shard's bytes,
-// measured; what each rank sends per step, counted by the ring collectives, is what the
-// ring's arithmetic says. Checkpoints across schemes: one process, plain data parallelism and
-// each stage save one at step 10, and each of the four resumes each one with the losses of a
-// run that never stopped (the checkpoint holds the whole optimizer state).
+// the same weights, bit for bit; each rank's moments, gradients and (stage 3) weights are its
+// shard's bytes and the named buffers, measured; what each rank sends per step, counted by
+// the ring collectives, is what the ring's arithmetic says (stage 3: 1.5 times stage 1's).
+// Checkpoints across schemes: one process, plain data parallelism and each stage save one at
+// step 10, and each of the five resumes each one with the losses of a run that never stopped
+// (the checkpoint holds the whole weights and optimizer state).
 //
 // Run as `mpirun -np N zero_test` (N = 1, 2, 3, 4; CTest does).
 #include "mpi_test.hpp"
@@ -39,6 +41,7 @@ TrainConfig recipe(float dropout) { return tiny_recipe(12, 20, dropout); }
 std::shared_ptr<mpi::DataParallel> group_of(const std::string& scheme) {
     if (scheme == "stage 1") return std::make_shared<mpi::ShardedOptimizer>();
     if (scheme == "stage 2") return std::make_shared<mpi::ShardedGradients>();
+    if (scheme == "stage 3") return std::make_shared<mpi::ShardedParameters>();
     return std::make_shared<mpi::DataParallel>();
 }
 
@@ -62,7 +65,7 @@ int main(int argc, char** argv) {
     const int N = world.size(), r = world.rank();
     const TextDataset data = make_dataset(generated_text());
     const std::size_t P = Trainer(recipe(0.0f), data).model().parameters().size();
-    checks.note("ZeRO stages 1 and 2 on " + std::to_string(N) + " rank" + (N == 1 ? "" : "s") + ", batch 12 = " +
+    checks.note("ZeRO stages 1, 2 and 3 on " + std::to_string(N) + " rank" + (N == 1 ? "" : "s") + ", batch 12 = " +
                 std::to_string(N) + " x " + std::to_string(12 / N) + ", " + std::to_string(P) + " parameters, shards " +
                 std::to_string(shard_of(P, 0, N).size()) + " to " + std::to_string(shard_of(P, N - 1, N).size()));
 
@@ -75,11 +78,14 @@ int main(int argc, char** argv) {
     // norm add nothing: each parameter's update is the one-process arithmetic
     // (AdamW::step_range, step_segments), and the norm's sum of squares is in double. The
     // wrong versions tried (the norm of one shard, no all-gather, the ring's order off by one,
-    // no share; in stage 2 no share, or the next rank's piece of a bucket kept) moved the
-    // losses or the norms by 5e-4 to 7e-2 relative.
+    // no share; in stage 2 no share, or the next rank's piece of a bucket kept; in stage 3 the
+    // backward pass reading the last block the forward pass gathered, the forward pass
+    // gathering block l's bucket index for block l, a rank's own piece put one float off, or
+    // the ring receiving the piece the rank itself sends) moved the losses or the norms by 5e-4
+    // to 7e-2 relative.
     const double tolerance = 1e-5;
 
-    for (const std::string stage : {"stage 1", "stage 2"}) {
+    for (const std::string stage : {"stage 1", "stage 2", "stage 3"}) {
         for (float dropout : {0.0f, 0.1f}) {
             const TrainConfig config = recipe(dropout);
             const std::string what = stage + ", dropout " + (dropout > 0 ? "0.1" : "0");
@@ -122,12 +128,14 @@ int main(int argc, char** argv) {
                     rs += sizeof(float) * (b.size - shard_of(b.size, r, N).size());
                     ag += sizeof(float) * (b.size - shard_of(b.size, (r + 1) % N, N).size());
                 }
+                // Stage 3 gathers every bucket twice, before the forward and the backward pass.
+                if (stage == "stage 3") ag *= 2;
             }
             const std::size_t norm = N > 1 ? sizeof(double) : 0;
             const mpi::ZeroTraffic& t = group->last_traffic();
             checks.check(t.reduce_scatter_bytes == rs && t.all_gather_bytes == ag && t.norm_bytes == norm,
                          what + ": the bytes each rank sends in a step are the ring's (every shard but its own, "
-                         "every shard but the next rank's)",
+                         "every shard but the next rank's; stage 3 gathers twice)",
                          format("reduce-scatter %.0f (expected %.0f), all-gather %.0f", double(t.reduce_scatter_bytes),
                                 double(rs), double(t.all_gather_bytes)) +
                              format(" (expected %.0f)", double(ag)));
@@ -143,17 +151,39 @@ int main(int argc, char** argv) {
                 held = sizeof(float) * (slices * P + mpi::ring_buffer_floats(P, N));
             } else {
                 for (const GradientBucket& b : buckets) largest = std::max(largest, mpi::ring_buffer_floats(b.size, N));
-                held = sizeof(float) * (mine + slices * (buckets[0].size + buckets.back().size) + 2 * largest);
+                // stage 3 has no all-gather after the step, so no buffer for a piece sent
+                const std::size_t rings = stage == "stage 2" ? 2 : 1;
+                held = sizeof(float) * (mine + slices * (buckets[0].size + buckets.back().size) + rings * largest);
             }
             checks.check(use.gradients == held,
                          what + (stage == "stage 1" ? ": each rank's gradients are a whole buffer per thread and the "
                                                       "ring's buffer"
                                                     : ": each rank's gradients are its pieces, one block's and the "
-                                                      "embeddings' per thread, and the rings' two buffers"),
+                                                      "embeddings' per thread, and the rings' buffers"),
                          format("%.0f bytes measured, %.0f expected (%.0f for one whole buffer)", double(use.gradients),
                                 double(held), double(sizeof(float) * P)));
-            if (stage == "stage 2") {
+            if (stage != "stage 1") {
                 checks.check(model.gradients().empty(), what + ": the model keeps no whole gradient buffer");
+            }
+            // The weights. Stages 1 and 2: the model's whole buffer. Stage 3: this rank's pieces,
+            // and the model's buffers of one block and of the embeddings (GPT::set_weight_source).
+            const std::size_t weight_bytes =
+                sizeof(float) * (stage == "stage 3" ? mine + buckets[0].size + buckets.back().size : P);
+            checks.check(use.weights == weight_bytes,
+                         what + (stage == "stage 3" ? ": each rank's weights are its pieces, one block's and the "
+                                                      "embeddings'"
+                                                    : ": each rank's weights are the whole model's"),
+                         format("%.0f bytes measured, %.0f expected (%.0f for the whole model)", double(use.weights),
+                                double(weight_bytes), double(sizeof(float) * P)));
+            if (stage == "stage 3") {
+                checks.check(model.parameters().empty(), what + ": the model keeps no whole parameter buffer");
+                // Stage 3 moves 1.5 times what data parallelism's ring allreduce moves, 2(N − 1)/N
+                // of the parameters' bytes (the paper's 3Ψ against 2Ψ), to within the shards'
+                // unevenness: each bucket's ring sends all but one piece.
+                const double allreduce = 2.0 * (N - 1) / N * sizeof(float) * static_cast<double>(P);
+                const double ratio = N > 1 ? double(t.reduce_scatter_bytes + t.all_gather_bytes) / allreduce : 1.5;
+                checks.check(std::abs(ratio - 1.5) < 1e-3, what + ": a step sends 1.5 times what data parallelism sends",
+                             format("ratio %.5f", ratio));
             }
         }
     }
@@ -169,7 +199,7 @@ int main(int argc, char** argv) {
         MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
         dir = (fs::temp_directory_path() / ("attn_zero_test_" + std::to_string(N) + "_" + std::to_string(pid))).string();
     }
-    const std::vector<std::string> schemes = {"one", "plain", "stage 1", "stage 2"};
+    const std::vector<std::string> schemes = {"one", "plain", "stage 1", "stage 2", "stage 3"};
     for (const std::string& saver : schemes) {
         const std::string saved = dir + "/" + std::to_string(&saver - schemes.data());
         if (saver == "one") {

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace attn {
 
@@ -39,6 +40,16 @@ struct CheckpointInfo {
 /// @param info the vocabulary and training step to record
 void save_checkpoint(const std::filesystem::path& dir, const GPT& model,
                      const CheckpointInfo& info = {});
+
+/// Writes a model's sizes with the given weights (a model whose weights come from a source,
+/// ZeRO stage 3, holds none itself: GPT::gather_parameters()).
+/// @param dir the directory
+/// @param model the model whose config and parameter table are written
+/// @param parameters every parameter, flat, as GPT::parameters() lays them out
+/// @param info the vocabulary and training step to record
+/// @throws CheckpointError when `parameters` is not the model's size
+void save_checkpoint_weights(const std::filesystem::path& dir, const GPT& model, const std::vector<float>& parameters,
+                             const CheckpointInfo& info = {});
 
 /// Reads `config.json` of a weights directory.
 /// @param dir the directory

@@ -305,6 +305,27 @@ public:
     void set_gradient_sink(std::function<void(int bucket, float* gradients)> sink);
     /// Whether a gradient sink is set. @return whether backward() hands its buckets to one
     bool has_gradient_sink() const { return static_cast<bool>(sink_); }
+    /// ZeRO stage 3's weights (attn/mpi/zero.hpp, lesson 21): while a source is set, the model
+    /// keeps no whole parameter buffer. Each pass asks for the weights it is about to use, a
+    /// bucket of gradient_buckets() at a time, laid out as the sink's buffers are (the
+    /// bucket's ranges one after the other): `source(b, buffer)` fills `buffer`. A forward
+    /// pass asks for the embeddings and ln_f (bucket L) first, then for each block as it
+    /// reaches it; backward() asks for bucket L again and for each block from the last to the
+    /// first. The model keeps one block's buffer and the embeddings' (memory_use() counts
+    /// them as weights), and a block's buffer is refilled for the next block once every
+    /// thread is done with it. The calls come from the thread that called forward() or
+    /// backward(), in the same order on every process whose passes are the same, so that a
+    /// source may gather each bucket collectively. Meanwhile parameters() is empty and
+    /// params() all null; the passes compute in float32 only (forward() refuses another
+    /// precision) and backward() needs a gradient sink. An empty function brings back a whole
+    /// buffer, filled by asking the old source for every bucket once.
+    /// @param source fills a bucket's weights
+    void set_weight_source(std::function<void(int bucket, float* weights)> source);
+    /// Whether a weight source is set. @return whether the passes ask one for their weights
+    bool has_weight_source() const { return static_cast<bool>(source_); }
+    /// Every parameter, flat: a copy of parameters(), or with a weight source every bucket
+    /// asked of it once (a collective call when the source gathers). @return the parameters
+    std::vector<float> gather_parameters() const;
     /// Reseeds the dropout masks: the masks of the following forward passes depend only on
     /// `seed` and their order since this call (dropout_site_seed), as on the GPU model.
     /// @param seed the new seed
@@ -318,7 +339,8 @@ public:
     /// state_dict order (the tied `lm_head.weight` is not listed: it is `transformer.wte.weight`).
     const std::vector<ParameterInfo>& parameter_table() const { return table_; }
 
-    std::vector<float>& parameters() { return params_memory_; }  ///< every parameter, flat
+    /// Every parameter, flat (empty while a weight source is set: set_weight_source)
+    std::vector<float>& parameters() { return params_memory_; }
     const std::vector<float>& parameters() const { return params_memory_; }  ///< read-only
     std::vector<float>& gradients() { return grads_memory_; }  ///< every gradient, same layout
     const std::vector<float>& gradients() const { return grads_memory_; }  ///< read-only
@@ -340,12 +362,19 @@ private:
     // Rounds one slice's buffer of a pass to precision_, counting into `counts`.
     void round_for_product(float* x, std::size_t n, RoundingCounts& counts) const;
     // The passes over the sequences [b0, b0 + B) of the batch, run by one thread each.
-    void forward_slice(int b0, int B);
+    // With `layer_start`, every slice calls it before block l (set_weight_source's fetch).
+    void forward_slice(int b0, int B, const std::function<void(int)>* layer_start = nullptr);
     // layer_done(l), when given, is called by every slice after block l's backward. With
     // `block`, every block's gradients go to that buffer (laid out as block_layout_), and
     // `grads` is read for the embeddings' and ln_f's only.
     void backward_slice(int b0, int B, const ParameterTensors& grads,
-                        const std::function<void(int)>* layer_done = nullptr, float* block = nullptr);
+                        const std::function<void(int)>* layer_done = nullptr, float* block = nullptr,
+                        const std::function<void(int)>* layer_start = nullptr);
+    // The weights of block `layer` that the passes read: a slice of `t`'s stacked tensors,
+    // or the weight source's block buffer.
+    ParameterTensors block_weights(const ParameterTensors& t, int layer) const;
+    // The tensors of a buffer laid out as parameters() (the whole model's).
+    ParameterTensors whole_at(float* base) const;
     void backward_to_sink();
     // The tensors of block `layer` within stacked tensors `t` (the others as in t).
     ParameterTensors layer_view(const ParameterTensors& t, int layer) const;
@@ -374,6 +403,12 @@ private:
     // Where each tensor lies in a block's bucket buffer, and in the last bucket's.
     std::vector<std::pair<float* ParameterTensors::*, std::size_t>> block_layout_, rest_layout_;
     std::size_t block_floats_ = 0, rest_floats_ = 0;
+    // Where each kind of tensor starts in parameters() (the first block's, for a block's).
+    std::vector<std::pair<float* ParameterTensors::*, std::size_t>> whole_layout_;
+    std::function<void(int, float*)> source_;  // set_weight_source()
+    std::vector<float> source_block_;          // the block whose weights the source gave last
+    std::vector<float> source_rest_;           // the embeddings' and ln_f's
+    ParameterTensors source_params_;           // pointers into those two (a block's as block 0's)
     int batch_offset_ = 0;                         // set_batch_offset()
     int B_ = 0, T_ = 0;
     bool training_ = true;
@@ -444,11 +479,26 @@ struct AdamW {
     void step_segments(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
                        float lr, const std::vector<Segment>& segments);
 
+    /// The same update of parameters that lie packed like their gradients, one segment after
+    /// the other (ZeRO stage 3's shard: a rank keeps its piece of every bucket's parameters and
+    /// no whole buffer, attn/mpi/zero.hpp): segment k's parameter i, its gradient and its
+    /// moments are all at (segments before it) + i. The segments' offsets say where the
+    /// parameters lie in the model's flat buffer, for `table`'s weight decay; each parameter
+    /// gets the same arithmetic as in step(). The moments are as step_segments() takes them.
+    /// @param params the segments' parameters, one after the other (changed) @param grads
+    /// their gradients, the same layout @param table the tensors of the flat buffer @param lr
+    /// the learning rate @param segments where the packed runs lie in the flat buffer
+    /// @throws std::invalid_argument for moments of another size
+    void step_packed(float* params, const float* grads, const std::vector<ParameterInfo>& table, float lr,
+                     const std::vector<Segment>& segments);
+
 private:
-    // One step of the parameters of `segments`: segment k's gradients and moments start at
-    // `at[k]` of `grads` (indexed from the segment's first parameter) and of m and v.
-    void step_segments_of(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
-                          float lr, const std::vector<Segment>& segments, const std::vector<std::size_t>& at);
+    // One step of the parameters of `segments`: segment k's parameters start at
+    // params[params_at[k]], its gradients and moments at `at[k]` of `grads` and of m and v
+    // (each indexed from the segment's first parameter).
+    void step_segments_of(float* params, const std::vector<std::size_t>& params_at, const float* grads,
+                          const std::vector<ParameterInfo>& table, float lr, const std::vector<Segment>& segments,
+                          const std::vector<std::size_t>& at);
 };
 
 /// Scales the gradients so that their global L2 norm is at most `max_norm`, as

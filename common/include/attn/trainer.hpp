@@ -206,6 +206,15 @@ public:
     /// The bytes of gradients the group keeps beside the model's own buffers (ZeRO stage 2:
     /// each process's shard of the summed gradients). @return 0 by default
     virtual std::size_t gradient_bytes() const { return 0; }
+    /// The bytes of weights the group keeps beside the model's own buffers (ZeRO stage 3:
+    /// each process's shard of the parameters). @return 0 by default
+    virtual std::size_t weight_bytes() const { return 0; }
+    /// Called by Trainer::use_group once the group is the trainer's, on every process: a group
+    /// that keeps the parameters itself (ZeRO stage 3) takes its shard of them here and gives
+    /// the model a weight source (GPT::set_weight_source); use_group takes the whole
+    /// parameters back from that source when the trainer leaves the group. Nothing by default.
+    /// @param model the model, with its whole parameters
+    virtual void attach(GPT& model) { (void)model; }
     /// The whole optimizer state for a checkpoint, into `m` and `v` in process 0 (a collective
     /// call: every process makes it). By default each process holds it all; ZeRO gathers the
     /// shards. Empty when no step was taken. @param model the model @param optimizer this
@@ -292,6 +301,10 @@ public:
     }
     const GPT& model() const { return model_; }                 ///< the model, read-only
     const AdamW& optimizer() const { return optimizer_; }       ///< AdamW and its moments
+    /// Every parameter, flat, as GPT::parameters() lays them out: a copy of the model's, or in
+    /// a group that keeps only a shard of them in each process (ZeRO stage 3) the shards
+    /// gathered (a collective call: every process makes it). @return the parameters
+    std::vector<float> whole_parameters();
     /// What this process holds for training, as allocated: the model's weights, gradients
     /// and activations (GPT::memory_use), AdamW's moments, and the gradients a data-parallel
     /// group keeps beside the model's (ZeRO stage 2's shard). @return bytes by kind

@@ -60,6 +60,15 @@ T config_field(const json& j, const char* key, const fs::path& file) {
 }  // namespace
 
 void save_checkpoint(const fs::path& dir, const GPT& model, const CheckpointInfo& info) {
+    save_checkpoint_weights(dir, model, model.parameters(), info);
+}
+
+void save_checkpoint_weights(const fs::path& dir, const GPT& model, const std::vector<float>& parameters,
+                             const CheckpointInfo& info) {
+    if (parameters.size() != model.config().num_parameters()) {
+        throw CheckpointError(dir.string() + ": " + std::to_string(parameters.size()) + " weights for a model of " +
+                              std::to_string(model.config().num_parameters()) + " parameters");
+    }
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw CheckpointError(dir.string() + ": cannot create the directory: " + ec.message());
@@ -83,13 +92,13 @@ void save_checkpoint(const fs::path& dir, const GPT& model, const CheckpointInfo
     out << j.dump(2) << "\n";
     if (!out) throw CheckpointError(config_file.string() + ": cannot write");
     out.close();
-    const float* params = model.parameters().data();
+    const float* params = parameters.data();
     try {
         for (const ParameterInfo& p : model.parameter_table()) {
             write_npy(dir / (p.name + ".npy"), p.shape, params + p.offset);
         }
         write_npy(dir / (std::string(lm_head_key) + ".npy"), model.parameter_table()[0].shape,
-                  model.params().wte);
+                  params + model.parameter_table()[0].offset);
     } catch (const NpyError& e) {
         throw CheckpointError(e.what());
     }

@@ -154,10 +154,10 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
     params_memory_.assign(total, 0.0f);
     grads_memory_.assign(total, 0.0f);
     for (const Placed& p : placed) {
-        if (!p.kind->present) continue;
-        params_.*(p.kind->member) = params_memory_.data() + p.offset;
-        grads_.*(p.kind->member) = grads_memory_.data() + p.offset;
+        if (p.kind->present) whole_layout_.emplace_back(p.kind->member, p.offset);
     }
+    params_ = whole_at(params_memory_.data());
+    grads_ = whole_at(grads_memory_.data());
     auto add = [&](const std::string& name, const Kind& k, size_t offset) {
         table_.push_back({name, k.shape, offset, product(k.shape), k.shape.size() >= 2});
     };
@@ -246,9 +246,57 @@ void GPT::set_gradient_sink(std::function<void(int bucket, float* gradients)> si
     } else if (!sink_ && had) {
         std::vector<std::vector<float>>().swap(sink_blocks_);
         std::vector<std::vector<float>>().swap(sink_rests_);
-        grads_memory_.assign(params_memory_.size(), 0.0f);
-        grads_ = shifted(params_, params_memory_.data(), grads_memory_.data());
+        grads_memory_.assign(config_.num_parameters(), 0.0f);
+        grads_ = whole_at(grads_memory_.data());
     }
+}
+
+ParameterTensors GPT::whole_at(float* base) const {
+    ParameterTensors t;
+    for (const auto& [member, offset] : whole_layout_) t.*member = base + offset;
+    return t;
+}
+
+void GPT::set_weight_source(std::function<void(int bucket, float* weights)> source) {
+    const bool had = static_cast<bool>(source_);
+    if (source && !had) {  // no whole buffer from now on: a block's and the embeddings'
+        source_block_.assign(block_floats_, 0.0f);
+        source_rest_.assign(rest_floats_, 0.0f);
+        source_params_ = ParameterTensors{};
+        for (const auto& [member, offset] : block_layout_) source_params_.*member = source_block_.data() + offset;
+        for (const auto& [member, offset] : rest_layout_) source_params_.*member = source_rest_.data() + offset;
+        std::vector<float>().swap(params_memory_);
+        std::vector<float>().swap(product_weights_);
+        params_ = product_params_ = ParameterTensors{};
+    } else if (!source && had) {  // the whole buffer again, every bucket asked for once
+        params_memory_ = gather_parameters();
+        std::vector<float>().swap(source_block_);
+        std::vector<float>().swap(source_rest_);
+        source_params_ = ParameterTensors{};
+        params_ = whole_at(params_memory_.data());
+    }
+    source_ = std::move(source);
+}
+
+std::vector<float> GPT::gather_parameters() const {
+    if (!source_) return params_memory_;
+    std::vector<float> whole(config_.num_parameters(), 0.0f), bucket;
+    for (size_t b = 0; b < buckets_.size(); ++b) {
+        bucket.assign(buckets_[b].size, 0.0f);
+        source_(static_cast<int>(b), bucket.data());
+        size_t at = 0;
+        for (const auto& [offset, size] : buckets_[b].ranges) {
+            std::copy(bucket.begin() + static_cast<std::ptrdiff_t>(at),
+                      bucket.begin() + static_cast<std::ptrdiff_t>(at + size),
+                      whole.begin() + static_cast<std::ptrdiff_t>(offset));
+            at += size;
+        }
+    }
+    return whole;
+}
+
+ParameterTensors GPT::block_weights(const ParameterTensors& t, int layer) const {
+    return source_ ? source_params_ : layer_view(t, layer);
 }
 
 ParameterTensors GPT::layer_view(const ParameterTensors& t, int layer) const {
@@ -280,7 +328,7 @@ void GPT::set_batch_offset(int first_sequence) {
 MemoryUse GPT::memory_use() const {
     const auto bytes = [](const std::vector<float>& v) { return v.capacity() * sizeof(float); };
     MemoryUse use;
-    use.weights = bytes(params_memory_) + bytes(product_weights_);
+    use.weights = bytes(params_memory_) + bytes(product_weights_) + bytes(source_block_) + bytes(source_rest_);
     use.gradients = bytes(grads_memory_);
     for (const std::vector<float>& g : slice_grads_) use.gradients += bytes(g);
     for (const std::vector<float>& g : sink_blocks_) use.gradients += bytes(g);
@@ -414,6 +462,9 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
                     " at position " + std::to_string(i) + " is outside [0, " + std::to_string(V) +
                     ")");
     }
+    require(!source_ || precision_ == Precision::fp32,
+            std::string("GPT::forward: a model whose weights come from a source (ZeRO stage 3) computes in "
+                        "float32 only, not ") + precision_name(precision_));
     dropout_applied_ = training_ && config_.dropout > 0.0f;
     fused_applied_ = attention_ == AttentionKind::fused && !dropout_applied_;
     const bool weights_missing =
@@ -429,17 +480,31 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
     ++forward_calls_;
     // Mixed precision: the weights the products read, rounded once per pass (the float32
     // parameters stay as they are: the optimizer updates those).
-    if (precision_ != Precision::fp32) {
+    if (precision_ != Precision::fp32) {  // never with a weight source (refused above)
         product_weights_ = params_memory_;
         round_in_place(product_weights_.data(), product_weights_.size(), precision_);
         product_params_ = shifted(params_, params_memory_.data(), product_weights_.data());
     }
+    // ZeRO stage 3: the embeddings' weights now, each block's as the slices reach it (every
+    // slice waits until the others are done with the block before, and for its weights).
+    const int L = config_.n_layer;
+    if (source_) source_(L, source_rest_.data());
+    const std::function<void(int)> fetch = [&](int l) {
+#pragma omp barrier
+#pragma omp master
+        source_(L - 1 - l, source_block_.data());
+#pragma omp barrier
+    };
     const int slices = std::min(B, omp_get_max_threads());
 #pragma omp parallel num_threads(slices)
     {
         const int b0 = batch_slice_begin(B);
         const int b1 = batch_slice_end(B);
-        if (b1 > b0) forward_slice(b0, b1 - b0);
+        if (b1 > b0) {
+            forward_slice(b0, b1 - b0, source_ ? &fetch : nullptr);
+        } else if (source_) {
+            for (int l = 0; l < L; ++l) fetch(l);  // every barrier, with nothing to compute
+        }
     }
 
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
@@ -453,16 +518,17 @@ void GPT::round_for_product(float* x, std::size_t n, RoundingCounts& counts) con
     if (precision_ != Precision::fp32) counts += round_in_place(x, n, precision_);
 }
 
-void GPT::forward_slice(int b0, int B) {
+void GPT::forward_slice(int b0, int B, const std::function<void(int)>* layer_start) {
     // B is this slice's batch size; the stacked per-layer buffers are laid out for the
     // whole batch B_, so a layer's tensor starts at l * BTC and the slice at row b0 * T.
     const int T = T_;
     const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
     const int G = config_.kv_heads();
     const size_t QKV = static_cast<size_t>(config_.qkv_channels());  // c_attn's output width
-    const ParameterTensors& p = params_;
+    // the weights: the whole model's, or the embeddings' and a block's from a weight source
+    const ParameterTensors& p = source_ ? source_params_ : params_;
     // the weights the matrix products read: float32, or rounded (set_precision)
-    const ParameterTensors& w = precision_ == Precision::fp32 ? params_ : product_params_;
+    const ParameterTensors& w = precision_ == Precision::fp32 ? p : product_params_;
     RoundingCounts rounded;  // this slice's, added to forward_rounding_ at the end
     Activations& a = acts_;
     const float pdrop = config_.dropout;
@@ -498,7 +564,8 @@ void GPT::forward_slice(int b0, int B) {
                         site(-1, 0, mask_row0 * C), N * C);
 
     for (int l = 0; l < L; ++l) {
-        const size_t lc = static_cast<size_t>(l) * C;
+        if (layer_start) (*layer_start)(l);
+        const ParameterTensors pl = block_weights(p, l), wl = block_weights(w, l);  // block l's
         const size_t at = l * BTC + row0 * C;  // this layer's (B, T, C) tensors, at the slice
         const float* residual = l == 0 ? encoded : a.residual3.data() + at - BTC;
         float* ln1 = a.ln1.data() + at;
@@ -519,10 +586,9 @@ void GPT::forward_slice(int b0, int B) {
 
         // x = x + drop(c_proj(attention(c_attn(ln_1(x)))))
         layernorm_forward(ln1, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, residual,
-                          p.ln1w + lc, p.ln1b ? p.ln1b + lc : nullptr, B, T, C);
+                          pl.ln1w, pl.ln1b, B, T, C);
         round_for_product(ln1, NC, rounded);
-        matmul_forward(qkv, ln1, w.qkvw + l * QKV * C, p.qkvb ? p.qkvb + l * QKV : nullptr, N, C,
-                       static_cast<int>(QKV));
+        matmul_forward(qkv, ln1, wl.qkvw, pl.qkvb, N, C, static_cast<int>(QKV));
         if (config_.position == Position::rope) rope_forward(qkv, B, T, C, NH, 0, G);
         round_for_product(qkv, static_cast<size_t>(N) * QKV, rounded);  // q, k, v
         if (fused) {  // full multi-head attention only: set_attention refuses the others
@@ -535,8 +601,7 @@ void GPT::forward_slice(int b0, int B) {
                               config_.window);
         }
         round_for_product(atty, NC, rounded);
-        matmul_forward(attproj, atty, w.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
-                       N, C, C);
+        matmul_forward(attproj, atty, wl.attprojw, pl.attprojb, N, C, C);
         if (dropout)
             dropout_forward(attproj, a.attproj_mask.data() + at, pdrop,
                             site(l, 1, mask_row0 * C), N * C);
@@ -544,13 +609,12 @@ void GPT::forward_slice(int b0, int B) {
 
         // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
         layernorm_forward(ln2, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, residual2,
-                          p.ln2w + lc, p.ln2b ? p.ln2b + lc : nullptr, B, T, C);
+                          pl.ln2w, pl.ln2b, B, T, C);
         round_for_product(ln2, NC, rounded);
-        matmul_forward(fch, ln2, w.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C, 4 * C);
+        matmul_forward(fch, ln2, wl.fcw, pl.fcb, N, C, 4 * C);
         gelu_forward(fch_gelu, fch, N * 4 * C);
         round_for_product(fch_gelu, 4 * NC, rounded);
-        matmul_forward(fcproj, fch_gelu, w.fcprojw + lc * 4 * C,
-                       p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C);
+        matmul_forward(fcproj, fch_gelu, wl.fcprojw, pl.fcprojb, N, 4 * C, C);
         if (dropout)
             dropout_forward(fcproj, a.fcproj_mask.data() + at, pdrop,
                             site(l, 2, mask_row0 * C), N * C);
@@ -584,6 +648,8 @@ void GPT::backward(float loss_scale) {
     require(loss_scale > 0.0f && std::isfinite(loss_scale),
             "GPT::backward: the loss scale must be positive and finite, got " +
                 std::to_string(loss_scale));
+    require(!source_ || sink_, "GPT::backward: a model whose weights come from a source (ZeRO stage 3) "
+                               "needs a gradient sink (set_gradient_sink): it has no whole gradient buffer");
     loss_scale_ = loss_scale;
     if (sink_) {
         backward_to_sink();
@@ -667,6 +733,15 @@ void GPT::backward_to_sink() {
     sink_rests_.resize(static_cast<size_t>(slices));
     for (std::vector<float>& b : sink_blocks_) resize_zero(b, block_floats_);
     for (std::vector<float>& r : sink_rests_) resize_zero(r, rest_floats_);
+    // ZeRO stage 3: the embeddings' weights now, each block's before its backward pass.
+    if (source_) source_(L, source_rest_.data());
+    const std::function<void(int)> fetch = [&](int l) {
+#pragma omp barrier
+#pragma omp master
+        source_(L - 1 - l, source_block_.data());
+#pragma omp barrier
+    };
+    const std::function<void(int)>* layer_start = source_ ? &fetch : nullptr;
 #pragma omp parallel num_threads(slices)
     {
         const int id = omp_get_thread_num();
@@ -693,9 +768,12 @@ void GPT::backward_to_sink() {
         ParameterTensors rest;  // the embeddings' and ln_f's gradients in this slice's buffer
         for (const auto& [member, offset] : rest_layout_) rest.*member = sink_rests_[static_cast<size_t>(id)].data() + offset;
         if (b1 > b0) {
-            backward_slice(b0, b1 - b0, rest, &layer_done, own);
+            backward_slice(b0, b1 - b0, rest, &layer_done, own, layer_start);
         } else {
-            for (int l = L - 1; l >= 0; --l) layer_done(l);  // every barrier, with nothing to add
+            for (int l = L - 1; l >= 0; --l) {  // every barrier, with nothing to add
+                if (layer_start) (*layer_start)(l);
+                layer_done(l);
+            }
         }
 #pragma omp barrier
         float* sum = sink_rests_[0].data();
@@ -709,7 +787,8 @@ void GPT::backward_to_sink() {
 }
 
 void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
-                         const std::function<void(int)>* layer_done, float* block) {
+                         const std::function<void(int)>* layer_done, float* block,
+                         const std::function<void(int)>* layer_start) {
     // B is this slice's batch size; offsets as in forward_slice. The scratch buffers are
     // (B_, T, ...) for the whole batch: each slice works in its own rows of them.
     const int T = T_;
@@ -727,9 +806,10 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     const bool fused = fused_applied_;
     const int N = B * T;
     const size_t NC = static_cast<size_t>(N) * C;
-    const ParameterTensors& p = params_;
+    // the weights: the whole model's, or the embeddings' and a block's from a weight source
+    const ParameterTensors& p = source_ ? source_params_ : params_;
     // the weights the forward pass's products read (float32, or rounded: set_precision)
-    const ParameterTensors& w = precision_ == Precision::fp32 ? params_ : product_params_;
+    const ParameterTensors& w = precision_ == Precision::fp32 ? p : product_params_;
     RoundingCounts rounded;  // this slice's, added to gradient_rounding_ at the end
     const Activations& a = acts_;
     GradientScratch& s = scratch_;
@@ -769,7 +849,8 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     // the identity path of both residual connections adds dout to the input unchanged, so
     // only the branches are added into it.
     for (int l = L - 1; l >= 0; --l) {
-        const size_t lc = static_cast<size_t>(l) * C;
+        if (layer_start) (*layer_start)(l);
+        const ParameterTensors pl = block_weights(p, l), wl = block_weights(w, l);  // block l's
         const size_t at = l * BTC + row0 * C;
         const size_t stats = l * BT + row0;
         const float* residual =
@@ -800,7 +881,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         clear(dfch_gelu, 4 * NC);
         round_for_product(dinner, NC, rounded);
         matmul_backward(dfch_gelu, gl.fcprojw, gl.fcprojb,
-                        dinner, fch_gelu, w.fcprojw + lc * 4 * C, N, 4 * C, C);
+                        dinner, fch_gelu, wl.fcprojw, N, 4 * C, C);
         // fch_gelu = gelu(fch)
         clear(dfch, 4 * NC);
         gelu_backward(dfch, fch, dfch_gelu, N * 4 * C);
@@ -808,10 +889,10 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         clear(dln, NC);
         round_for_product(dfch, 4 * NC, rounded);
         matmul_backward(dln, gl.fcw, gl.fcb, dfch, ln2,
-                        w.fcw + lc * 4 * C, N, C, 4 * C);
+                        wl.fcw, N, C, 4 * C);
         // ln2 = ln_2(residual2)
         layernorm_backward(dresidual, gl.ln2w, gl.ln2b, dln, residual2,
-                           p.ln2w + lc, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, B,
+                           pl.ln2w, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, B,
                            T, C);
 
         // residual2 = residual + attproj
@@ -821,7 +902,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         clear(datty, NC);
         round_for_product(dinner, NC, rounded);
         matmul_backward(datty, gl.attprojw, gl.attprojb, dinner,
-                        atty, w.attprojw + lc * C, N, C, C);
+                        atty, wl.attprojw, N, C, C);
         // atty = attention(qkv)
         clear(dqkv, static_cast<size_t>(N) * QKV);
         if (fused) {
@@ -836,10 +917,10 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         clear(dln, NC);
         round_for_product(dqkv, static_cast<size_t>(N) * QKV, rounded);
         matmul_backward(dln, gl.qkvw, gl.qkvb, dqkv, ln1,
-                        w.qkvw + l * QKV * C, N, C, static_cast<int>(QKV));
+                        wl.qkvw, N, C, static_cast<int>(QKV));
         // ln1 = ln_1(residual)
         layernorm_backward(dresidual, gl.ln1w, gl.ln1b, dln, residual,
-                           p.ln1w + lc, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, B,
+                           pl.ln1w, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, B,
                            T, C);
         if (layer_done) (*layer_done)(l);  // block l's gradients are this slice's final share
     }

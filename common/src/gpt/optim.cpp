@@ -26,7 +26,7 @@ void AdamW::step(std::vector<float>& params, const std::vector<float>& grads,
         v.assign(params.size(), 0.0f);
         step_count = 0;
     }
-    step_segments_of(params, grads.data(), table, lr, {{0, params.size()}}, {0});
+    step_segments_of(params.data(), {0}, grads.data(), table, lr, {{0, params.size()}}, {0});
 }
 
 void AdamW::step_range(std::vector<float>& params, const std::vector<float>& grads,
@@ -48,7 +48,7 @@ void AdamW::step_range(std::vector<float>& params, const std::vector<float>& gra
         throw std::invalid_argument("AdamW::step_range: moments of " + std::to_string(m.size()) +
                                     " parameters for a range of " + std::to_string(n));
     }
-    step_segments_of(params, grads.data() + begin, table, lr, {{begin, n}}, {0});
+    step_segments_of(params.data(), {begin}, grads.data() + begin, table, lr, {{begin, n}}, {0});
 }
 
 void AdamW::step_segments(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
@@ -71,12 +71,34 @@ void AdamW::step_segments(std::vector<float>& params, const float* grads, const 
         throw std::invalid_argument("AdamW::step_segments: moments of " + std::to_string(m.size()) +
                                     " parameters for segments of " + std::to_string(n));
     }
-    step_segments_of(params, grads, table, lr, segments, at);
+    std::vector<std::size_t> offsets;
+    for (const Segment& s : segments) offsets.push_back(s.offset);
+    step_segments_of(params.data(), offsets, grads, table, lr, segments, at);
+}
+
+void AdamW::step_packed(float* params, const float* grads, const std::vector<ParameterInfo>& table, float lr,
+                        const std::vector<Segment>& segments) {
+    std::vector<std::size_t> at;
+    std::size_t n = 0;
+    for (const Segment& s : segments) {
+        at.push_back(n);
+        n += s.size;
+    }
+    if (m.empty() && v.empty()) {
+        m.assign(n, 0.0f);
+        v.assign(n, 0.0f);
+        step_count = 0;
+    } else if (m.size() != n || v.size() != n) {
+        throw std::invalid_argument("AdamW::step_packed: moments of " + std::to_string(m.size()) +
+                                    " parameters for segments of " + std::to_string(n));
+    }
+    step_segments_of(params, at, grads, table, lr, segments, at);
 }
 
 ATTN_SIMD_CLONES
-void AdamW::step_segments_of(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
-                             float lr, const std::vector<Segment>& segments, const std::vector<std::size_t>& at) {
+void AdamW::step_segments_of(float* params, const std::vector<std::size_t>& params_at, const float* grads,
+                             const std::vector<ParameterInfo>& table, float lr, const std::vector<Segment>& segments,
+                             const std::vector<std::size_t>& at) {
     ++step_count;
     // torch's single-tensor AdamW, operation for operation, so the numbers agree to rounding.
     // The scalars are Python floats (double) in torch.
@@ -87,6 +109,7 @@ void AdamW::step_segments_of(std::vector<float>& params, const float* grads, con
     for (std::size_t k = 0; k < segments.size(); ++k) {
         const std::size_t begin = segments[k].offset, end = begin + segments[k].size;
         // parameter i's gradient and moments are at i − begin of these
+        float* const pb = params + params_at[k];
         const float* const gb = grads + at[k];
         float* const mb = m.data() + at[k];
         float* const vb = v.data() + at[k];
@@ -95,13 +118,14 @@ void AdamW::step_segments_of(std::vector<float>& params, const float* grads, con
             const std::size_t lo = std::max(info.offset, begin), hi = std::min(info.offset + info.size, end);
             for (std::size_t i = lo; i < hi; ++i) {
                 const float g = gb[i - begin];
-                params[i] *= decay;
+                float& pi = pb[i - begin];
+                pi *= decay;
                 float& mi = mb[i - begin];
                 float& vi = vb[i - begin];
                 mi = mi * beta1 + (1.0f - beta1) * g;
                 vi = vi * beta2 + (1.0f - beta2) * g * g;
                 const float denom = std::sqrt(vi) / bias_correction2_sqrt + eps;
-                params[i] -= step_size * mi / denom;
+                pi -= step_size * mi / denom;
             }
         }
     }

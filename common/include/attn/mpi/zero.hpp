@@ -1,10 +1,12 @@
 /// @file zero.hpp
-/// @brief ZeRO stages 1 and 2 over MPI (lesson 21; Rajbhandari et al., "ZeRO: Memory
+/// @brief ZeRO stages 1, 2 and 3 over MPI (lesson 21; Rajbhandari et al., "ZeRO: Memory
 /// Optimizations Toward Training Trillion Parameter Models", SC 2020): data parallelism in
-/// which each rank keeps AdamW's moments (stage 1), and the summed gradients too (stage 2),
-/// for its shard of the parameters only. The gradients are summed by ring reduce-scatters
-/// (each rank ends with the whole batch's gradient of its shard), each rank updates its
-/// shard, and ring all-gathers give every rank every shard's new parameters.
+/// which each rank keeps AdamW's moments (stage 1), the summed gradients too (stage 2), and
+/// the parameters too (stage 3, what PyTorch's FSDP does) for its shard of the parameters
+/// only. The gradients are summed by ring reduce-scatters (each rank ends with the whole
+/// batch's gradient of its shard), each rank updates its shard, and ring all-gathers give
+/// every rank every shard's new parameters: after the step (stages 1 and 2), or a block at a
+/// time just before each pass uses it (stage 3).
 #pragma once
 
 #include "attn/mpi/data_parallel.hpp"
@@ -31,8 +33,8 @@ class ZeroGroup : public DataParallel {
 public:
     ZeroGroup();
     bool holds_whole_gradients() const override { return false; }
-    /// What this rank sent in the last step.
-    const ZeroTraffic& last_traffic() const { return traffic_; }
+    /// What this rank sent in the last step (its forward pass, backward pass and update).
+    const ZeroTraffic& last_traffic() const { return last_; }
 
 protected:
     /// clip_grad_norm()'s rule on this rank's shard of the gradients, with the norm of every
@@ -43,7 +45,8 @@ protected:
 
     float share_ = 1.0f;          ///< this rank's part of the batch (begin_gradients)
     std::vector<float> scratch_;  ///< a piece received (the rings move 64 KiB at a time)
-    ZeroTraffic traffic_;         ///< what this rank's rings sent in the last step
+    ZeroTraffic traffic_;         ///< what this rank's rings have sent in the step under way
+    ZeroTraffic last_;            ///< traffic_ of the last step, kept by update()
 };
 
 /// ZeRO stage 1 over MPI's world communicator (Trainer::use_group), with the ranks' shards
@@ -89,22 +92,65 @@ public:
     float clip_gradients(GPT& model, float max_norm) override;
     void update(GPT& model, AdamW& optimizer, float lr) override;
     void whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m, std::vector<float>& v) override;
-    /// Its pieces of the summed gradients and the rings' two buffers. @return their bytes
+    /// Its pieces of the summed gradients and the rings' buffers (a piece received; in stage 2 a piece sent too). @return their bytes
     std::size_t gradient_bytes() const override;
 
     /// This rank's parameters, a piece of every bucket in the model's bucket order, as
     /// runs of the flat buffer. @param model the model @return the runs
     std::vector<AdamW::Segment> segments(const GPT& model) const;
 
+protected:
+    /// AdamW's moments as this rank's pieces: a checkpoint's whole state is cut to them, once.
+    /// @param model the model @param optimizer its AdamW @param mine segments(model)
+    void cut_moments(const GPT& model, AdamW& optimizer, const std::vector<AdamW::Segment>& mine);
+    /// The floats of the rings' buffers: the largest piece of any bucket. @param model the
+    /// model @return ring_buffer_floats() of its largest bucket
+    std::size_t largest_piece(const GPT& model) const;
+
+    bool moments_cut_ = false;           ///< whether AdamW's moments are this rank's pieces (else whole or none)
+    std::vector<float> shard_;           ///< this rank's gradients: its piece of every bucket, in order
+    std::vector<std::size_t> piece_at_;  ///< where each bucket's piece starts in shard_
+    std::vector<float> sending_;         ///< a piece of parameters sent, packed
+
 private:
     // A bucket's gradients from the model's backward pass: reduce-scattered, this rank's
     // piece kept.
     void take(const GPT& model, int bucket, float* gradients);
+};
 
-    bool moments_cut_ = false;          // whether AdamW's moments are this rank's pieces (else whole or none)
-    std::vector<float> shard_;          // this rank's gradients: its piece of every bucket, in order
-    std::vector<std::size_t> piece_at_; // where each bucket's piece starts in shard_
-    std::vector<float> sending_;        // a piece of parameters sent, packed
+/// ZeRO stage 3 over MPI's world communicator, which PyTorch's FSDP implements (Zhao et al.,
+/// "PyTorch FSDP", VLDB 2023): the parameters sharded as well as the gradients and AdamW's
+/// moments. Each rank keeps its piece of every bucket's parameters (the same pieces as its
+/// gradients in stage 2) and the model keeps no whole parameter buffer: a weight source
+/// (GPT::set_weight_source) gathers each block's parameters round a ring just before the
+/// forward pass reaches it, and again before the backward pass does, into one block's buffer
+/// that the next block reuses; the embeddings and ln_f are gathered at the start of each
+/// pass. The gradients are reduce-scattered bucket by bucket as in stage 2, and AdamW updates
+/// this rank's pieces where they lie (AdamW::step_packed), with no all-gather after the step.
+///
+/// Per rank it holds 4P/N of weights, 4P/N of gradients and 8P/N of moments, plus one block's
+/// and the embeddings' buffers of weights and of gradients. What it sends per step is three
+/// rings' worth, (N − 1)/N of the parameters' bytes each (two all-gathers and a
+/// reduce-scatter): 1.5 times what data parallelism's allreduce sends, as the paper says.
+/// The gathers are blocking calls on the passes' thread: they do not overlap with the
+/// previous block's compute. Float32 only (mixed precision rounds a copy of the whole
+/// weights, which no rank holds).
+class ShardedParameters : public ShardedGradients {
+public:
+    void attach(GPT& model) override;
+    void begin_gradients(GPT& model, double share) override;
+    void update(GPT& model, AdamW& optimizer, float lr) override;
+    /// This rank's pieces of the parameters. @return their bytes
+    std::size_t weight_bytes() const override { return weights_.capacity() * sizeof(float); }
+
+private:
+    // Bucket b's parameters, every rank's piece round the ring, into `weights` (the bucket's
+    // ranges one after the other).
+    void gather(int bucket, float* weights);
+
+    std::vector<float> weights_;             // this rank's piece of every bucket's parameters, in order
+    std::vector<std::size_t> bucket_sizes_;  // the floats of each bucket
+    bool in_backward_ = false;               // between begin_gradients() and update()
 };
 
 /// The floats of the buffer a ring collective over `n` floats on `ranks` ranks receives into
