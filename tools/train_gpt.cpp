@@ -9,6 +9,7 @@
 //   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
 //   train_gpt --ranks 4 --shard gradients      ... and its shard of the gradients too (ZeRO 2)
 //   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP)
+//   train_gpt --ranks 4 --tensor-parallel 2    every block split over pairs of ranks, 2 pairs sharing each batch
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
@@ -26,6 +27,7 @@
 #if ATTN_HAVE_MPI
 #include "attn/mpi/data_parallel.hpp"
 #include "attn/mpi/launch.hpp"
+#include "attn/mpi/tensor_parallel.hpp"
 #include "attn/mpi/world.hpp"
 #include "attn/mpi/zero.hpp"
 #endif
@@ -84,7 +86,8 @@ struct Flags {
     std::optional<int> batch_size;  // --batch-size: sequences per step (not given: the recipe's)
     bool batch_per_rank = false;    // --batch-per-rank: that batch on each rank, not shared
     std::string allreduce;   // how the ranks sum their gradients (empty: not given)
-    std::string shard;       // --shard optimizer|gradients: ZeRO stage 1 or 2 (empty: plain data parallelism)
+    std::string shard;       // --shard optimizer|gradients|parameters: ZeRO stage 1, 2 or 3 (empty: plain data parallelism)
+    int tensor_parallel = 0; // --tensor-parallel N: every block split over N ranks (0: none)
     std::optional<double> bucket_cap_mb, first_bucket_mb;  // --bucket-cap-mb, --first-bucket-mb
     bool bucket_view = false;                               // --bucket-view
 };
@@ -405,6 +408,21 @@ void check_rank_options(const Flags& f, const Job& job) {
                                     "--first-bucket-mb and --bucket-view choose plain data parallelism's "
                                     "allreduce");
     }
+    if (f.tensor_parallel > 0) {
+        if (!job.parallel() && f.ranks == 0) {
+            throw std::invalid_argument("--tensor-parallel " + std::to_string(f.tensor_parallel) + " splits every "
+                                        "block over ranks: it needs --ranks N or a start by mpirun");
+        }
+        if (job.size % f.tensor_parallel != 0) {
+            throw std::invalid_argument("--tensor-parallel " + std::to_string(f.tensor_parallel) + " does not divide the " +
+                                        std::to_string(job.size) + " ranks into groups that split the model");
+        }
+        if (!f.shard.empty() || !f.allreduce.empty() || bucket_options || f.batch_per_rank) {
+            throw std::invalid_argument("--tensor-parallel sums the copies' gradients in one allreduce of its own: "
+                                        "--shard, --allreduce, --bucket-cap-mb, --first-bucket-mb, --bucket-view and "
+                                        "--batch-per-rank are plain data parallelism's");
+        }
+    }
     if (f.first_bucket_mb && !f.bucket_cap_mb) {
         throw std::invalid_argument("--first-bucket-mb sets the first bucket apart from the others: "
                                     "give --bucket-cap-mb too");
@@ -544,8 +562,50 @@ void join_zero(const Job& job, Setup& setup, const std::shared_ptr<mpi::ZeroGrou
 // calls are collective: a rank that failed before them would leave the others waiting in
 // them). Every setting that changes the computation must be the same on every rank: the
 // trainer's state (its settings, weights, optimizer, step and corpus) and --allreduce.
+// --tensor-parallel N: groups of N consecutive ranks split every block, the groups share
+// each batch (mpi::TensorParallelDevice), once every rank has set up.
+void join_tensor_parallel(const Flags& f, const Job& job, Setup& setup) {
+    Trainer& trainer = *setup.trainer;
+    const int N = f.tensor_parallel, copies = job.size / N, B = trainer.config().batch_size;
+    if (trainer.config().precision != Precision::fp32) {
+        throw std::invalid_argument(std::string("--tensor-parallel computes in float32, and this run's products are in ") +
+                                    precision_name(trainer.config().precision));
+    }
+    if (B < copies) {
+        throw std::invalid_argument("a batch of " + std::to_string(B) + " sequences cannot be shared by " +
+                                    std::to_string(copies) + " data-parallel copies: each needs at least one");
+    }
+    // The tensor-parallel group: ranks r with the same r / N; the copies of one slice: the
+    // same r % N. Both live until the program ends.
+    MPI_Comm tensor = MPI_COMM_NULL, data = MPI_COMM_NULL;
+    MPI_Comm_split(MPI_COMM_WORLD, job.rank / N, job.rank, &tensor);
+    MPI_Comm_split(MPI_COMM_WORLD, job.rank % N, job.rank, &data);
+    trainer.use_device(std::make_unique<mpi::TensorParallelDevice>(tensor, data));
+    const auto* device = static_cast<const mpi::TensorParallelDevice*>(trainer.device());
+    const GPTConfig& c = trainer.model().config();
+    std::cout << "tensor parallel: " << job.size << " ranks, each group of " << N << " splitting every block ("
+              << c.n_head / N << " of " << c.n_head << " heads and " << 4 * c.n_embd / N << " of " << 4 * c.n_embd
+              << " MLP units per rank; rank 0 holds " << device->model().local_parameters() << " of "
+              << c.num_parameters() << " parameters)";
+    if (copies > 1) std::cout << ", " << copies << " groups sharing each batch of " << B;
+    std::cout << "\n";
+    setup.after_training = [&trainer, N] {
+        const mpi::TensorParallelTraffic t =
+            static_cast<const mpi::TensorParallelDevice*>(trainer.device())->last_step_traffic();
+        trainer.use_device(nullptr);  // the whole weights back on every rank, for the sample
+        if (N > 1) {
+            std::printf("tensor parallel: the last step's passes made %d allreduces of %.3f MiB in all\n",
+                        t.allreduces, mib(sizeof(float) * static_cast<double>(t.floats)));
+        }
+    };
+}
+
 void join_group(const Flags& f, const Job& job, Setup& setup) {
     std::optional<Trainer>& trainer = setup.trainer;
+    if (f.tensor_parallel > 0) {
+        join_tensor_parallel(f, job, setup);
+        return;
+    }
     {
         const std::string schedule_name = f.allreduce.empty() ? "overlapped" : f.allreduce;
         const mpi::AllreduceSchedule schedule = mpi::parse_schedule(schedule_name);
@@ -906,6 +966,11 @@ int main(int argc, char** argv) {
                    "rank's shard of the parameters too, each block's gathered just before each pass uses it "
                    "(ZeRO stage 3, PyTorch's FSDP; fp32 only; lesson 21)")
         ->check(CLI::IsMember({"optimizer", "gradients", "parameters"}));
+    app.add_option("--tensor-parallel", f.tensor_parallel,
+                   "with ranks: groups of N ranks split every block (heads and MLP units; Megatron-LM's "
+                   "tensor parallelism), the groups sharing each batch; float32, no dropout, learned "
+                   "positions (lesson 21)")
+        ->check(whole_number_at_least(1));
     app.add_option("--bucket-cap-mb", f.bucket_cap_mb,
                    "with ranks: a gradient bucket takes whole blocks until it holds this many MiB, "
                    "then its sum starts (PyTorch DDP's bucket_cap_mb; default: each block its own bucket)")

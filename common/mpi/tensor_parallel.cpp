@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -101,9 +102,10 @@ TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(co
     for (const float* k : kinds) bases_.push_back(k ? static_cast<std::size_t>(k - base) : 0);  // 0: absent, unused
     const Layout layout = this->layout();
     // This rank's slices, copied; the start of each tensor noted for the passes.
-    layout.for_each_run(rank_, [&](std::size_t from, std::size_t local, std::size_t n, bool) {
+    layout.for_each_run(rank_, [&](std::size_t from, std::size_t local, std::size_t n, bool replicated) {
         params_.resize(local + n);
         std::copy(base + from, base + from + n, params_.begin() + static_cast<std::ptrdiff_t>(local));
+        runs_.emplace_back(local, n, replicated);
     });
     grads_.assign(params_.size(), 0.0f);
     // The start of each tensor in params_: sizes as in Layout, in its order.
@@ -112,18 +114,45 @@ TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(co
     const std::size_t whole_sizes[whole_count] = {V * C, Tb * C, C, b * C};
     const std::size_t block_sizes[block_count] = {C, b * C, 3 * A * C, b * 3 * A, C * A, b * C,
                                                   C, b * C, H * C, b * H, C * H, b * C};
+    // AdamW decays the matrices (nanoGPT: tensors of two or more dimensions), whole or sliced.
+    const bool whole_decays[whole_count] = {true, true, false, false};
+    const bool block_decays[block_count] = {false, false, true, false, true, false, false, false, true, false, true, false};
     std::size_t o = 0;
     // An absent bias's offset is npos: P() and G() give nullptr for it.
-    for (std::size_t s : whole_sizes) {
-        offsets_.push_back(s ? o : npos);
-        o += s;
+    for (int k = 0; k < whole_count; ++k) {
+        const std::size_t n = whole_sizes[k];
+        offsets_.push_back(n ? o : npos);
+        if (n) table_.push_back({"whole tensor " + std::to_string(k), {n}, o, n, whole_decays[k]});
+        o += n;
     }
     for (std::size_t l = 0; l < layout.L; ++l) {
-        for (std::size_t s : block_sizes) {
-            offsets_.push_back(s ? o : npos);
-            o += s;
+        for (int k = 0; k < block_count; ++k) {
+            const std::size_t n = block_sizes[k];
+            offsets_.push_back(n ? o : npos);
+            if (n) table_.push_back({"block " + std::to_string(l) + " tensor " + std::to_string(k), {n}, o, n, block_decays[k]});
+            o += n;
         }
     }
+}
+
+std::vector<float> TensorParallelGPT::local_of(const std::vector<float>& whole) const {
+    require(whole.size() == whole_size_, "a buffer of " + std::to_string(whole.size()) + " floats for a model of " +
+                                             std::to_string(whole_size_));
+    std::vector<float> local(params_.size());
+    layout().for_each_run(rank_, [&](std::size_t from, std::size_t at, std::size_t n, bool) {
+        std::copy(whole.begin() + static_cast<std::ptrdiff_t>(from), whole.begin() + static_cast<std::ptrdiff_t>(from + n),
+                  local.begin() + static_cast<std::ptrdiff_t>(at));
+    });
+    return local;
+}
+
+std::pair<double, double> TensorParallelGPT::gradient_square_sums() const {
+    double split = 0.0, whole = 0.0;
+    for (const auto& [at, n, replicated] : runs_) {
+        double& sum = replicated ? whole : split;
+        for (std::size_t i = at; i < at + n; ++i) sum += static_cast<double>(grads_[i]) * grads_[i];
+    }
+    return {split, whole};
 }
 
 float* TensorParallelGPT::at(std::vector<float>& buffer, int kind, int layer) {
@@ -270,21 +299,118 @@ TensorParallelGPT::Layout TensorParallelGPT::layout() const {
     return layout;
 }
 
-std::vector<float> TensorParallelGPT::whole_gradients() const {
+std::vector<float> TensorParallelGPT::whole_gradients() const { return whole_of(grads_); }
+
+std::vector<float> TensorParallelGPT::whole_of(const std::vector<float>& local) const {
+    require(local.size() == params_.size(), "a part of " + std::to_string(local.size()) + " floats for a rank's " +
+                                                std::to_string(params_.size()));
     const Layout layout = this->layout();
     // Every rank's slices (all of one size: the split divides evenly).
-    std::vector<float> every(grads_.size() * static_cast<std::size_t>(size_));
-    MPI_Allgather(grads_.data(), static_cast<int>(grads_.size()), MPI_FLOAT, every.data(),
-                  static_cast<int>(grads_.size()), MPI_FLOAT, comm_);
+    std::vector<float> every(local.size() * static_cast<std::size_t>(size_));
+    MPI_Allgather(local.data(), static_cast<int>(local.size()), MPI_FLOAT, every.data(),
+                  static_cast<int>(local.size()), MPI_FLOAT, comm_);
     std::vector<float> whole(whole_size_, 0.0f);
     for (int r = 0; r < size_; ++r) {
-        const float* theirs = every.data() + static_cast<std::size_t>(r) * grads_.size();
-        layout.for_each_run(r, [&](std::size_t to, std::size_t local, std::size_t n, bool replicated) {
+        const float* theirs = every.data() + static_cast<std::size_t>(r) * local.size();
+        layout.for_each_run(r, [&](std::size_t to, std::size_t at, std::size_t n, bool replicated) {
             if (replicated && r != rank_) return;  // the same on every rank: this rank's
-            std::copy(theirs + local, theirs + local + n, whole.begin() + static_cast<std::ptrdiff_t>(to));
+            std::copy(theirs + at, theirs + at + n, whole.begin() + static_cast<std::ptrdiff_t>(to));
         });
     }
     return whole;
 }
+
+//! [tensor_parallel_training]
+TensorParallelDevice::TensorParallelDevice(MPI_Comm tensor, MPI_Comm data) : tensor_(tensor), data_(data) {
+    MPI_Comm_size(tensor_, &tensor_size_);
+    if (data_ != MPI_COMM_NULL) {
+        MPI_Comm_rank(data_, &data_rank_);
+        MPI_Comm_size(data_, &data_size_);
+    }
+}
+
+std::string TensorParallelDevice::name() const {
+    return "the CPU, tensor parallel over " + std::to_string(tensor_size_) + " ranks" +
+           (data_size_ > 1 ? " x " + std::to_string(data_size_) + " data-parallel copies" : "");
+}
+
+void TensorParallelDevice::push(const GPT& model, const AdamW& optimizer) {
+    split_ = std::make_unique<TensorParallelGPT>(model, tensor_);
+    local_ = optimizer;  // the hyper-parameters and the step count; the moments cut below
+    if (!optimizer.m.empty()) {
+        local_.m = split_->local_of(optimizer.m);
+        local_.v = split_->local_of(optimizer.v);
+    }
+}
+
+void TensorParallelDevice::pull(GPT& model, AdamW& optimizer) {
+    // Into the model's own buffer: its tensors' pointers point there.
+    const std::vector<float> whole = split_->whole_of(split_->parameters());
+    std::copy(whole.begin(), whole.end(), model.parameters().begin());
+    optimizer.step_count = local_.step_count;
+    if (!local_.m.empty()) {
+        optimizer.m = split_->whole_of(local_.m);
+        optimizer.v = split_->whole_of(local_.v);
+    }
+}
+
+float TensorParallelDevice::loss(const int* x, const int* y, int B, int T, bool, std::uint64_t) {
+    // This copy's sequences of the batch (all of it without data-parallel copies), and the
+    // whole batch's mean loss: the copies' means weighted by their shares.
+    const auto [b0, b1] = batch_share(B, data_rank_, data_size_);
+    share_ = static_cast<float>(b1 - b0) / static_cast<float>(B);
+    const float mine = split_->forward(x + b0 * T, y + b0 * T, b1 - b0, T);
+    if (data_size_ == 1) return mine;
+    double sum = static_cast<double>(b1 - b0) / B * mine;
+    MPI_Allreduce(MPI_IN_PLACE, &sum, 1, MPI_DOUBLE, MPI_SUM, data_);
+    return static_cast<float>(sum);
+}
+
+float TensorParallelDevice::backward_and_clip(float max_norm) {
+    split_->backward();
+    step_traffic_ = split_->last_traffic();  // the step's forward and backward pass
+    std::vector<float>& g = split_->local_gradients();
+    if (data_size_ > 1) {  // the copies' shares of the batch's mean gradient, summed
+        for (float& v : g) v *= share_;
+        MPI_Allreduce(MPI_IN_PLACE, g.data(), static_cast<int>(g.size()), MPI_FLOAT, MPI_SUM, data_);
+    }
+    // The whole model's norm: the slices' squares summed over the ranks, the whole tensors'
+    // (the same on every rank) once.
+    auto [split, whole] = split_->gradient_square_sums();
+    MPI_Allreduce(MPI_IN_PLACE, &split, 1, MPI_DOUBLE, MPI_SUM, tensor_);
+    const float norm = static_cast<float>(std::sqrt(split + whole));
+    const float coef = max_norm / (norm + 1e-6f);  // clip_grad_norm()'s rule
+    if (max_norm > 0.0f && std::isfinite(norm) && coef < 1.0f) {
+        for (float& v : g) v *= coef;
+    }
+    return norm;
+}
+
+void TensorParallelDevice::adamw_step(AdamW& optimizer, float lr) {
+    local_.beta1 = optimizer.beta1;
+    local_.beta2 = optimizer.beta2;
+    local_.eps = optimizer.eps;
+    local_.weight_decay = optimizer.weight_decay;
+    local_.step_count = optimizer.step_count;
+    local_.step(split_->parameters(), split_->local_gradients(), split_->local_table(), lr);
+    optimizer.step_count = local_.step_count;
+}
+//! [tensor_parallel_training]
+
+void TensorParallelDevice::copy_gradients_to(std::vector<float>& out) { out = split_->whole_gradients(); }
+
+bool TensorParallelDevice::writes_files() const {
+    int r = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r == 0;
+}
+
+bool TensorParallelDevice::any(bool flag) {
+    int f = flag ? 1 : 0;
+    MPI_Allreduce(MPI_IN_PLACE, &f, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+    return f != 0;
+}
+
+void TensorParallelDevice::barrier() { MPI_Barrier(MPI_COMM_WORLD); }
 
 }  // namespace attn::mpi

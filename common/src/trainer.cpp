@@ -503,7 +503,8 @@ void Trainer::save(const fs::path& dir) {
         v = optimizer_.v;
     }
     if (!writes_files()) {
-        group_->barrier();
+        if (group_) group_->barrier();
+        if (device_) device_->barrier();
         return;
     }
     write_directory_atomically(dir, [&](const fs::path& tmp) {
@@ -528,6 +529,7 @@ void Trainer::save(const fs::path& dir) {
         if (!out) throw CheckpointError((dir / "trainer.json").string() + ": cannot write");
     });
     if (group_) group_->barrier();
+    if (device_) device_->barrier();
 }
 
 MemoryUse Trainer::memory_use() const {
@@ -575,7 +577,10 @@ void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
     }
 }
 
-bool Trainer::stop_agreed(bool requested) { return group_ ? group_->any(requested) : requested; }
+bool Trainer::stop_agreed(bool requested) {
+    if (group_) return group_->any(requested);
+    return device_ ? device_->any(requested) : requested;
+}
 
 std::uint64_t Trainer::state_fingerprint() const {
     std::uint64_t h = 0x243F6A8885A308D3ull;

@@ -7,8 +7,9 @@
 //       where the ranks do not implement the option; the base run also on 4 ranks, with
 //       the gradients summed after the backward pass, and with other gradient buckets (capped,
 //       a small first one, summed in place); each also with --ranks 2 --shard optimizer
-//       (ZeRO stage 1), --shard gradients (stage 2) and --shard parameters (stage 3), the
-//       base run on 3 and 4 ranks too. The options come from --help: one this
+//       (ZeRO stage 1), --shard gradients (stage 2), --shard parameters (stage 3) and
+//       --tensor-parallel 2, the base run on 3 and 4 ranks too (tensor parallelism on the
+//       2 x 2 grid). The options come from --help: one this
 //       test's table does not know (or the reverse) fails it.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR refusals MPIRUN
 //       Bad uses of ranks get one line on stderr and exit status 1 or 2 (under mpirun, one
@@ -25,6 +26,8 @@
 //       The same with the gradients sharded too (--shard gradients) on 4 ranks, resumed so on 3.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill-sharded-parameters
 //       The same with the parameters sharded too (--shard parameters) on 4 ranks, resumed so on 3.
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill-tensor-parallel
+//       The same with --tensor-parallel 2 on 4 ranks (a 2 x 2 grid), resumed on one pair.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR stop
 //       SIGTERM to the launcher of a 2-rank run: every rank ends its step, the checkpoint is
 //       saved, one line, exit 0, no process left, and the run resumes from it; two signals
@@ -300,6 +303,8 @@ std::vector<Use> option_table() {
         {"--bucket-view", Role::axis, {}, "on the base run with 2 ranks, alone and with --bucket-cap-mb 0.06"},
         {"--shard", Role::axis, {}, "optimizer, gradients and parameters with 2 ranks on every run beside "
                                     "plain data parallelism; the base run also on 3 and 4 ranks"},
+        {"--tensor-parallel", Role::axis, {}, "2 with 2 ranks on every run; the base run also on 4 ranks (a 2 x 2 "
+                                              "grid)"},
         {"--batch-per-rank", Role::axis, {}, "2 ranks of the base's batch of 8 each against one process "
                                               "of --batch-size 16; refused without ranks"},
         {"--batch-size", Role::varied, {"6"}, ""},
@@ -424,7 +429,8 @@ int test_options(const std::string& program, const fs::path& root) {
         // One process, then 2 ranks (and for the base run 4 ranks, and the other schedule).
         std::vector<std::vector<std::string>> extra = {{}, {"--ranks", "2"}, {"--ranks", "2", "--shard", "optimizer"},
                                                        {"--ranks", "2", "--shard", "gradients"},
-                                                       {"--ranks", "2", "--shard", "parameters"}};
+                                                       {"--ranks", "2", "--shard", "parameters"},
+                                                       {"--ranks", "2", "--tensor-parallel", "2"}};
         if (i == 0) {
             extra.push_back({"--ranks", "3", "--shard", "optimizer"});
             extra.push_back({"--ranks", "4", "--shard", "optimizer"});
@@ -432,6 +438,7 @@ int test_options(const std::string& program, const fs::path& root) {
             extra.push_back({"--ranks", "4", "--shard", "gradients"});
             extra.push_back({"--ranks", "3", "--shard", "parameters"});
             extra.push_back({"--ranks", "4", "--shard", "parameters"});
+            extra.push_back({"--ranks", "4", "--tensor-parallel", "2"});
             extra.push_back({"--ranks", "4"});
             extra.push_back({"--ranks", "2", "--allreduce", "after"});
             extra.push_back({"--ranks", "4", "--allreduce", "after"});
@@ -562,6 +569,13 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"--shard gradients with fp16's loss scaling", {"--ranks", "2", "--shard", "gradients", "--precision", "fp16"}},
         {"--shard parameters without ranks", {"--shard", "parameters"}},
         {"--shard parameters with mixed precision", {"--ranks", "2", "--shard", "parameters", "--precision", "bf16"}},
+        {"--tensor-parallel without ranks", {"--tensor-parallel", "2"}},
+        {"--tensor-parallel that does not divide the ranks", {"--ranks", "3", "--tensor-parallel", "2"}},
+        {"--tensor-parallel with heads that do not divide", {"--ranks", "4", "--tensor-parallel", "4"}},
+        {"--tensor-parallel with --shard", {"--ranks", "2", "--tensor-parallel", "2", "--shard", "optimizer"}},
+        {"--tensor-parallel with dropout", {"--ranks", "2", "--tensor-parallel", "2", "--dropout", "0.1"}},
+        {"--tensor-parallel with mixed precision", {"--ranks", "2", "--tensor-parallel", "2", "--precision", "bf16"}},
+        {"--tensor-parallel 0", {"--ranks", "2", "--tensor-parallel", "0"}},
         {"a corpus that does not exist, with ranks", {"--ranks", "2", "--data", (root / "missing.txt").string()}},
         {"a checkpoint that does not exist, with ranks", {"--ranks", "2", "--resume", (root / "nothing").string()}},
         {"--device sim with ranks", {"--ranks", "2", "--device", "sim"}},
@@ -698,12 +712,11 @@ long long checkpoint_step(const fs::path& run) {
     }
 }
 
-// `shard`: the killed run and the resumed one keep the optimizer's state sharded (--shard
-// optimizer, ZeRO stage 1), the gradients too (--shard gradients, stage 2) or the parameters
-// too (--shard parameters, stage 3), the resumed one on 3 ranks; empty: plain data
-// parallelism, resumed on 2.
-int test_kill(const std::string& program, const fs::path& root, const std::string& shard) {
-    const bool sharded = !shard.empty();
+// `scheme`: what the killed run on 4 ranks and the resumed one on `resume_ranks` add to the
+// flags: nothing (plain data parallelism), --shard optimizer|gradients|parameters (ZeRO stage
+// 1, 2 or 3) or --tensor-parallel 2 (a 2 x 2 grid, resumed on one pair).
+int test_kill(const std::string& program, const fs::path& root, const std::vector<std::string>& scheme,
+              const std::string& resume_ranks) {
     const fs::path corpus = root / "corpus.txt";
     write_corpus(corpus);
     // nanoGPT's CPU recipe for 80 steps (seconds a run), a checkpoint every 10 steps.
@@ -720,7 +733,7 @@ int test_kill(const std::string& program, const fs::path& root, const std::strin
     const fs::path killed = root / "killed";
     args = base;
     args.insert(args.end(), {"--out", killed.string(), "--ranks", "4"});
-    if (sharded) args.insert(args.end(), {"--shard", shard});
+    args.insert(args.end(), scheme.begin(), scheme.end());
     const pid_t launcher = start(program, args, root / "killed_log");
     // Once the checkpoint of step 20 is written, kill rank 2 (the launcher's child is mpirun,
     // whose children are the ranks, in the order it started them).
@@ -774,9 +787,10 @@ int test_kill(const std::string& program, const fs::path& root, const std::strin
 
     // The checkpoint resumes on another number of ranks, and the run goes on as if it had
     // never stopped.
-    const std::string again = sharded ? "3 ranks with --shard " + shard : "2 ranks";
-    args = {"--resume", killed.string(), "--ranks", sharded ? "3" : "2", "--sample", "0", "--data", corpus.string()};
-    if (sharded) args.insert(args.end(), {"--shard", shard});
+    std::string again = resume_ranks + " ranks";
+    for (const std::string& a : scheme) again += " " + a;
+    args = {"--resume", killed.string(), "--ranks", resume_ranks, "--sample", "0", "--data", corpus.string()};
+    args.insert(args.end(), scheme.begin(), scheme.end());
     const Outcome resumed = run(program, args, root / "resumed_log");
     if (resumed.status != 0) {
         fail("resuming on " + again, resumed.err);
@@ -923,7 +937,7 @@ int main(int argc, char** argv) {
         return failures ? 1 : 0;
     }
     if (argc != 4 && argc != 5) {
-        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|kill-sharded-parameters|stop [MPIRUN]\n"
+        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|kill-sharded-parameters|kill-tensor-parallel|stop [MPIRUN]\n"
                      "       train_gpt_ranks_test compare RUN REFERENCE_RUN\n";
         return 2;
     }
@@ -934,10 +948,11 @@ int main(int argc, char** argv) {
     int status = 2;
     if (part == "options") status = test_options(program, root);
     else if (part == "refusals") status = test_refusals(program, root, argc == 5 ? argv[4] : "mpirun");
-    else if (part == "kill") status = test_kill(program, root, "");
-    else if (part == "kill-sharded") status = test_kill(program, root, "optimizer");
-    else if (part == "kill-sharded-gradients") status = test_kill(program, root, "gradients");
-    else if (part == "kill-sharded-parameters") status = test_kill(program, root, "parameters");
+    else if (part == "kill") status = test_kill(program, root, {}, "2");
+    else if (part == "kill-sharded") status = test_kill(program, root, {"--shard", "optimizer"}, "3");
+    else if (part == "kill-sharded-gradients") status = test_kill(program, root, {"--shard", "gradients"}, "3");
+    else if (part == "kill-sharded-parameters") status = test_kill(program, root, {"--shard", "parameters"}, "3");
+    else if (part == "kill-tensor-parallel") status = test_kill(program, root, {"--tensor-parallel", "2"}, "2");
     else if (part == "stop") status = test_stop(program, root);
     else std::cerr << "unknown part '" << part << "'\n";
     std::cout << (status == 0 ? "passed" : "FAILED") << " (" << failures << " failures)\n";

@@ -151,6 +151,15 @@ public:
     /// The gradients of the last backward_and_clip() call, in GPT::gradients()'s layout.
     /// @param out resized to the number of parameters
     virtual void copy_gradients_to(std::vector<float>& out) = 0;
+    /// A device spread over several processes (tensor parallelism over MPI) says which one
+    /// writes the run's files, and lets them agree: whether this process writes them.
+    /// @return true by default (one process)
+    virtual bool writes_files() const { return true; }
+    /// Whether `flag` is true in any of the device's processes (a stop asked of one, all make
+    /// at the same step). @param flag this process's @return `flag` by default
+    virtual bool any(bool flag) { return flag; }
+    /// Returns when every process of the device has called it. Nothing by default.
+    virtual void barrier() {}
 };
 
 /// The processes that train one model together, each on its own consecutive share of every
@@ -332,8 +341,9 @@ public:
     void use_group(std::shared_ptr<DataParallelGroup> group);
     /// The group, or nullptr when this process trains alone.
     const DataParallelGroup* group() const { return group_.get(); }
-    /// Whether this process writes the run's files: the only process, or rank 0 of a group.
-    bool writes_files() const { return !group_ || group_->rank() == 0; }
+    /// Whether this process writes the run's files: the only process, rank 0 of a group, or the
+    /// writer of a device spread over processes (TrainingDevice::writes_files).
+    bool writes_files() const { return (!group_ || group_->rank() == 0) && (!device_ || device_->writes_files()); }
     /// Whether any process of the group asks to stop (this one's `requested` alone without
     /// a group), so that all stop after the same step. @param requested this process's
     /// @return whether to stop

@@ -13,10 +13,16 @@
 #pragma once
 
 #include "attn/gpt.hpp"
+#include "attn/trainer.hpp"
 
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 namespace attn::mpi {
@@ -56,6 +62,24 @@ public:
     std::vector<float>& local_gradients() { return grads_; }
     /// The parameters this rank holds: its slices and the whole tensors. @return floats
     std::size_t local_parameters() const { return params_.size(); }
+    /// This rank's parameters, in place (AdamW updates them). @return its slices and the
+    /// whole tensors, in the order of local_table()
+    std::vector<float>& parameters() { return params_; }
+    /// This rank's tensors in parameters(): where each lies and whether AdamW decays it (the
+    /// slices of a matrix are matrices, as nanoGPT's rule asks). @return the table
+    const std::vector<ParameterInfo>& local_table() const { return table_; }
+    /// This rank's part of a buffer laid out as the whole model's parameters (AdamW's moments
+    /// from a checkpoint). @param whole the buffer @return its slices and whole tensors
+    std::vector<float> local_of(const std::vector<float>& whole) const;
+    /// The whole model's buffer from every rank's part, laid out as local_of() cuts it (a
+    /// collective call; a whole tensor is taken from this rank, all ranks holding the same).
+    /// @param local this rank's part @return the whole buffer, on every rank
+    std::vector<float> whole_of(const std::vector<float>& local) const;
+    /// The sums of squares of this rank's gradients: over its slices (each a part no other
+    /// rank holds) and over the whole tensors (the same on every rank), so that the whole
+    /// model's is the first summed over the ranks plus the second once.
+    /// @return {slices, whole tensors}
+    std::pair<double, double> gradient_square_sums() const;
     /// What the last forward and backward pass gave to MPI_Allreduce.
     const TensorParallelTraffic& last_traffic() const { return traffic_; }
 
@@ -77,12 +101,54 @@ private:
     std::vector<std::size_t> bases_;  // where each kind of tensor starts in the whole model's buffer
     std::vector<float> params_, grads_;
     std::vector<std::size_t> offsets_;  // into params_: see Layout in the .cpp
+    std::vector<ParameterInfo> table_;  // local_table()
+    // Runs of params_: (first float, floats, whether the tensor is whole on every rank).
+    std::vector<std::tuple<std::size_t, std::size_t, bool>> runs_;
     // The last forward pass.
     int B_ = 0, T_ = 0;
     std::vector<int> x_, y_;
     std::vector<float> encoded_, ln1_, ln1_mean_, ln1_rstd_, qkv_, att_, atty_, res2_, ln2_, ln2_mean_, ln2_rstd_,
         fch_, fch_gelu_, res3_, lnf_, lnf_mean_, lnf_rstd_, logits_, probs_, losses_;
     TensorParallelTraffic traffic_;
+};
+
+/// Training with tensor parallelism (`train_gpt --tensor-parallel N`), as a TrainingDevice
+/// of the Trainer: the model split over the ranks of `tensor` (TensorParallelGPT), and
+/// optionally copies of that split sharing each batch over `data` (the grid of lesson 21:
+/// each copy runs its share of the batch, and the slices' gradients are summed over the
+/// copies). AdamW updates each rank's slices and whole tensors with moments of the same
+/// layout; the clipping norm sums the slices' squares over the tensor-parallel ranks and
+/// counts the whole tensors once. The host model and optimizer (checkpoints) get the whole
+/// state back from every rank's part (pull(), a collective call). Float32, no dropout,
+/// learned positions and multi-head attention only, as TensorParallelGPT.
+class TensorParallelDevice : public TrainingDevice {
+public:
+    /// @param tensor the ranks that split every block @param data the ranks with the same
+    /// slices, which share each batch (a communicator of one rank, or MPI_COMM_NULL: none)
+    TensorParallelDevice(MPI_Comm tensor, MPI_Comm data);
+    std::string name() const override;
+    void push(const GPT& model, const AdamW& optimizer) override;
+    void pull(GPT& model, AdamW& optimizer) override;
+    float loss(const int* x, const int* y, int B, int T, bool training, std::uint64_t dropout_seed) override;
+    float backward_and_clip(float max_norm) override;
+    void adamw_step(AdamW& optimizer, float lr) override;
+    void copy_gradients_to(std::vector<float>& out) override;
+    bool writes_files() const override;
+    bool any(bool flag) override;
+    void barrier() override;
+    /// The split model (after push()). @return it
+    const TensorParallelGPT& model() const { return *split_; }
+    /// What the last training step's forward and backward pass gave to MPI_Allreduce (not an
+    /// evaluation's). @return the calls and floats
+    const TensorParallelTraffic& last_step_traffic() const { return step_traffic_; }
+
+private:
+    MPI_Comm tensor_, data_;
+    int tensor_size_ = 1, data_rank_ = 0, data_size_ = 1;
+    std::unique_ptr<TensorParallelGPT> split_;
+    AdamW local_;         // the moments of this rank's parameters, in their layout
+    float share_ = 1.0f;  // this copy's part of the last batch
+    TensorParallelTraffic step_traffic_;  // last_step_traffic()
 };
 
 }  // namespace attn::mpi
