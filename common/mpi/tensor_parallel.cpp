@@ -320,7 +320,6 @@ std::vector<float> TensorParallelGPT::whole_of(const std::vector<float>& local) 
     return whole;
 }
 
-//! [tensor_parallel_training]
 TensorParallelDevice::TensorParallelDevice(MPI_Comm tensor, MPI_Comm data) : tensor_(tensor), data_(data) {
     MPI_Comm_size(tensor_, &tensor_size_);
     if (data_ != MPI_COMM_NULL) {
@@ -366,6 +365,7 @@ float TensorParallelDevice::loss(const int* x, const int* y, int B, int T, bool,
     return static_cast<float>(sum);
 }
 
+//! [tensor_parallel_training]
 float TensorParallelDevice::backward_and_clip(float max_norm) {
     split_->backward();
     step_traffic_ = split_->last_traffic();  // the step's forward and backward pass

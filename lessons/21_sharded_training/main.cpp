@@ -30,6 +30,7 @@
 #endif
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
@@ -292,12 +293,16 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     else group = std::make_shared<mpi::DataParallel>();  // every rank holds everything
     trainer.use_group(group);
     std::vector<double> losses;
+    double seconds = 0.0;  // the steps after the first (which allocates), on the wall clock
     for (int i = 0; i < s.steps; ++i) {
+        const auto start = std::chrono::steady_clock::now();
         losses.push_back(trainer.train_step().loss);
+        if (i > 0) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (i + 1 == save_at) trainer.save(out);  // the whole state: rank 0 gathers the shards
     }
     const MemoryUse use = trainer.memory_use();  // what this rank allocated, by kind
     //! [schemes]
+    mpi::say("step_ms", mpi::gather_from_ranks(1e3 * seconds / std::max(1, s.steps - 1)));
     mpi::say("losses", losses);
     mpi::say("parameters", {static_cast<double>(trainer.model().config().num_parameters())});
     std::vector<double> buckets;  // every gradient bucket's floats: one block, …, the embeddings
@@ -368,13 +373,20 @@ void tensor_part(const Sizes& s, const fs::path& corpus) {
     TrainConfig train_config = recipe_config;
     train_config.dropout = 0.0f;
     train_config.n_head = config.n_head;
+    double seconds = 0.0;  // of the last losses_of(), steps after the first
     const auto losses_of = [&](Trainer& t) {
         std::vector<double> l;
-        for (int i = 0; i < s.steps; ++i) l.push_back(t.train_step().loss);
+        seconds = 0.0;
+        for (int i = 0; i < s.steps; ++i) {
+            const auto start = std::chrono::steady_clock::now();
+            l.push_back(t.train_step().loss);
+            if (i > 0) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        }
         return l;
     };
     Trainer alone(train_config, data);
     const std::vector<double> reference = losses_of(alone);
+    const double alone_ms = 1e3 * seconds / std::max(1, s.steps - 1);
     //! [tp_training]
     Trainer trainer(train_config, data);
     trainer.use_device(std::make_unique<mpi::TensorParallelDevice>(MPI_COMM_WORLD, MPI_COMM_NULL));
@@ -385,7 +397,8 @@ void tensor_part(const Sizes& s, const fs::path& corpus) {
     for (std::size_t i = 0; i < reference.size(); ++i) {
         train_gap = std::max(train_gap, std::fabs(split_losses[i] - reference[i]) / reference[i]);
     }
-    mpi::say("tp_training", {train_gap, static_cast<double>(s.steps)});
+    const double split_ms = 1e3 * seconds / std::max(1, s.steps - 1);
+    mpi::say("tp_training", {train_gap, static_cast<double>(s.steps), alone_ms, split_ms});
     if (N != 4) return;
     //! [grid]
     // 2 x 2: ranks {0, 1} and {2, 3} each split the model; {0, 2} and {1, 3} hold the same
@@ -599,6 +612,21 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     print_claim("sent_exact", exact ? "yes" : "no");
     print_claim("stage3_sent_ratio_4", stage3_ratio, 3);
 
+    // The time of a step, each run's slowest rank: what the memory costs in time here.
+    std::printf("\nms per training step (the slowest rank's mean over steps 2 to %d; one thread per rank, on\n"
+                "one machine whose cores the ranks share, so more ranks are not faster here):\n", launcher.s.steps);
+    std::printf("%-8s %8s %8s %8s %8s\n", "scheme", "1 rank", "2 ranks", "3 ranks", "4 ranks");
+    for (const char* scheme : {"plain", "stage1", "stage2", "stage3"}) {
+        std::printf("%-8s", scheme_name(scheme));
+        for (int N = 1; N <= 4; ++N) {
+            const auto it = std::find_if(runs.begin(), runs.end(),
+                                         [&](const Run& run) { return run.scheme == scheme && run.N == N; });
+            if (it == runs.end()) std::printf(" %8s", "-");
+            else std::printf(" %8.1f", it->largest("step_ms"));
+        }
+        std::printf("\n");
+    }
+
     // The checkpoints the sharded runs on 4 ranks saved, resumed in one process.
     const Sizes& s = launcher.s;
     const int threads = num_threads();
@@ -647,6 +675,7 @@ void tensor_parallelism(const Launcher& launcher) {
                 "floats summed", "parameters held");
     double worst = 0.0;
     double grid_gap = 0.0, tp_sent = 0.0, dp_sent = 0.0, train_gap = 0.0, train_steps = 0.0;
+    std::string times;  // a training step's, split and alone, on rank 0
     for (int N : {1, 2, 4}) {
         const Run run = launcher.run("tensor", N);
         const std::vector<double>& t = need(run.numbers, "tensor");
@@ -673,6 +702,10 @@ void tensor_parallelism(const Launcher& launcher) {
         const std::vector<double>& training = need(run.numbers, "tp_training");
         train_gap = std::max(train_gap, training[0]);
         train_steps = training[1];
+        char time[96];
+        std::snprintf(time, sizeof time, "%s%d rank%s %.1f ms (one process %.1f)", times.empty() ? "" : ", ", N,
+                      N == 1 ? "" : "s", training[3], training[2]);
+        times += time;
     }
     std::printf("(gaps: relative to one process's loss and largest gradient; held: the split tensors' 1/N\n"
                 "and the whole ones: embeddings, LayerNorms, the biases added after an allreduce)\n");
@@ -683,7 +716,9 @@ void tensor_parallelism(const Launcher& launcher) {
     std::printf("\n2 x 2 grid (MPI_Comm_split: tensor-parallel pairs, data-parallel across, each pair on half\n"
                 "of the batch): largest relative gap from one process %.1e\n", grid_gap);
     std::printf("\ntrained with the split (the Trainer's steps, AdamW on each rank's slices) for %.0f steps on\n"
-                "1, 2 and 4 ranks: largest relative gap from one process's losses %.1e\n", train_steps, train_gap);
+                "1, 2 and 4 ranks: largest relative gap from one process's losses %.1e; a step on rank 0:\n"
+                "%s (one thread per rank, the ranks sharing this machine's cores)\n", train_steps, train_gap,
+                times.c_str());
     print_claim("tp_gap", worst < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
     print_claim("tp_training_gap", train_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
     print_claim("grid_gap", grid_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
