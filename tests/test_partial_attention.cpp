@@ -68,6 +68,31 @@ double max_gap(const std::vector<float>& a, const std::vector<double>& b) {
     return gap;
 }
 
+// The model of the bucket tests: three blocks of 13 tokens, dropout on.
+GPTConfig bucket_model(bool bias, Position position) {
+    GPTConfig config;
+    config.vocab_size = 13;
+    config.block_size = 8;
+    config.n_layer = 3;
+    config.n_head = 2;
+    config.n_embd = 16;
+    config.dropout = 0.1f;
+    config.bias = bias;
+    config.position = position;
+    return config;
+}
+
+// n random inputs and targets of bucket_model()'s vocabulary.
+void random_batch(std::uint64_t seed, int n, std::vector<int>& x, std::vector<int>& y) {
+    Rng rng(seed);
+    x.resize(static_cast<std::size_t>(n));
+    y.resize(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) {
+        x[static_cast<std::size_t>(i)] = static_cast<int>(rng.below(13));
+        y[static_cast<std::size_t>(i)] = static_cast<int>(rng.below(13));
+    }
+}
+
 }  // namespace
 
 TEST_CASE("merging the partial attentions over two disjoint sets of keys gives attention over their union") {
@@ -267,12 +292,8 @@ TEST_CASE("the gradient hook hears each bucket once it is final, and changes no 
     config.n_embd = 16;
     config.dropout = 0.1f;
     const int B = 5, T = 8;
-    Rng rng(4);
-    std::vector<int> x(B * T), y(B * T);
-    for (int i = 0; i < B * T; ++i) {
-        x[i] = static_cast<int>(rng.below(13));
-        y[i] = static_cast<int>(rng.below(13));
-    }
+    std::vector<int> x, y;
+    random_batch(4, B * T, x, y);
     const int threads = num_threads();
     for (int n : {1, 2, 3}) {
         CAPTURE(n);
@@ -327,15 +348,7 @@ TEST_CASE("the gradient sink gets every bucket's gradients bit for bit, keeping 
     const int threads = num_threads();
     for (const bool bias : {true, false}) {
         for (const Position position : {Position::learned, Position::rope}) {
-            GPTConfig config;
-            config.vocab_size = 13;
-            config.block_size = 8;
-            config.n_layer = 3;
-            config.n_head = 2;
-            config.n_embd = 16;
-            config.dropout = 0.1f;
-            config.bias = bias;
-            config.position = position;
+            const GPTConfig config = bucket_model(bias, position);
             for (int n : {1, 2, 3}) {
                 CAPTURE(bias);
                 const std::string where = position_name(position);
@@ -389,24 +402,12 @@ TEST_CASE("the gradient sink gets every bucket's gradients bit for bit, keeping 
 
 TEST_CASE("a weight source gives the passes every block's weights: the same loss and gradients, bit for bit") {
     const int B = 5, T = 8;
-    Rng rng(7);
-    std::vector<int> x(B * T), y(B * T);
-    for (int i = 0; i < B * T; ++i) {
-        x[i] = static_cast<int>(rng.below(13));
-        y[i] = static_cast<int>(rng.below(13));
-    }
+    std::vector<int> x, y;
+    random_batch(7, B * T, x, y);
     const int threads = num_threads();
     for (const bool bias : {true, false}) {
         for (const Position position : {Position::learned, Position::rope}) {
-            GPTConfig config;
-            config.vocab_size = 13;
-            config.block_size = 8;
-            config.n_layer = 3;
-            config.n_head = 2;
-            config.n_embd = 16;
-            config.dropout = 0.1f;
-            config.bias = bias;
-            config.position = position;
+            const GPTConfig config = bucket_model(bias, position);
             for (int n : {1, 2, 3}) {
                 CAPTURE(bias);
                 const std::string where = position_name(position);

@@ -370,6 +370,9 @@ private:
     void backward_slice(int b0, int B, const ParameterTensors& grads,
                         const std::function<void(int)>* layer_done = nullptr, float* block = nullptr,
                         const std::function<void(int)>* layer_start = nullptr);
+    // Inside a pass's parallel region, called by every slice before block `layer`: the weight
+    // source fills the block's buffer.
+    void fetch_block(int layer);
     // The weights of block `layer` that the passes read: a slice of `t`'s stacked tensors,
     // or the weight source's block buffer.
     ParameterTensors block_weights(const ParameterTensors& t, int layer) const;
@@ -493,6 +496,10 @@ struct AdamW {
                      const std::vector<Segment>& segments);
 
 private:
+    // Where each segment's moments start when they lie one segment after the other; zero
+    // moments of that size when there are none yet. Throws, naming `caller`, for moments of
+    // another size.
+    std::vector<std::size_t> packed_moments(const std::vector<Segment>& segments, const char* caller);
     // One step of the parameters of `segments`: segment k's parameters start at
     // params[params_at[k]], its gradients and moments at `at[k]` of `grads` and of m and v
     // (each indexed from the segment's first parameter).

@@ -295,6 +295,15 @@ std::vector<float> GPT::gather_parameters() const {
     return whole;
 }
 
+void GPT::fetch_block(int layer) {
+    // Every slice is done with the block before; one thread asks for this one's weights while
+    // the others wait for them.
+#pragma omp barrier
+#pragma omp master
+    source_(config_.n_layer - 1 - layer, source_block_.data());
+#pragma omp barrier
+}
+
 ParameterTensors GPT::block_weights(const ParameterTensors& t, int layer) const {
     return source_ ? source_params_ : layer_view(t, layer);
 }
@@ -489,12 +498,7 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
     // slice waits until the others are done with the block before, and for its weights).
     const int L = config_.n_layer;
     if (source_) source_(L, source_rest_.data());
-    const std::function<void(int)> fetch = [&](int l) {
-#pragma omp barrier
-#pragma omp master
-        source_(L - 1 - l, source_block_.data());
-#pragma omp barrier
-    };
+    const std::function<void(int)> fetch = [this](int l) { fetch_block(l); };
     const int slices = std::min(B, omp_get_max_threads());
 #pragma omp parallel num_threads(slices)
     {
@@ -735,12 +739,7 @@ void GPT::backward_to_sink() {
     for (std::vector<float>& r : sink_rests_) resize_zero(r, rest_floats_);
     // ZeRO stage 3: the embeddings' weights now, each block's before its backward pass.
     if (source_) source_(L, source_rest_.data());
-    const std::function<void(int)> fetch = [&](int l) {
-#pragma omp barrier
-#pragma omp master
-        source_(L - 1 - l, source_block_.data());
-#pragma omp barrier
-    };
+    const std::function<void(int)> fetch = [this](int l) { fetch_block(l); };
     const std::function<void(int)>* layer_start = source_ ? &fetch : nullptr;
 #pragma omp parallel num_threads(slices)
     {

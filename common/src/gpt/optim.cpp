@@ -53,24 +53,13 @@ void AdamW::step_range(std::vector<float>& params, const std::vector<float>& gra
 
 void AdamW::step_segments(std::vector<float>& params, const float* grads, const std::vector<ParameterInfo>& table,
                           float lr, const std::vector<Segment>& segments) {
-    std::vector<std::size_t> at;
-    std::size_t n = 0;
     for (const Segment& s : segments) {
         if (s.offset > params.size() || s.size > params.size() - s.offset) {
             throw std::invalid_argument("AdamW::step_segments: parameters [" + std::to_string(s.offset) + ", " +
                                         std::to_string(s.offset + s.size) + ") of " + std::to_string(params.size()));
         }
-        at.push_back(n);
-        n += s.size;
     }
-    if (m.empty() && v.empty()) {
-        m.assign(n, 0.0f);
-        v.assign(n, 0.0f);
-        step_count = 0;
-    } else if (m.size() != n || v.size() != n) {
-        throw std::invalid_argument("AdamW::step_segments: moments of " + std::to_string(m.size()) +
-                                    " parameters for segments of " + std::to_string(n));
-    }
+    const std::vector<std::size_t> at = packed_moments(segments, "AdamW::step_segments");
     std::vector<std::size_t> offsets;
     for (const Segment& s : segments) offsets.push_back(s.offset);
     step_segments_of(params.data(), offsets, grads, table, lr, segments, at);
@@ -78,6 +67,11 @@ void AdamW::step_segments(std::vector<float>& params, const float* grads, const 
 
 void AdamW::step_packed(float* params, const float* grads, const std::vector<ParameterInfo>& table, float lr,
                         const std::vector<Segment>& segments) {
+    const std::vector<std::size_t> at = packed_moments(segments, "AdamW::step_packed");
+    step_segments_of(params, at, grads, table, lr, segments, at);
+}
+
+std::vector<std::size_t> AdamW::packed_moments(const std::vector<Segment>& segments, const char* caller) {
     std::vector<std::size_t> at;
     std::size_t n = 0;
     for (const Segment& s : segments) {
@@ -89,10 +83,10 @@ void AdamW::step_packed(float* params, const float* grads, const std::vector<Par
         v.assign(n, 0.0f);
         step_count = 0;
     } else if (m.size() != n || v.size() != n) {
-        throw std::invalid_argument("AdamW::step_packed: moments of " + std::to_string(m.size()) +
+        throw std::invalid_argument(std::string(caller) + ": moments of " + std::to_string(m.size()) +
                                     " parameters for segments of " + std::to_string(n));
     }
-    step_segments_of(params, at, grads, table, lr, segments, at);
+    return at;
 }
 
 ATTN_SIMD_CLONES
