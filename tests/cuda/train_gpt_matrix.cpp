@@ -288,7 +288,10 @@ std::vector<Use> option_table() {
               "--ranks sums the gradients in place (refused without ranks); "
               "tests/mpi/train_gpt_ranks_test compares it with one process"),
         fixed("--shard", Role::plumbing,
-              "--ranks keeps the optimizer's state sharded, ZeRO stage 1 (refused without ranks); "
+              "--ranks keeps the training state sharded, ZeRO stage 1, 2 or 3 (refused without ranks); "
+              "tests/mpi/train_gpt_ranks_test runs every option with each stage against one process"),
+        fixed("--tensor-parallel", Role::plumbing,
+              "--ranks split every block over groups of ranks, on the CPU (refused without ranks); "
               "tests/mpi/train_gpt_ranks_test runs every option with it against one process"),
     };
 }
