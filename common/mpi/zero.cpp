@@ -66,6 +66,27 @@ std::size_t ring_reduce_scatter(float* data, std::size_t n, std::vector<float>& 
 }
 //! [reduce_scatter]
 
+//! [all_gather]
+// A ring all-gather of `data`'s n floats over the world's N ranks, in place: rank r's
+// shard_of(n, r, N) is passed round the ring straight into the others' buffers, so that every
+// rank ends with every shard. Returns the bytes this rank sent.
+std::size_t ring_all_gather(float* data, std::size_t n) {
+    int r = 0, N = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &N);
+    const int next = (r + 1) % N, previous = (r + N - 1) % N;
+    std::size_t sent = 0;
+    for (int step = 0; step < N - 1; ++step) {
+        const Shard out = shard_of(n, ring_all_gather_send(r, step, N), N);
+        const Shard in = shard_of(n, ring_all_gather_send(previous, step, N), N);
+        MPI_Sendrecv(data + out.begin, count_of(out.size()), MPI_FLOAT, next, step, data + in.begin,
+                     count_of(in.size()), MPI_FLOAT, previous, step, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        sent += out.size() * sizeof(float);
+    }
+    return sent;
+}
+//! [all_gather]
+
 // The runs of the flat buffer that hold floats [lo, hi) of a bucket (its ranges one after the
 // other): fn(offset in the flat buffer, offset in [lo, hi), floats).
 template <class Fn>
@@ -115,25 +136,13 @@ float ShardedOptimizer::clip_gradients(GPT& model, float max_norm) {
     return clip_shard(model.gradients().data() + mine.begin, mine.size(), max_norm);
 }
 
-//! [all_gather]
 void ShardedOptimizer::update(GPT& model, AdamW& optimizer, float lr) {
     std::vector<float>& params = model.parameters();
     const Shard mine = shard(model);
     optimizer.step_range(params, model.gradients(), model.parameter_table(), lr, mine.begin, mine.end);
-    const int N = size(), r = rank();
-    const int next = (r + 1) % N, previous = (r + N - 1) % N;
-    // Each rank's new parameters round the ring, straight into the others' buffers.
-    for (int step = 0; step < N - 1; ++step) {
-        const Shard out = shard_of(params.size(), ring_all_gather_send(r, step, N), N);
-        const Shard in = shard_of(params.size(), ring_all_gather_send(previous, step, N), N);
-        MPI_Sendrecv(params.data() + out.begin, count_of(out.size()), MPI_FLOAT, next, step,
-                     params.data() + in.begin, count_of(in.size()), MPI_FLOAT, previous, step,
-                     MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        traffic_.all_gather_bytes += out.size() * sizeof(float);
-    }
+    traffic_.all_gather_bytes += ring_all_gather(params.data(), params.size());
     last_ = traffic_;
 }
-//! [all_gather]
 
 void ShardedOptimizer::whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m,
                                      std::vector<float>& v) {
@@ -361,19 +370,11 @@ void ShardedParameters::gather(int bucket, float* weights) {
     const std::size_t b = static_cast<std::size_t>(bucket), n = bucket_sizes_[b];
     // A forward pass starts with the embeddings (the last bucket): a new step's traffic.
     if (b + 1 == bucket_sizes_.size() && !in_backward_) traffic_ = {};
-    const int N = size(), r = rank();
-    const int next = (r + 1) % N, previous = (r + N - 1) % N;
-    const Shard own = shard_of(n, r, N);
+    const Shard own = shard_of(n, rank(), size());
     std::copy(weights_.begin() + static_cast<std::ptrdiff_t>(piece_at_[b]),
               weights_.begin() + static_cast<std::ptrdiff_t>(piece_at_[b] + own.size()), weights + own.begin);
     // Every rank's piece round the ring, straight into its place in the bucket's buffer.
-    for (int step = 0; step < N - 1; ++step) {
-        const Shard out = shard_of(n, ring_all_gather_send(r, step, N), N);
-        const Shard in = shard_of(n, ring_all_gather_send(previous, step, N), N);
-        MPI_Sendrecv(weights + out.begin, count_of(out.size()), MPI_FLOAT, next, step, weights + in.begin,
-                     count_of(in.size()), MPI_FLOAT, previous, step, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-        traffic_.all_gather_bytes += out.size() * sizeof(float);
-    }
+    traffic_.all_gather_bytes += ring_all_gather(weights, n);
 }
 //! [stage3]
 
