@@ -10,12 +10,15 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <deque>
 #include <limits>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace attn;
@@ -400,79 +403,139 @@ TEST_CASE("the gradient sink gets every bucket's gradients bit for bit, keeping 
     set_num_threads(threads, "test");
 }
 
+// A weight source for GPT::set_weight_source that hands out each bucket of a copy of the
+// weights, as a gather would, and writes down what it was asked: "s<b>" for start, "w<b>" for
+// wait. Filled by start() itself, or (background) by a thread of its own after a pause, as ZeRO
+// stage 3's communication thread fills it, so that a pass that reads a buffer before waiting
+// for it, or refills one still in use, reads other weights.
+struct RecordingSource {
+    const GPT* model = nullptr;
+    std::vector<float> weights;
+    std::vector<std::string> asked;
+    std::deque<std::thread> filling;  // background: one thread per bucket started, oldest first
+
+    void fill(int b, float* w) const {
+        for (const auto& [offset, size] : model->gradient_buckets()[static_cast<std::size_t>(b)].ranges) {
+            std::copy(weights.begin() + static_cast<std::ptrdiff_t>(offset),
+                      weights.begin() + static_cast<std::ptrdiff_t>(offset + size), w);
+            w += size;
+        }
+    }
+    WeightSource source(bool background) {
+        WeightSource s;
+        s.start = [this, background](int b, float* w) {
+            asked.push_back("s" + std::to_string(b));
+            if (!background) return fill(b, w);
+            filling.emplace_back([this, b, w] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                fill(b, w);
+            });
+        };
+        if (background) {
+            s.wait = [this](int b) {
+                asked.push_back("w" + std::to_string(b));
+                filling.front().join();
+                filling.pop_front();
+            };
+        }
+        return s;
+    }
+};
+
+// The start and wait calls a pass makes, `order` the buckets it asks for: the first two
+// started together, then each waited for as the next is started.
+std::vector<std::string> prefetched(const std::vector<int>& order, bool background) {
+    std::vector<std::string> calls;
+    const auto s = [&](std::size_t i) { calls.push_back("s" + std::to_string(order[i])); };
+    const auto w = [&](std::size_t i) {
+        if (background) calls.push_back("w" + std::to_string(order[i]));
+    };
+    s(0);
+    s(1);
+    w(0);
+    for (std::size_t i = 1; i < order.size(); ++i) {
+        w(i);
+        if (i + 1 < order.size()) s(i + 1);
+    }
+    return calls;
+}
+
 TEST_CASE("a weight source gives the passes every block's weights: the same loss and gradients, bit for bit") {
     const int B = 5, T = 8;
     std::vector<int> x, y;
     random_batch(7, B * T, x, y);
     const int threads = num_threads();
-    for (const bool bias : {true, false}) {
-        for (const Position position : {Position::learned, Position::rope}) {
-            const GPTConfig config = bucket_model(bias, position);
-            for (int n : {1, 2, 3}) {
-                CAPTURE(bias);
-                const std::string where = position_name(position);
-                CAPTURE(where);
-                CAPTURE(n);
-                set_num_threads(n, "test");
-                GPT plain(config, 9), sourced(config, 9);
-                // The source hands out each bucket of a copy of the weights, as a gather would.
-                const std::vector<float> weights = sourced.parameters();
-                std::vector<int> asked;
-                const auto source = [&](int b, float* w) {
-                    asked.push_back(b);
-                    for (const auto& [offset, size] : sourced.gradient_buckets()[static_cast<std::size_t>(b)].ranges) {
-                        std::copy(weights.begin() + static_cast<std::ptrdiff_t>(offset),
-                                  weights.begin() + static_cast<std::ptrdiff_t>(offset + size), w);
-                        w += size;
+    for (const bool background : {false, true}) {
+        for (const bool bias : {true, false}) {
+            for (const Position position : {Position::learned, Position::rope}) {
+                const GPTConfig config = bucket_model(bias, position);
+                for (int n : {1, 2, 3}) {
+                    CAPTURE(background);
+                    CAPTURE(bias);
+                    const std::string where = position_name(position);
+                    CAPTURE(where);
+                    CAPTURE(n);
+                    set_num_threads(n, "test");
+                    GPT plain(config, 9), sourced(config, 9);
+                    RecordingSource recorder;
+                    recorder.model = &sourced;
+                    recorder.weights = sourced.parameters();
+                    const std::vector<float>& weights = recorder.weights;
+                    std::vector<std::string>& asked = recorder.asked;
+                    std::vector<float> gathered(weights.size(), -1.0f);
+                    sourced.set_gradient_sink([&](int b, float* g) {
+                        for (const auto& [offset, size] : sourced.gradient_buckets()[static_cast<std::size_t>(b)].ranges) {
+                            std::copy(g, g + size, gathered.begin() + static_cast<std::ptrdiff_t>(offset));
+                            g += size;
+                        }
+                    });
+                    sourced.set_weight_source(recorder.source(background));
+                    CHECK(sourced.parameters().empty());
+                    CHECK(sourced.params().qkvw == nullptr);
+                    for (int step = 0; step < 2; ++step) {
+                        plain.seed_dropout(5 + step);
+                        sourced.seed_dropout(5 + step);
+                        asked.clear();
+                        const float loss = plain.forward(x, y, B, T);
+                        CHECK(sourced.forward(x, y, B, T) == loss);
+                        // the embeddings and ln_f first, then block 0, 1, 2 (buckets 2, 1, 0), each
+                        // block's weights started as soon as the block before's have come
+                        CHECK(asked == prefetched({3, 2, 1, 0}, background));
+                        CHECK(sourced.logits() == plain.logits());
+                        plain.zero_grad();
+                        plain.backward();
+                        asked.clear();
+                        sourced.backward();
+                        CHECK(asked == prefetched({3, 0, 1, 2}, background));  // then block 2, 1, 0
+                        CHECK(gathered == plain.gradients());  // bit for bit, every parameter
+                        CHECK(recorder.filling.empty());  // nothing left under way
                     }
-                };
-                std::vector<float> gathered(weights.size(), -1.0f);
-                sourced.set_gradient_sink([&](int b, float* g) {
-                    for (const auto& [offset, size] : sourced.gradient_buckets()[static_cast<std::size_t>(b)].ranges) {
-                        std::copy(g, g + size, gathered.begin() + static_cast<std::ptrdiff_t>(offset));
-                        g += size;
-                    }
-                });
-                sourced.set_weight_source(source);
-                CHECK(sourced.parameters().empty());
-                CHECK(sourced.params().qkvw == nullptr);
-                for (int step = 0; step < 2; ++step) {
-                    plain.seed_dropout(5 + step);
-                    sourced.seed_dropout(5 + step);
+                    // What it holds as weights: two blocks' (one computing, the next arriving) and
+                    // the embeddings' and ln_f's.
+                    const std::size_t block = sourced.gradient_buckets()[0].size, rest = sourced.gradient_buckets()[3].size;
+                    CHECK(sourced.memory_use().weights == (2 * block + rest) * sizeof(float));
+                    CHECK(plain.memory_use().weights == weights.size() * sizeof(float));
+                    // Refused: another precision (it rounds a copy of the whole weights), and a
+                    // backward pass with no sink to take its gradients.
+                    sourced.set_precision(Precision::bf16);
+                    CHECK_THROWS_WITH_AS(sourced.forward(x, y, B, T), doctest::Contains("float32 only"), std::invalid_argument);
+                    sourced.set_precision(Precision::fp32);
+                    sourced.set_gradient_sink({});
+                    CHECK_THROWS_WITH_AS(sourced.backward(), doctest::Contains("needs a gradient sink"), std::invalid_argument);
+                    CHECK(sourced.gather_parameters() == weights);
+                    // Without the source the whole buffer is back, asked of the source bucket by bucket.
                     asked.clear();
-                    const float loss = plain.forward(x, y, B, T);
-                    CHECK(sourced.forward(x, y, B, T) == loss);
-                    // the embeddings and ln_f first, then block 0, 1, 2 (buckets 2, 1, 0)
-                    CHECK(asked == std::vector<int>{3, 2, 1, 0});
-                    CHECK(sourced.logits() == plain.logits());
-                    plain.zero_grad();
-                    plain.backward();
-                    asked.clear();
-                    sourced.backward();
-                    CHECK(asked == std::vector<int>{3, 0, 1, 2});  // then block 2, 1, 0
-                    CHECK(gathered == plain.gradients());  // bit for bit, every parameter
+                    sourced.set_weight_source({});
+                    const std::vector<std::string> one_by_one =
+                        background ? std::vector<std::string>{"s0", "w0", "s1", "w1", "s2", "w2", "s3", "w3"}
+                                   : std::vector<std::string>{"s0", "s1", "s2", "s3"};
+                    CHECK(asked == one_by_one);
+                    CHECK(sourced.parameters() == weights);
+                    CHECK(sourced.memory_use().weights == weights.size() * sizeof(float));
+                    sourced.seed_dropout(6);
+                    plain.seed_dropout(6);
+                    CHECK(sourced.forward(x, y, B, T) == plain.forward(x, y, B, T));
                 }
-                // What it holds as weights: one block's and the embeddings' and ln_f's.
-                const std::size_t block = sourced.gradient_buckets()[0].size, rest = sourced.gradient_buckets()[3].size;
-                CHECK(sourced.memory_use().weights == (block + rest) * sizeof(float));
-                CHECK(plain.memory_use().weights == weights.size() * sizeof(float));
-                // Refused: another precision (it rounds a copy of the whole weights), and a
-                // backward pass with no sink to take its gradients.
-                sourced.set_precision(Precision::bf16);
-                CHECK_THROWS_WITH_AS(sourced.forward(x, y, B, T), doctest::Contains("float32 only"), std::invalid_argument);
-                sourced.set_precision(Precision::fp32);
-                sourced.set_gradient_sink({});
-                CHECK_THROWS_WITH_AS(sourced.backward(), doctest::Contains("needs a gradient sink"), std::invalid_argument);
-                CHECK(sourced.gather_parameters() == weights);
-                // Without the source the whole buffer is back, asked of the source bucket by bucket.
-                asked.clear();
-                sourced.set_weight_source({});
-                CHECK(asked == std::vector<int>{0, 1, 2, 3});
-                CHECK(sourced.parameters() == weights);
-                CHECK(sourced.memory_use().weights == weights.size() * sizeof(float));
-                sourced.seed_dropout(6);
-                plain.seed_dropout(6);
-                CHECK(sourced.forward(x, y, B, T) == plain.forward(x, y, B, T));
             }
         }
     }

@@ -532,9 +532,9 @@ void join_zero(const Job& job, Setup& setup, const std::shared_ptr<mpi::ZeroGrou
                   << ": each keeps its piece of every block's (rank 0: " << mine << " of the " << P << " parameters); "
                   << (stage == 2 ? "each block's gradients reduce-scattered by a ring as the backward pass finishes it, "
                                    "parameters gathered by a ring per block after the step\n"
-                                 : "each block's parameters gathered by a ring before the forward pass and again before "
-                                   "the backward pass reaches it, its gradients reduce-scattered as the backward pass "
-                                   "finishes it\n");
+                                 : "each block's parameters gathered by a ring on a communication thread while the "
+                                   "block before computes, in the forward pass and again in the backward pass, its "
+                                   "gradients reduce-scattered as the backward pass finishes it\n");
     }
     // What rank 0 holds, measured at the end of the training (stage 3 then gathers the whole
     // weights back, for the sample), and what its rings sent in the last step.
@@ -555,6 +555,11 @@ void join_zero(const Job& job, Setup& setup, const std::shared_ptr<mpi::ZeroGrou
                     mib(static_cast<double>(held->optimizer)), mib(whole), mib(whole), mib(2.0 * whole),
                     mib(static_cast<double>(t.total())), mib(static_cast<double>(t.reduce_scatter_bytes)),
                     mib(static_cast<double>(t.all_gather_bytes)), t.norm_bytes, mib(allreduce));
+        if (stage == 3) {
+            const mpi::ShardedParameters::GatherTimes& g = static_cast<const mpi::ShardedParameters&>(*group).last_gather_times();
+            std::printf("ZeRO stage 3 (rank 0): the last step's gathers ran %.2f ms on the communication thread, and "
+                        "the passes waited %.2f ms for their weights\n", 1e3 * g.gathering, 1e3 * g.waiting);
+        }
     };
 }
 

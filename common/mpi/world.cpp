@@ -26,8 +26,11 @@ bool launched_by_mpirun() {
 }
 
 World::World(int& argc, char**& argv) {
+    // The passes' threads call MPI from the main thread only; ZeRO stage 3's communication
+    // thread calls it at the same time (attn/mpi/zero.hpp), which needs MPI_THREAD_MULTIPLE
+    // (it refuses when this MPI gives less).
     int provided = 0;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
     if (provided < MPI_THREAD_FUNNELED) {
         MPI_Finalize();
         throw std::runtime_error("this MPI cannot be called from the main thread of a program "

@@ -6,10 +6,16 @@
 #include "attn/gpt.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <thread>
 
 namespace attn::mpi {
 
@@ -67,20 +73,20 @@ std::size_t ring_reduce_scatter(float* data, std::size_t n, std::vector<float>& 
 //! [reduce_scatter]
 
 //! [all_gather]
-// A ring all-gather of `data`'s n floats over the world's N ranks, in place: rank r's
+// A ring all-gather of `data`'s n floats over the N ranks of `comm`, in place: rank r's
 // shard_of(n, r, N) is passed round the ring straight into the others' buffers, so that every
 // rank ends with every shard. Returns the bytes this rank sent.
-std::size_t ring_all_gather(float* data, std::size_t n) {
+std::size_t ring_all_gather(float* data, std::size_t n, MPI_Comm comm = MPI_COMM_WORLD) {
     int r = 0, N = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &r);
-    MPI_Comm_size(MPI_COMM_WORLD, &N);
+    MPI_Comm_rank(comm, &r);
+    MPI_Comm_size(comm, &N);
     const int next = (r + 1) % N, previous = (r + N - 1) % N;
     std::size_t sent = 0;
     for (int step = 0; step < N - 1; ++step) {
         const Shard out = shard_of(n, ring_all_gather_send(r, step, N), N);
         const Shard in = shard_of(n, ring_all_gather_send(previous, step, N), N);
         MPI_Sendrecv(data + out.begin, count_of(out.size()), MPI_FLOAT, next, step, data + in.begin,
-                     count_of(in.size()), MPI_FLOAT, previous, step, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+                     count_of(in.size()), MPI_FLOAT, previous, step, comm, MPI_STATUS_IGNORE);
         sent += out.size() * sizeof(float);
     }
     return sent;
@@ -340,12 +346,138 @@ void ShardedGradients::whole_moments(const GPT& model, const AdamW& optimizer, s
 
 namespace attn::mpi {
 
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+//! [gatherer]
+// The communication thread of a rank: it runs the ring all-gathers it is given, one after the
+// other in the order they were started, on a communicator of its own (a duplicate of the
+// world's), so that its messages never meet those of the collectives the passes' thread runs
+// meanwhile (stage 3's reduce-scatters).
+class ShardedParameters::Gatherer {
+public:
+    Gatherer() {
+        int level = MPI_THREAD_SINGLE;
+        MPI_Query_thread(&level);
+        if (level < MPI_THREAD_MULTIPLE) {
+            throw std::runtime_error("ZeRO stage 3 gathers the next block's weights on a second thread while the "
+                                     "passes compute, which needs MPI_THREAD_MULTIPLE, and this MPI was started "
+                                     "with less");
+        }
+        MPI_Comm_dup(MPI_COMM_WORLD, &comm_);  // collective: every rank attaches together
+        thread_ = std::thread([this] { run(); });
+    }
+    ~Gatherer() {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            stop_ = true;  // a gather under way ends first; none started after
+        }
+        changed_.notify_all();
+        thread_.join();
+        int finalized = 0;
+        MPI_Finalized(&finalized);
+        if (!finalized) MPI_Comm_free(&comm_);
+    }
+    Gatherer(const Gatherer&) = delete;
+    Gatherer& operator=(const Gatherer&) = delete;
+
+    // Queues the gather of bucket b's n floats at `data` (this rank's piece already in place).
+    void start(int bucket, float* data, std::size_t n) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            Request r;
+            r.bucket = bucket;
+            r.data = data;
+            r.n = n;
+            queue_.push_back(r);
+        }
+        changed_.notify_all();
+    }
+    // Waits for the oldest gather not waited for yet, bucket b's. Returns the bytes it sent;
+    // adds the seconds it took, and those spent waiting for it, to `times`.
+    std::size_t wait(int bucket, GatherTimes& times) {
+        const auto t0 = std::chrono::steady_clock::now();
+        std::unique_lock<std::mutex> lock(mutex_);
+        if (queue_.empty() || queue_.front().bucket != bucket) {
+            throw std::logic_error("ShardedParameters: bucket " + std::to_string(bucket) +
+                                   " waited for is not the oldest gather started");
+        }
+        changed_.wait(lock, [this] { return queue_.front().done; });
+        const Request r = queue_.front();
+        queue_.pop_front();
+        --next_;
+        lock.unlock();
+        times.waiting += seconds_since(t0);
+        times.gathering += r.seconds;
+        if (r.error) std::rethrow_exception(r.error);
+        return r.sent;
+    }
+    // Whether every gather started was waited for.
+    bool idle() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return queue_.empty();
+    }
+
+private:
+    struct Request {
+        int bucket = 0;
+        float* data = nullptr;
+        std::size_t n = 0;
+        bool done = false;
+        std::size_t sent = 0;
+        double seconds = 0.0;
+        std::exception_ptr error;
+    };
+    void run() {
+        std::unique_lock<std::mutex> lock(mutex_);
+        for (;;) {
+            changed_.wait(lock, [this] { return stop_ || next_ < queue_.size(); });
+            if (stop_) return;
+            const Request r = queue_[next_];
+            lock.unlock();
+            const auto t0 = std::chrono::steady_clock::now();
+            std::size_t sent = 0;
+            std::exception_ptr error;
+            try {
+                sent = ring_all_gather(r.data, r.n, comm_);
+            } catch (...) {
+                error = std::current_exception();
+            }
+            const double seconds = seconds_since(t0);
+            lock.lock();
+            Request& done = queue_[next_];  // the same request: only wait() pops, and not this one
+            done.sent = sent;
+            done.seconds = seconds;
+            done.error = error;
+            done.done = true;
+            ++next_;
+            changed_.notify_all();
+        }
+    }
+
+    MPI_Comm comm_ = MPI_COMM_NULL;
+    std::mutex mutex_;
+    std::condition_variable changed_;
+    std::deque<Request> queue_;  // started and not yet waited for, oldest first
+    std::size_t next_ = 0;       // queue_[next_] is the next to run (those before it are done)
+    bool stop_ = false;
+    std::thread thread_;  // last: started once the rest is ready
+};
+//! [gatherer]
+
+ShardedParameters::ShardedParameters() = default;
+ShardedParameters::~ShardedParameters() = default;
+
 void ShardedParameters::attach(GPT& model) {
     if (model.precision() != Precision::fp32) {
         throw std::invalid_argument(std::string("ZeRO stage 3 gathers the weights a block at a time, and mixed "
                                                 "precision (") + precision_name(model.precision()) +
                                     ") rounds a copy of the whole weights, which no rank holds: train in fp32");
     }
+    if (!gatherer_) gatherer_ = std::make_unique<Gatherer>();
     // This rank's piece of every bucket's parameters, packed as its gradients are, then the
     // model lets go of its whole buffer.
     bucket_sizes_.clear();
@@ -362,20 +494,27 @@ void ShardedParameters::attach(GPT& model) {
         });
     }
     weights_.shrink_to_fit();
-    model.set_weight_source([this](int bucket, float* weights) { gather(bucket, weights); });
+    model.set_weight_source({[this](int bucket, float* weights) { start(bucket, weights); },
+                             [this](int bucket) { wait(bucket); }});
 }
 
 //! [stage3]
-void ShardedParameters::gather(int bucket, float* weights) {
+void ShardedParameters::start(int bucket, float* weights) {
     const std::size_t b = static_cast<std::size_t>(bucket), n = bucket_sizes_[b];
     // A forward pass starts with the embeddings (the last bucket): a new step's traffic.
-    if (b + 1 == bucket_sizes_.size() && !in_backward_) traffic_ = {};
+    if (b + 1 == bucket_sizes_.size() && !in_backward_) {
+        traffic_ = {};
+        times_ = {};
+    }
     const Shard own = shard_of(n, rank(), size());
     std::copy(weights_.begin() + static_cast<std::ptrdiff_t>(piece_at_[b]),
               weights_.begin() + static_cast<std::ptrdiff_t>(piece_at_[b] + own.size()), weights + own.begin);
-    // Every rank's piece round the ring, straight into its place in the bucket's buffer.
-    traffic_.all_gather_bytes += ring_all_gather(weights, n);
+    // Every rank's piece round the ring, straight into its place in the bucket's buffer, on
+    // the communication thread while this one goes on.
+    gatherer_->start(bucket, weights, n);
 }
+
+void ShardedParameters::wait(int bucket) { traffic_.all_gather_bytes += gatherer_->wait(bucket, times_); }
 //! [stage3]
 
 void ShardedParameters::begin_gradients(GPT& model, double share) {
@@ -386,12 +525,14 @@ void ShardedParameters::begin_gradients(GPT& model, double share) {
 }
 
 void ShardedParameters::update(GPT& model, AdamW& optimizer, float lr) {
+    if (!gatherer_->idle()) throw std::logic_error("ShardedParameters::update: a gather is still under way");
     const std::vector<AdamW::Segment> mine = segments(model);
     cut_moments(model, optimizer, mine);
     // This rank's pieces where they lie; the next forward pass gathers them.
     optimizer.step_packed(weights_.data(), shard_.data(), model.parameter_table(), lr, mine);
     in_backward_ = false;
     last_ = traffic_;
+    last_times_ = times_;
 }
 
 }  // namespace attn::mpi

@@ -313,6 +313,13 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     mpi::say("optimizer", mpi::gather_from_ranks(static_cast<double>(use.optimizer)));
     mpi::say("activations", mpi::gather_from_ranks(static_cast<double>(use.activations)));
     if (sharded) mpi::say("sent", mpi::gather_from_ranks(static_cast<double>(sharded->last_traffic().total())));
+    if (const auto* stage3 = dynamic_cast<const mpi::ShardedParameters*>(sharded.get())) {
+        // The last step's gathers: how long the rings ran on the communication thread, and how
+        // long the passes waited for them.
+        const mpi::ShardedParameters::GatherTimes& t = stage3->last_gather_times();
+        mpi::say("gather_ms", mpi::gather_from_ranks(1e3 * t.gathering));
+        mpi::say("waited_ms", mpi::gather_from_ranks(1e3 * t.waiting));
+    }
     // The weights alone, hashed (a sharded rank's moments are its shard's, unlike the others';
     // stage 3's weights are gathered from the shards first, by every rank).
     std::uint64_t h = 0xcbf29ce484222325ull;
@@ -514,14 +521,15 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     // What each keeps besides: the rings' buffers for a piece of at most 64 KiB (stage 2: one
     // to send, one to receive), in stages 2 and 3 the backward pass's buffer of one block's
     // and the embeddings' and ln_f's gradients, which it hands over bucket by bucket, and in
-    // stage 3 the buffers of one block's and the embeddings' weights, which it gathers
+    // stage 3 the buffers of two blocks' weights (one computing, the next one's arriving) and
+    // the embeddings', which it gathers
     const auto buffers = [&](const std::string& scheme, int N) {
         if (scheme == "plain") return 0.0;
         if (scheme == "stage1") return 4.0 * static_cast<double>(mpi::ring_buffer_floats(static_cast<std::size_t>(P), N));
         std::size_t piece = 0;
         for (std::size_t b : buckets) piece = std::max(piece, mpi::ring_buffer_floats(b, N));
         if (scheme == "stage2") return 4.0 * (block + rest) + 2.0 * 4.0 * static_cast<double>(piece);
-        return 2.0 * 4.0 * (block + rest) + 4.0 * static_cast<double>(piece);  // stage 3
+        return 4.0 * (block + rest) + 4.0 * (2.0 * block + rest) + 4.0 * static_cast<double>(piece);  // stage 3
     };
     //! [formulas]
     std::printf("%-7s %5s  %8s  %9s  %8s  %8s  %8s  %6s  %8s  %10s  %11s  %9s  %s\n", "scheme", "ranks", "weights",
@@ -625,6 +633,33 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
             else std::printf(" %8.1f", it->largest("step_ms"));
         }
         std::printf("\n");
+    }
+
+    // Stage 3's gathers against the time the passes spent waiting for them: what the
+    // prefetch hid.
+    std::printf("\nstage 3's gathers in the last step, rank by rank: ms the rings ran on the communication\n"
+                "thread, ms the passes waited for their weights, and the share of the rings' time hidden\n"
+                "behind the compute (1 - waited / gathering; the same shared cores as above):\n");
+    std::printf("%5s  %-28s  %-28s  %s\n", "ranks", "gathering (ms)", "waited (ms)", "hidden");
+    for (const Run& run : runs) {
+        if (run.scheme != "stage3" || run.N == 1) continue;
+        std::string gathering, waited, hidden;
+        const auto add = [](std::string& to, const char* fmt, double x) {
+            char text[32];
+            std::snprintf(text, sizeof text, fmt, x);
+            to += (to.empty() ? "" : " ") + std::string(text);
+        };
+        double least = 100.0;  // the smallest share hidden over the ranks
+        for (int r = 0; r < run.N; ++r) {
+            const double g = run.of("gather_ms", r), w = run.of("waited_ms", r);
+            const double share = g > 0.0 ? 100.0 * std::max(0.0, 1.0 - w / g) : 0.0;
+            add(gathering, "%6.2f", g);
+            add(waited, "%6.2f", w);
+            add(hidden, "%3.0f%%", share);
+            least = std::min(least, share);
+        }
+        std::printf("%5d  %-28s  %-28s  %s\n", run.N, gathering.c_str(), waited.c_str(), hidden.c_str());
+        print_claim("stage3_hidden_" + std::to_string(run.N), least, 0);
     }
 
     // The checkpoints the sharded runs on 4 ranks saved, resumed in one process.

@@ -166,11 +166,12 @@ int main(int argc, char** argv) {
                 checks.check(model.gradients().empty(), what + ": the model keeps no whole gradient buffer");
             }
             // The weights. Stages 1 and 2: the model's whole buffer. Stage 3: this rank's pieces,
-            // and the model's buffers of one block and of the embeddings (GPT::set_weight_source).
+            // and the model's buffers of two blocks (one computing, the next one's gather
+            // arriving) and of the embeddings (GPT::set_weight_source).
             const std::size_t weight_bytes =
-                sizeof(float) * (stage == "stage 3" ? mine + buckets[0].size + buckets.back().size : P);
+                sizeof(float) * (stage == "stage 3" ? mine + 2 * buckets[0].size + buckets.back().size : P);
             checks.check(use.weights == weight_bytes,
-                         what + (stage == "stage 3" ? ": each rank's weights are its pieces, one block's and the "
+                         what + (stage == "stage 3" ? ": each rank's weights are its pieces, two blocks' and the "
                                                       "embeddings'"
                                                     : ": each rank's weights are the whole model's"),
                          format("%.0f bytes measured, %.0f expected (%.0f for the whole model)", double(use.weights),

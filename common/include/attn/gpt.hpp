@@ -105,6 +105,17 @@ struct GradientBucket {
     std::size_t size = 0;  ///< floats in all its ranges
 };
 
+/// Where a model's weights come from while it keeps no whole buffer of them (ZeRO stage 3:
+/// GPT::set_weight_source). A bucket is one of GPT::gradient_buckets(), its ranges one after
+/// the other in the buffer.
+struct WeightSource {
+    /// Begins filling `weights` with bucket `bucket`'s weights; may return before it is done.
+    std::function<void(int bucket, float* weights)> start;
+    /// Returns once the oldest started bucket, `bucket`, is filled (empty: start fills it
+    /// before it returns).
+    std::function<void(int bucket)> wait;
+};
+
 /// Pointers to the parameter tensors inside one flat buffer, grouped by kind as llm.c does:
 /// the L blocks' tensors of one kind lie one after the other. A bias is nullptr when the
 /// model has none (GPTConfig::bias false).
@@ -308,21 +319,26 @@ public:
     /// ZeRO stage 3's weights (attn/mpi/zero.hpp, lesson 21): while a source is set, the model
     /// keeps no whole parameter buffer. Each pass asks for the weights it is about to use, a
     /// bucket of gradient_buckets() at a time, laid out as the sink's buffers are (the
-    /// bucket's ranges one after the other): `source(b, buffer)` fills `buffer`. A forward
-    /// pass asks for the embeddings and ln_f (bucket L) first, then for each block as it
-    /// reaches it; backward() asks for bucket L again and for each block from the last to the
-    /// first. The model keeps one block's buffer and the embeddings' (memory_use() counts
-    /// them as weights), and a block's buffer is refilled for the next block once every
-    /// thread is done with it. The calls come from the thread that called forward() or
-    /// backward(), in the same order on every process whose passes are the same, so that a
-    /// source may gather each bucket collectively. Meanwhile parameters() is empty and
-    /// params() all null; the passes compute in float32 only (forward() refuses another
-    /// precision) and backward() needs a gradient sink. An empty function brings back a whole
-    /// buffer, filled by asking the old source for every bucket once.
-    /// @param source fills a bucket's weights
-    void set_weight_source(std::function<void(int bucket, float* weights)> source);
+    /// bucket's ranges one after the other): `source.start(b, buffer)` begins filling
+    /// `buffer` and `source.wait(b)` returns once it is filled (without `wait`, start fills
+    /// it before it returns). A forward pass starts the embeddings and ln_f (bucket L) and
+    /// block 0 together, and waits for the embeddings; backward() starts bucket L and the
+    /// last block, and waits for bucket L. Before block l each pass waits for its weights and
+    /// at once starts the next block's (l + 1 going forward, l − 1 going back), so that the
+    /// next block's weights arrive while this one computes (FSDP's prefetch). So the model
+    /// keeps two blocks' buffers, which it alternates, and the embeddings' (memory_use()
+    /// counts them as weights); a buffer is refilled only once every thread is done with the
+    /// block it held. The calls come from the thread that called forward() or backward(), in
+    /// the same order on every process whose passes are the same, so that a source may gather
+    /// each bucket collectively, and no request is left unwaited when a pass returns.
+    /// Meanwhile parameters() is empty and params() all null; the passes compute in float32
+    /// only (forward() refuses another precision) and backward() needs a gradient sink. A
+    /// source with no `start` brings back a whole buffer, filled by asking the old source for
+    /// every bucket once.
+    /// @param source starts and waits for a bucket's weights
+    void set_weight_source(WeightSource source);
     /// Whether a weight source is set. @return whether the passes ask one for their weights
-    bool has_weight_source() const { return static_cast<bool>(source_); }
+    bool has_weight_source() const { return static_cast<bool>(source_.start); }
     /// Every parameter, flat: a copy of parameters(), or with a weight source every bucket
     /// asked of it once (a collective call when the source gathers). @return the parameters
     std::vector<float> gather_parameters() const;
@@ -370,9 +386,14 @@ private:
     void backward_slice(int b0, int B, const ParameterTensors& grads,
                         const std::function<void(int)>* layer_done = nullptr, float* block = nullptr,
                         const std::function<void(int)>* layer_start = nullptr);
-    // Inside a pass's parallel region, called by every slice before block `layer`: the weight
-    // source fills the block's buffer.
-    void fetch_block(int layer);
+    // Inside a pass's parallel region, called by every slice before block `layer`: waits for
+    // the weight source to fill the block's buffer, then starts block `next`'s (none if out
+    // of range) into the other buffer.
+    void fetch_block(int layer, int next);
+    // Before a pass: starts the embeddings' and block `first`'s weights, waits for the embeddings'.
+    void start_pass_weights(int first);
+    // Starts block `layer`'s weights into its buffer (layer % 2).
+    void start_block(int layer);
     // The weights of block `layer` that the passes read: a slice of `t`'s stacked tensors,
     // or the weight source's block buffer.
     ParameterTensors block_weights(const ParameterTensors& t, int layer) const;
@@ -408,10 +429,10 @@ private:
     std::size_t block_floats_ = 0, rest_floats_ = 0;
     // Where each kind of tensor starts in parameters() (the first block's, for a block's).
     std::vector<std::pair<float* ParameterTensors::*, std::size_t>> whole_layout_;
-    std::function<void(int, float*)> source_;  // set_weight_source()
-    std::vector<float> source_block_;          // the block whose weights the source gave last
-    std::vector<float> source_rest_;           // the embeddings' and ln_f's
-    ParameterTensors source_params_;           // pointers into those two (a block's as block 0's)
+    WeightSource source_;                         // set_weight_source()
+    std::vector<float> source_blocks_[2];         // block l's weights in buffer l % 2
+    std::vector<float> source_rest_;              // the embeddings' and ln_f's
+    ParameterTensors source_params_[2];           // pointers into buffer i and the rest (a block's as block 0's)
     int batch_offset_ = 0;                         // set_batch_offset()
     int B_ = 0, T_ = 0;
     bool training_ = true;

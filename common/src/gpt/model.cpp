@@ -257,33 +257,40 @@ ParameterTensors GPT::whole_at(float* base) const {
     return t;
 }
 
-void GPT::set_weight_source(std::function<void(int bucket, float* weights)> source) {
-    const bool had = static_cast<bool>(source_);
-    if (source && !had) {  // no whole buffer from now on: a block's and the embeddings'
-        source_block_.assign(block_floats_, 0.0f);
+void GPT::set_weight_source(WeightSource source) {
+    require(source.start || !source.wait, "GPT::set_weight_source: a source that waits must start too");
+    const bool had = has_weight_source();
+    if (source.start && !had) {  // no whole buffer from now on: two blocks' and the embeddings'
         source_rest_.assign(rest_floats_, 0.0f);
-        source_params_ = ParameterTensors{};
-        for (const auto& [member, offset] : block_layout_) source_params_.*member = source_block_.data() + offset;
-        for (const auto& [member, offset] : rest_layout_) source_params_.*member = source_rest_.data() + offset;
+        for (int i = 0; i < 2; ++i) {
+            source_blocks_[i].assign(block_floats_, 0.0f);
+            ParameterTensors& t = source_params_[i];
+            t = ParameterTensors{};
+            for (const auto& [member, offset] : block_layout_) t.*member = source_blocks_[i].data() + offset;
+            for (const auto& [member, offset] : rest_layout_) t.*member = source_rest_.data() + offset;
+        }
         std::vector<float>().swap(params_memory_);
         std::vector<float>().swap(product_weights_);
         params_ = product_params_ = ParameterTensors{};
-    } else if (!source && had) {  // the whole buffer again, every bucket asked for once
+    } else if (!source.start && had) {  // the whole buffer again, every bucket asked for once
         params_memory_ = gather_parameters();
-        std::vector<float>().swap(source_block_);
+        for (int i = 0; i < 2; ++i) {
+            std::vector<float>().swap(source_blocks_[i]);
+            source_params_[i] = ParameterTensors{};
+        }
         std::vector<float>().swap(source_rest_);
-        source_params_ = ParameterTensors{};
         params_ = whole_at(params_memory_.data());
     }
     source_ = std::move(source);
 }
 
 std::vector<float> GPT::gather_parameters() const {
-    if (!source_) return params_memory_;
+    if (!has_weight_source()) return params_memory_;
     std::vector<float> whole(config_.num_parameters(), 0.0f), bucket;
     for (size_t b = 0; b < buckets_.size(); ++b) {
         bucket.assign(buckets_[b].size, 0.0f);
-        source_(static_cast<int>(b), bucket.data());
+        source_.start(static_cast<int>(b), bucket.data());
+        if (source_.wait) source_.wait(static_cast<int>(b));
         size_t at = 0;
         for (const auto& [offset, size] : buckets_[b].ranges) {
             std::copy(bucket.begin() + static_cast<std::ptrdiff_t>(at),
@@ -295,17 +302,34 @@ std::vector<float> GPT::gather_parameters() const {
     return whole;
 }
 
-void GPT::fetch_block(int layer) {
-    // Every slice is done with the block before; one thread asks for this one's weights while
-    // the others wait for them.
-#pragma omp barrier
-#pragma omp master
-    source_(config_.n_layer - 1 - layer, source_block_.data());
-#pragma omp barrier
+void GPT::start_block(int layer) {
+    source_.start(config_.n_layer - 1 - layer, source_blocks_[layer % 2].data());
 }
 
+void GPT::start_pass_weights(int first) {
+    const int L = config_.n_layer;
+    source_.start(L, source_rest_.data());
+    start_block(first);
+    if (source_.wait) source_.wait(L);
+}
+
+//! [prefetch]
+void GPT::fetch_block(int layer, int next) {
+    // Every slice is done with the block before, whose buffer the next block's weights may now
+    // fill: one thread waits for this block's weights and starts the next one's while the
+    // others wait; then all of them compute this block as the next one's arrive.
+#pragma omp barrier
+#pragma omp master
+    {
+        if (source_.wait) source_.wait(config_.n_layer - 1 - layer);
+        if (next >= 0 && next < config_.n_layer) start_block(next);
+    }
+#pragma omp barrier
+}
+//! [prefetch]
+
 ParameterTensors GPT::block_weights(const ParameterTensors& t, int layer) const {
-    return source_ ? source_params_ : layer_view(t, layer);
+    return has_weight_source() ? source_params_[layer % 2] : layer_view(t, layer);
 }
 
 ParameterTensors GPT::layer_view(const ParameterTensors& t, int layer) const {
@@ -337,7 +361,7 @@ void GPT::set_batch_offset(int first_sequence) {
 MemoryUse GPT::memory_use() const {
     const auto bytes = [](const std::vector<float>& v) { return v.capacity() * sizeof(float); };
     MemoryUse use;
-    use.weights = bytes(params_memory_) + bytes(product_weights_) + bytes(source_block_) + bytes(source_rest_);
+    use.weights = bytes(params_memory_) + bytes(product_weights_) + bytes(source_blocks_[0]) + bytes(source_blocks_[1]) + bytes(source_rest_);
     use.gradients = bytes(grads_memory_);
     for (const std::vector<float>& g : slice_grads_) use.gradients += bytes(g);
     for (const std::vector<float>& g : sink_blocks_) use.gradients += bytes(g);
@@ -471,7 +495,7 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
                     " at position " + std::to_string(i) + " is outside [0, " + std::to_string(V) +
                     ")");
     }
-    require(!source_ || precision_ == Precision::fp32,
+    require(!has_weight_source() || precision_ == Precision::fp32,
             std::string("GPT::forward: a model whose weights come from a source (ZeRO stage 3) computes in "
                         "float32 only, not ") + precision_name(precision_));
     dropout_applied_ = training_ && config_.dropout > 0.0f;
@@ -495,18 +519,20 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
         product_params_ = shifted(params_, params_memory_.data(), product_weights_.data());
     }
     // ZeRO stage 3: the embeddings' weights now, each block's as the slices reach it (every
-    // slice waits until the others are done with the block before, and for its weights).
+    // slice waits until the others are done with the block before, and for its weights), the
+    // next block's on their way meanwhile.
     const int L = config_.n_layer;
-    if (source_) source_(L, source_rest_.data());
-    const std::function<void(int)> fetch = [this](int l) { fetch_block(l); };
+    const bool sourced = has_weight_source();
+    if (sourced) start_pass_weights(0);
+    const std::function<void(int)> fetch = [this](int l) { fetch_block(l, l + 1); };
     const int slices = std::min(B, omp_get_max_threads());
 #pragma omp parallel num_threads(slices)
     {
         const int b0 = batch_slice_begin(B);
         const int b1 = batch_slice_end(B);
         if (b1 > b0) {
-            forward_slice(b0, b1 - b0, source_ ? &fetch : nullptr);
-        } else if (source_) {
+            forward_slice(b0, b1 - b0, sourced ? &fetch : nullptr);
+        } else if (sourced) {
             for (int l = 0; l < L; ++l) fetch(l);  // every barrier, with nothing to compute
         }
     }
@@ -529,8 +555,9 @@ void GPT::forward_slice(int b0, int B, const std::function<void(int)>* layer_sta
     const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
     const int G = config_.kv_heads();
     const size_t QKV = static_cast<size_t>(config_.qkv_channels());  // c_attn's output width
-    // the weights: the whole model's, or the embeddings' and a block's from a weight source
-    const ParameterTensors& p = source_ ? source_params_ : params_;
+    // the weights: the whole model's, or the embeddings' (and the blocks', block_weights()) from
+    // a weight source
+    const ParameterTensors& p = has_weight_source() ? source_params_[0] : params_;
     // the weights the matrix products read: float32, or rounded (set_precision)
     const ParameterTensors& w = precision_ == Precision::fp32 ? p : product_params_;
     RoundingCounts rounded;  // this slice's, added to forward_rounding_ at the end
@@ -652,7 +679,7 @@ void GPT::backward(float loss_scale) {
     require(loss_scale > 0.0f && std::isfinite(loss_scale),
             "GPT::backward: the loss scale must be positive and finite, got " +
                 std::to_string(loss_scale));
-    require(!source_ || sink_, "GPT::backward: a model whose weights come from a source (ZeRO stage 3) "
+    require(!has_weight_source() || sink_, "GPT::backward: a model whose weights come from a source (ZeRO stage 3) "
                                "needs a gradient sink (set_gradient_sink): it has no whole gradient buffer");
     loss_scale_ = loss_scale;
     if (sink_) {
@@ -737,10 +764,11 @@ void GPT::backward_to_sink() {
     sink_rests_.resize(static_cast<size_t>(slices));
     for (std::vector<float>& b : sink_blocks_) resize_zero(b, block_floats_);
     for (std::vector<float>& r : sink_rests_) resize_zero(r, rest_floats_);
-    // ZeRO stage 3: the embeddings' weights now, each block's before its backward pass.
-    if (source_) source_(L, source_rest_.data());
-    const std::function<void(int)> fetch = [this](int l) { fetch_block(l); };
-    const std::function<void(int)>* layer_start = source_ ? &fetch : nullptr;
+    // ZeRO stage 3: the embeddings' weights now, each block's before its backward pass (the
+    // last block's on their way during the LM head's, the one before's during each block's).
+    if (has_weight_source()) start_pass_weights(L - 1);
+    const std::function<void(int)> fetch = [this](int l) { fetch_block(l, l - 1); };
+    const std::function<void(int)>* layer_start = has_weight_source() ? &fetch : nullptr;
 #pragma omp parallel num_threads(slices)
     {
         const int id = omp_get_thread_num();
@@ -805,8 +833,9 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     const bool fused = fused_applied_;
     const int N = B * T;
     const size_t NC = static_cast<size_t>(N) * C;
-    // the weights: the whole model's, or the embeddings' and a block's from a weight source
-    const ParameterTensors& p = source_ ? source_params_ : params_;
+    // the weights: the whole model's, or the embeddings' (and the blocks', block_weights()) from
+    // a weight source
+    const ParameterTensors& p = has_weight_source() ? source_params_[0] : params_;
     // the weights the forward pass's products read (float32, or rounded: set_precision)
     const ParameterTensors& w = precision_ == Precision::fp32 ? p : product_params_;
     RoundingCounts rounded;  // this slice's, added to gradient_rounding_ at the end

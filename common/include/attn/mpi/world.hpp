@@ -20,8 +20,9 @@ namespace attn::mpi {
 bool launched_by_mpirun();
 
 /// MPI for the lifetime of one process: MPI_Init_thread in the constructor, MPI_Finalize in
-/// the destructor. Only the thread that made it calls MPI (MPI_THREAD_FUNNELED); the
-/// library's OpenMP threads never do.
+/// the destructor. It asks for MPI_THREAD_MULTIPLE, which ZeRO stage 3's communication
+/// thread needs (attn/mpi/zero.hpp), and works with MPI_THREAD_FUNNELED otherwise: then only
+/// the thread that made it calls MPI; the library's OpenMP threads never do.
 class World {
 public:
     /// Initialises MPI. @param argc main's argc @param argv main's argv

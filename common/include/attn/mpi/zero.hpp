@@ -13,6 +13,7 @@
 #include "attn/shard.hpp"
 
 #include <cstddef>
+#include <memory>
 #include <vector>
 
 namespace attn::mpi {
@@ -122,35 +123,57 @@ private:
 /// "PyTorch FSDP", VLDB 2023): the parameters sharded as well as the gradients and AdamW's
 /// moments. Each rank keeps its piece of every bucket's parameters (the same pieces as its
 /// gradients in stage 2) and the model keeps no whole parameter buffer: a weight source
-/// (GPT::set_weight_source) gathers each block's parameters round a ring just before the
-/// forward pass reaches it, and again before the backward pass does, into one block's buffer
-/// that the next block reuses; the embeddings and ln_f are gathered at the start of each
-/// pass. The gradients are reduce-scattered bucket by bucket as in stage 2, and AdamW updates
+/// (GPT::set_weight_source) gathers each block's parameters round a ring while the forward
+/// pass computes the block before, and again while the backward pass computes the block
+/// after, into one of two block buffers that the blocks take in turn; the embeddings and ln_f
+/// are gathered at the start of each pass. The gradients are reduce-scattered bucket by bucket as in stage 2, and AdamW updates
 /// this rank's pieces where they lie (AdamW::step_packed), with no all-gather after the step.
 ///
-/// Per rank it holds 4P/N of weights, 4P/N of gradients and 8P/N of moments, plus one block's
-/// and the embeddings' buffers of weights and of gradients. What it sends per step is three
+/// Per rank it holds 4P/N of weights, 4P/N of gradients and 8P/N of moments, plus two
+/// blocks' and the embeddings' buffers of weights and one block's and the embeddings' of
+/// gradients. What it sends per step is three
 /// rings' worth, (N − 1)/N of the parameters' bytes each (two all-gathers and a
 /// reduce-scatter): 1.5 times what data parallelism's allreduce sends, as the paper says.
-/// The gathers are blocking calls on the passes' thread: they do not overlap with the
-/// previous block's compute. Float32 only (mixed precision rounds a copy of the whole
-/// weights, which no rank holds).
+///
+/// The gathers overlap the compute as FSDP's prefetch does: a communication thread of each
+/// rank runs them, on a duplicate of the world communicator, while the passes compute; the
+/// model starts block l + 1's gather (l − 1's going back) as soon as block l's weights have
+/// arrived. So MPI must provide MPI_THREAD_MULTIPLE (World asks for it; attach() refuses without it). Float32
+/// only (mixed precision rounds a copy of the whole weights, which no rank holds).
 class ShardedParameters : public ShardedGradients {
 public:
+    /// How long a step's gathers took and how long the passes waited for them.
+    struct GatherTimes {
+        double gathering = 0.0;  ///< seconds the communication thread spent in the rings
+        double waiting = 0.0;    ///< seconds the passes' thread spent waiting for their weights
+    };
+
+    ShardedParameters();
+    ~ShardedParameters() override;
+    /// Starts the communication thread (once) and hands the model a weight source.
+    /// @param model the model, in float32 @throws std::invalid_argument for another precision
+    /// @throws std::runtime_error when MPI does not provide MPI_THREAD_MULTIPLE
     void attach(GPT& model) override;
     void begin_gradients(GPT& model, double share) override;
     void update(GPT& model, AdamW& optimizer, float lr) override;
     /// This rank's pieces of the parameters. @return their bytes
     std::size_t weight_bytes() const override { return weights_.capacity() * sizeof(float); }
+    /// The gathers' times in the last step (its forward and backward passes).
+    const GatherTimes& last_gather_times() const { return last_times_; }
 
 private:
-    // Bucket b's parameters, every rank's piece round the ring, into `weights` (the bucket's
-    // ranges one after the other).
-    void gather(int bucket, float* weights);
+    class Gatherer;  // the communication thread (zero.cpp)
+    // Bucket b's parameters: this rank's piece into its place in `weights` (the bucket's
+    // ranges one after the other), and the ring that brings every other rank's started.
+    void start(int bucket, float* weights);
+    // Returns once the oldest bucket started is gathered.
+    void wait(int bucket);
 
     std::vector<float> weights_;             // this rank's piece of every bucket's parameters, in order
     std::vector<std::size_t> bucket_sizes_;  // the floats of each bucket
     bool in_backward_ = false;               // between begin_gradients() and update()
+    GatherTimes times_, last_times_;         // the step under way's, and the last step's
+    std::unique_ptr<Gatherer> gatherer_;     // made by the first attach()
 };
 
 /// The floats of the buffer a ring collective over `n` floats on `ranks` ranks receives into
