@@ -6,7 +6,7 @@
 // Elsewhere (other compilers or architectures, sanitizer builds) it expands to nothing.
 #pragma once
 
-#if defined(__GNUC__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && \
+#if defined(__GNUC__) && defined(__x86_64__) && !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__) && \
     !defined(__clang__)
 #define ATTN_SIMD_CLONES __attribute__((target_clones("arch=x86-64-v3", "default")))
 #else
