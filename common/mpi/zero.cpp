@@ -352,7 +352,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-//! [gatherer]
 // The communication thread of a rank: it runs the ring all-gathers it is given, one after the
 // other in the order they were started, on a communicator of its own (a duplicate of the
 // world's), so that its messages never meet those of the collectives the passes' thread runs
@@ -466,7 +465,6 @@ private:
     bool stop_ = false;
     std::thread thread_;  // last: started once the rest is ready
 };
-//! [gatherer]
 
 ShardedParameters::ShardedParameters() = default;
 ShardedParameters::~ShardedParameters() = default;

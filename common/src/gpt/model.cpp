@@ -361,7 +361,8 @@ void GPT::set_batch_offset(int first_sequence) {
 MemoryUse GPT::memory_use() const {
     const auto bytes = [](const std::vector<float>& v) { return v.capacity() * sizeof(float); };
     MemoryUse use;
-    use.weights = bytes(params_memory_) + bytes(product_weights_) + bytes(source_blocks_[0]) + bytes(source_blocks_[1]) + bytes(source_rest_);
+    use.weights = bytes(params_memory_) + bytes(product_weights_) + bytes(source_blocks_[0]) +
+                  bytes(source_blocks_[1]) + bytes(source_rest_);
     use.gradients = bytes(grads_memory_);
     for (const std::vector<float>& g : slice_grads_) use.gradients += bytes(g);
     for (const std::vector<float>& g : sink_blocks_) use.gradients += bytes(g);
@@ -680,7 +681,7 @@ void GPT::backward(float loss_scale) {
             "GPT::backward: the loss scale must be positive and finite, got " +
                 std::to_string(loss_scale));
     require(!has_weight_source() || sink_, "GPT::backward: a model whose weights come from a source (ZeRO stage 3) "
-                               "needs a gradient sink (set_gradient_sink): it has no whole gradient buffer");
+                                           "needs a gradient sink (set_gradient_sink): it has no whole gradient buffer");
     loss_scale_ = loss_scale;
     if (sink_) {
         backward_to_sink();
