@@ -287,13 +287,7 @@ TEST_CASE("the gradient buckets hold every parameter once, in the order the back
 }
 
 TEST_CASE("the gradient hook hears each bucket once it is final, and changes no gradient's bits") {
-    GPTConfig config;
-    config.vocab_size = 13;
-    config.block_size = 8;
-    config.n_layer = 3;
-    config.n_head = 2;
-    config.n_embd = 16;
-    config.dropout = 0.1f;
+    const GPTConfig config = bucket_model(true, Position::learned);
     const int B = 5, T = 8;
     std::vector<int> x, y;
     random_batch(4, B * T, x, y);

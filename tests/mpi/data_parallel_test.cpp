@@ -114,19 +114,7 @@ int main(int argc, char** argv) {
             Trainer shared(config, data);
             shared.use_group(std::make_shared<mpi::DataParallel>(schedule, plan));
             const Run run = train(shared, 10);
-            const double losses = relative_gap(run.losses, reference.losses);
-            const double norms = relative_gap(run.norms, reference.norms);
-            const double weights = relative_gap(run.weights, reference.weights);
-            checks.check(losses <= tolerance && norms <= tolerance,
-                         what + ": 10 steps' losses and gradient norms are one process's",
-                         mpi_test::format("largest relative gap %.2e (losses), %.2e (norms)", losses, norms));
-            checks.check(weights <= tolerance, what + ": the weights after 10 steps are one process's",
-                         mpi_test::format("largest gap %.2e of the largest weight", weights));
-            checks.check(std::abs(run.eval.val_loss - reference.eval.val_loss) <= tolerance * reference.eval.val_loss &&
-                             std::abs(run.eval.train_loss - reference.eval.train_loss) <=
-                                 tolerance * reference.eval.train_loss,
-                         what + ": the shared evaluation is one process's",
-                         mpi_test::format("val %.7f against %.7f", run.eval.val_loss, reference.eval.val_loss));
+            check_same_run(checks, run, reference, tolerance, what);
             checks.check(same_on_every_rank(run.weights), what + ": every rank holds the same weights, bit for bit");
         }
     }

@@ -176,16 +176,7 @@ int main(int argc, char** argv) {
             Trainer split(config, data);
             split.use_device(std::make_unique<mpi::TensorParallelDevice>(tp, dp));
             const Run run = train(split, 20);
-            const double losses = relative_gap(run.losses, reference.losses);
-            const double norms = relative_gap(run.norms, reference.norms);
-            const double weights = relative_gap(run.weights, reference.weights);
-            checks.check(losses <= 1e-5 && norms <= 1e-5, what + ": 20 steps' losses and gradient norms are one process's",
-                         format("largest relative gap %.2e (losses), %.2e (norms)", losses, norms));
-            checks.check(weights <= 1e-5, what + ": the weights after 20 steps, gathered, are one process's",
-                         format("largest gap %.2e of the largest weight", weights));
-            checks.check(std::fabs(run.eval.val_loss - reference.eval.val_loss) <= 1e-5 * reference.eval.val_loss,
-                         what + ": the evaluation is one process's",
-                         format("val %.7f against %.7f", run.eval.val_loss, reference.eval.val_loss));
+            check_same_run(checks, run, reference, 1e-5, what);
             split.use_device(nullptr);  // the whole state back, before the communicators go
             // The host model now computes with the weights the split trained (the sample of
             // train_gpt and every later use read it).

@@ -84,4 +84,24 @@ inline void check_losses(Checks& checks, const std::vector<float>& losses, const
     checks.check(gap <= tolerance, what, format("largest relative gap %.2e", gap));
 }
 
+// Checks (collectively) that a run is the reference run of one process within `tolerance`,
+// relative: every step's loss and gradient norm, the weights at the end, and the evaluation's
+// train and val losses.
+inline void check_same_run(Checks& checks, const Run& run, const Run& reference, double tolerance,
+                           const std::string& what) {
+    const std::string steps = std::to_string(reference.losses.size()) + " steps";
+    const double losses = relative_gap(run.losses, reference.losses);
+    const double norms = relative_gap(run.norms, reference.norms);
+    const double weights = relative_gap(run.weights, reference.weights);
+    checks.check(losses <= tolerance && norms <= tolerance, what + ": " + steps + "' losses and gradient norms are one process's",
+                 format("largest relative gap %.2e (losses), %.2e (norms)", losses, norms));
+    checks.check(weights <= tolerance, what + ": the weights after " + steps + " are one process's",
+                 format("largest gap %.2e of the largest weight", weights));
+    checks.check(std::abs(run.eval.val_loss - reference.eval.val_loss) <= tolerance * reference.eval.val_loss &&
+                     std::abs(run.eval.train_loss - reference.eval.train_loss) <= tolerance * reference.eval.train_loss,
+                 what + ": the evaluation is one process's",
+                 format("val %.7f against %.7f", run.eval.val_loss, reference.eval.val_loss) +
+                     format(", train %.7f against %.7f", run.eval.train_loss, reference.eval.train_loss));
+}
+
 }  // namespace mpi_test

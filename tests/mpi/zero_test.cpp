@@ -95,17 +95,7 @@ int main(int argc, char** argv) {
             const std::shared_ptr<mpi::ZeroGroup> group = zero_group_of(stage);
             shared.use_group(group);
             const Run run = train(shared, 20);
-            const double losses = relative_gap(run.losses, reference.losses);
-            const double norms = relative_gap(run.norms, reference.norms);
-            const double weights = relative_gap(run.weights, reference.weights);
-            checks.check(losses <= tolerance && norms <= tolerance,
-                         what + ": 20 steps' losses and gradient norms are one process's",
-                         format("largest relative gap %.2e (losses), %.2e (norms)", losses, norms));
-            checks.check(weights <= tolerance, what + ": the weights after 20 steps are one process's",
-                         format("largest gap %.2e of the largest weight", weights));
-            checks.check(std::abs(run.eval.val_loss - reference.eval.val_loss) <= tolerance * reference.eval.val_loss,
-                         what + ": the shared evaluation is one process's",
-                         format("val %.7f against %.7f", run.eval.val_loss, reference.eval.val_loss));
+            check_same_run(checks, run, reference, tolerance, what);
             checks.check(same_on_every_rank(run.weights), what + ": every rank holds the same weights, bit for bit");
 
             // Memory: this rank's moments are its shard's, m and v in float32 (stage 2: its
