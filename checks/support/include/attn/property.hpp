@@ -25,7 +25,42 @@
 
 namespace attn {
 
+/// One drawn value with the name it has in the property (`beta1`, `x[2]`): a failing
+/// property prints its counterexample as `beta1 = 0.999`, not as a bare `float: 0.999`.
+template <class T>
+struct Named {
+    std::string name;
+    T value;
+};
+
+/// How RapidCheck shows a named value (found by argument-dependent lookup).
+template <class T>
+void showValue(const Named<T>& named, std::ostream& os) {
+    os << named.name << " = ";
+    rc::show(named.value, os);
+}
+
+/// Draws a value from `gen` inside a property, under `name`: `draw("beta1", gen)` in place of
+/// `*gen`. Shrinking is RapidCheck's own (the name rides along with the value).
+template <class T>
+T draw(std::string name, rc::Gen<T> gen) {
+    return (*rc::gen::map(std::move(gen), [name = std::move(name)](T value) {
+               return Named<T>{name, std::move(value)};
+           })).value;
+}
+
 namespace detail {
+/// RapidCheck's counterexample as the learner reads it: one drawn value a line, in the order
+/// drawn, by name (`beta1 = 0.999`); a value drawn without a name keeps its type.
+inline std::string format_counterexample(const rc::detail::Example& example) {
+    std::string out;
+    for (const auto& [type, value] : example) {
+        const bool named = type.find("Named<") != std::string::npos;
+        out += "  " + (named ? value : type + ": " + value) + "\n";
+    }
+    return out;
+}
+
 // Listens to nothing: RapidCheck's own listener would print to stderr during a learner's run.
 class QuietListener final : public rc::detail::TestListener {
 public:
@@ -79,7 +114,13 @@ void check_property(const std::string& description, Property&& property, int cas
         return;
     }
     std::ostringstream report;
-    rc::detail::printResultMessage(result, report);
+    rc::detail::FailureResult failure;
+    if (result.match(failure)) {
+        report << "falsified after " << failure.numSuccess << " passing case(s), on:\n"
+               << detail::format_counterexample(failure.counterExample) << "\n" << failure.description;
+    } else {
+        rc::detail::printResultMessage(result, report);
+    }
     FAIL_CHECK("property: " << description << "\n" << report.str() << "\n(seed " << params.seed
                             << "; ATTN_PROPERTY_SEED=N tries other inputs)");
 }
