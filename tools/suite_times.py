@@ -35,6 +35,7 @@ def part_of_target(target):
         (r"^(checks_\d\d_obj|check_\d\d|check_support.*)$", "checks with the solutions"),
         (r"^check_\d\d_exercise$", "checks with the exercises"),
         (r"^mutant_", "mutants (catalogued mistakes)"),
+        (r"^mutation_\d\d$", "mutants generated (one schema per solution)"),
         (r"^library_tests$", "library tests"),
         (r"^serving_tests$", "serving tests"),
         (r"^(cuda_.*|cudasim_.*|attention_bench|half_attention_bench)$", "CUDA tests and benchmarks"),
@@ -57,6 +58,8 @@ def part_of_output(path, build=""):
         return "doctest's listing of each check program's cases"
     if path.startswith("mutants/"):
         return "mutants (catalogued mistakes)"
+    if path.startswith("mutation/"):
+        return "mutants generated (one schema per solution)"
     if re.search(r"docs/output/lesson\d\d\.txt$", path):
         return "docs: lesson runs (reused from the tests when current)"
     if path.startswith("docs/"):
@@ -129,7 +132,7 @@ def test_kind(name, labels):
         return "exercises ship failing"
     if re.match(r"^lesson \d\d runs$", name):
         return "lessons, full runs (the docs reuse them)"
-    for label, kind in [("lessons-quick", "lessons --quick"), ("cudasim", "CUDA simulator"),
+    for label, kind in [("mutation", "generated mutants (tools/mutation)"), ("lessons-quick", "lessons --quick"), ("cudasim", "CUDA simulator"),
                         ("mpi", "MPI (mpirun)"), ("browser", "docs and browser"),
                         ("docs", "docs and browser"), ("library", "library tests"),
                         ("serving", "serving (paged cache, scheduler)"),
@@ -140,8 +143,10 @@ def test_kind(name, labels):
 
 
 def test_breakdown(build, top):
-    junit = os.path.join(build, "ctest-junit.xml")
-    if not os.path.exists(junit):
+    # ctest-junit.xml, and ctest-junit-<stage>.xml for a stage that ran a label apart
+    junits = sorted(os.path.join(build, f) for f in os.listdir(build)
+                    if re.match(r"^ctest-junit(-[\w-]+)?\.xml$", f)) if os.path.isdir(build) else []
+    if not junits:
         print(f"{build}: no ctest-junit.xml (ctest --output-junit ctest-junit.xml writes it)")
         return
     labels = {}
@@ -156,7 +161,8 @@ def test_breakdown(build, top):
         pass
     kinds = collections.defaultdict(lambda: [0, 0.0])
     times = []
-    for case in ET.parse(junit).getroot().iter("testcase"):
+    cases = [c for junit in junits for c in ET.parse(junit).getroot().iter("testcase")]
+    for case in cases:
         name = case.get("name", "")
         seconds = float(case.get("time", "0") or 0)
         k = kinds[test_kind(name, labels.get(name, []))]
