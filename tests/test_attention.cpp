@@ -155,7 +155,7 @@ TEST_CASE("Head agrees with PyTorch's head on every reference fixture, within fl
     MESSAGE("largest |C++ - PyTorch| over ", cases.size(), " cases: ", largest);
 }
 
-TEST_CASE("Head in evaluation mode is deterministic; in training mode dropout acts, seeded") {
+TEST_CASE("Head in evaluation mode is deterministic, and in training mode dropout acts, seeded") {
     Rng rng(4);
     Head a(16, 8, 8, 0.3f, rng, 99);
     Head b = a;

@@ -69,7 +69,7 @@ TEST_CASE("a checkpoint written and reloaded gives bit-identical logits and its 
     }
 }
 
-TEST_CASE("a model without the attention scale keeps it through a checkpoint; others omit the key") {
+TEST_CASE("a model without the attention scale keeps it through a checkpoint, and others omit the key") {
     for (bool scaled : {true, false}) {
         CAPTURE(scaled);
         GPTConfig config = small_config();

@@ -258,7 +258,7 @@ TEST_CASE("greedy decoding with cached keys and values equals decoding the whole
     }
 }
 
-TEST_CASE("an encoder-decoder checkpoint loads back to the same logits; a broken one is refused in one line") {
+TEST_CASE("an encoder-decoder checkpoint loads back to the same logits, and a broken one is refused in one line") {
     const fs::path dir = attn_test::scratch("attn_test_encoder_decoder_checkpoint");
     fs::remove_all(dir);
     EncoderDecoder model = sharp_model(small_config(), 9);

@@ -77,7 +77,7 @@ TEST_CASE("the previous-token weight averages w[i, i-1] over the batch and posit
     CHECK_THROWS_AS(previous_token_weight(Tensor4(xt::zeros<float>({1, 1, 1, 1}))), std::invalid_argument);
 }
 
-TEST_CASE("a head switched off no longer reaches the output; the other head still does") {
+TEST_CASE("a head switched off no longer reaches the output, and the other head still does") {
     const GPTConfig config = small_config();
     const int C = config.n_embd, hs = C / config.n_head;
     GPT model(config, 3);

@@ -171,7 +171,7 @@ TEST_CASE("log-sum-exps of ±1000 merge without overflow or underflow") {
     CHECK(small[0] == doctest::Approx(1.0 / (1.0 + std::exp(-1.0))).epsilon(1e-6));
 }
 
-TEST_CASE("zigzag gives rank r pieces r and 2N − 1 − r; contiguous gives piece r") {
+TEST_CASE("zigzag gives rank r pieces r and 2N − 1 − r, and contiguous gives piece r") {
     const SequenceSplit zigzag{64, 4, SequenceOrder::zigzag}, contiguous{64, 4, SequenceOrder::contiguous};
     CHECK(zigzag.pieces() == 8);
     CHECK(zigzag.piece_length() == 8);
@@ -217,7 +217,7 @@ TEST_CASE("causal blocks: below the diagonal full, on it masked inside, above it
     CHECK(block_mask(2, 2, false) == BlockMask::full);
 }
 
-TEST_CASE("the ranks' pairs add up to the causal triangle; zigzag shares them equally, contiguous does not") {
+TEST_CASE("the ranks' pairs add up to the causal triangle, and zigzag shares them equally, contiguous does not") {
     const std::size_t T = 64;
     for (std::size_t N : {2u, 4u}) {
         CAPTURE(N);

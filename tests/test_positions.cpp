@@ -162,7 +162,7 @@ TEST_CASE("the halves convention of GPT-NeoX and Hugging Face's Llama is the adj
     CHECK(worst <= 1e-6);
 }
 
-TEST_CASE("with RoPE, shifting every position leaves the scores unchanged; with learned "
+TEST_CASE("with RoPE, shifting every position leaves the scores unchanged, and with learned "
           "positions it does not") {
     const std::vector<int> ids = {1, 4, 2, 9, 0, 3};
     GPTConfig rope_config = small_config(Position::rope);
@@ -250,7 +250,7 @@ TEST_CASE("RoPE and ALiBi models' gradients agree with finite differences") {
     }
 }
 
-TEST_CASE("a learned-position model refuses a context beyond its block; RoPE and ALiBi read it") {
+TEST_CASE("a learned-position model refuses a context beyond its block, and RoPE and ALiBi read it") {
     const std::vector<int> ids(9, 1);
     GPT learned(small_config(Position::learned));
     CHECK_THROWS_WITH_AS(learned.forward(ids, {}, 1, 9),
