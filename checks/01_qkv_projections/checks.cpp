@@ -2,15 +2,23 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - for any B, T, C, hs and hs_v, each token's q, k and v are its own x times the weights
+// - inputs of any magnitude, every entry distinct: x·Wᵀ within its rounding, and 2^e·x gives 2^e times each projection
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/linear.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
 
 using attn::Tensor2;
 using attn::Tensor3;
@@ -152,19 +160,27 @@ TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
 }
 
 TEST_CASE("property: for any B, T, C, hs and hs_v, each token's q, k and v are its own x times the weights") {
-    // B, T from 1 to 4, C, hs and hs_v from 1 to 8, entries small integers: every product and
-    // sum is exact in float, so q(b, t, i) must equal Σ_c x(b, t, c)·W_q(i, c) exactly, and
+    // B, T from 1 to 4 (1 a quarter of the time), C, hs and hs_v from 1 to 8, entries small
+    // integers: every product and sum is exact in float, so q(b, t, i) must equal Σ_c x(b, t, c)·W_q(i, c) exactly, and
     // likewise k with W_k and v with W_v. A transposed weight, a weight used for the wrong
     // projection, another token's x or another sequence's gives other numbers.
     attn::check_property("project_qkv equals x·Wᵀ for any shapes", [] {
-        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 5), T = *rc::gen::inRange<std::size_t>(1, 5),
-                          C = *rc::gen::inRange<std::size_t>(1, 9), hs = *rc::gen::inRange<std::size_t>(1, 9),
-                          hs_v = *rc::gen::inRange<std::size_t>(1, 9);
+        const std::size_t B = attn::draw("B", attn::family::length(4)), T = attn::draw("T", attn::family::length(4)),
+                          C = attn::draw("C", rc::gen::inRange<std::size_t>(1, 9)),
+                          hs = attn::draw("hs", rc::gen::inRange<std::size_t>(1, 9)),
+                          hs_v = attn::draw("hs_v", rc::gen::inRange<std::size_t>(1, 9));
+        const auto small = rc::gen::map(rc::gen::inRange(-3, 4), [](int i) { return static_cast<float>(i); });
+        const auto entries = [&](const std::string& name, std::size_t n) {
+            return attn::draw(name, rc::gen::container<std::vector<float>>(n, small));
+        };
         Tensor3 x = xt::zeros<float>({B, T, C});
         Tensor2 wq = xt::zeros<float>({hs, C}), wk = xt::zeros<float>({hs, C}), wv = xt::zeros<float>({hs_v, C});
-        for (auto* t : {&wq, &wk, &wv})
-            for (auto& e : *t) e = static_cast<float>(*rc::gen::inRange(-3, 4));
-        for (auto& e : x) e = static_cast<float>(*rc::gen::inRange(-3, 4));
+        for (auto [t, name] : {std::pair<Tensor2*, const char*>{&wq, "w_query"}, {&wk, "w_key"}, {&wv, "w_value"}}) {
+            const auto e = entries(std::string(name) + " (flat)", t->size());
+            std::copy(e.begin(), e.end(), t->begin());
+        }
+        const auto xe = entries("x (flat)", x.size());
+        std::copy(xe.begin(), xe.end(), x.begin());
         const auto qkv = project_qkv(x, wq, wk, wv);
         RC_ASSERT(qkv.v.shape()[2] == hs_v);
         for (std::size_t b = 0; b < B; ++b)
@@ -187,3 +203,55 @@ TEST_CASE("property: for any B, T, C, hs and hs_v, each token's q, k and v are i
     });
 }
 
+
+TEST_CASE("property: inputs of any magnitude, every entry distinct: x·Wᵀ within its rounding, and 2^e·x gives 2^e times each projection") {
+    // Entries pairwise distinct (1/8 … 8 in size, either sign, so that a weight used for the
+    // wrong projection, a transposed weight or another token's x gives other numbers) times
+    // one magnitude per tensor, x's from 10^-6 to 10^15 and the weights' from 10^-6 to
+    // 10^15, so a product is anything from ~10^-14 to ~10^32 and a sum stays finite. Against
+    // x·Wᵀ in float64 on the same floats: each of the C products rounds once (≤ u) and the
+    // sum of C terms adds γ_C, so within (C + 1)u·Σ_c |x_c w_c| (u = 2^-24; an FMA only
+    // rounds less). Then x times 2^e (e from −8 to 8): every product and partial sum is the
+    // same number times 2^e, exactly at these sizes, so q, k and v must be 2^e times the
+    // first ones bit for bit.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("project_qkv at any magnitude, and linear in x exactly under a power of two", [u] {
+        const std::size_t B = attn::draw("B", attn::family::length(3)), T = attn::draw("T", attn::family::length(3)),
+                          C = attn::draw("C", attn::family::length(6)), hs = attn::draw("hs", attn::family::length(4)),
+                          hs_v = attn::draw("hs_v", attn::family::length(4));
+        const float x_size = std::abs(attn::draw("x magnitude", attn::family::magnitude(-6, 15)));
+        const float w_size = std::abs(attn::draw("weights' magnitude", attn::family::magnitude(-6, 15)));
+        const auto values = attn::draw("x, w_query, w_key, w_value (flat, distinct)",
+                                       attn::family::distinct(B * T * C + (2 * hs + hs_v) * C));
+        Tensor3 x = xt::zeros<float>({B, T, C});
+        Tensor2 wq = xt::zeros<float>({hs, C}), wk = xt::zeros<float>({hs, C}), wv = xt::zeros<float>({hs_v, C});
+        std::size_t next = 0;
+        for (float& e : x) e = values[next++] * x_size;
+        for (Tensor2* w : {&wq, &wk, &wv})
+            for (float& e : *w) e = values[next++] * w_size;
+        const auto qkv = project_qkv(x, wq, wk, wv);
+        const auto check = [&](const Tensor3& got, const Tensor2& w) {
+            RC_ASSERT(got.shape()[0] == B && got.shape()[1] == T && got.shape()[2] == w.shape()[0]);
+            for (std::size_t b = 0; b < B; ++b)
+                for (std::size_t t = 0; t < T; ++t)
+                    for (std::size_t i = 0; i < w.shape()[0]; ++i) {
+                        double ref = 0.0, size = 0.0;
+                        for (std::size_t c = 0; c < C; ++c) {
+                            ref += static_cast<double>(x(b, t, c)) * w(i, c);
+                            size += std::abs(static_cast<double>(x(b, t, c)) * w(i, c));
+                        }
+                        RC_ASSERT(std::abs(got(b, t, i) - ref) <= (static_cast<double>(C) + 1) * u * size);
+                    }
+        };
+        check(qkv.q, wq);
+        check(qkv.k, wk);
+        check(qkv.v, wv);
+        const float scale = attn::draw("scale of x", attn::family::scale());
+        const auto scaled = project_qkv(Tensor3(x * scale), wq, wk, wv);
+        for (std::size_t i = 0; i < qkv.q.size(); ++i) {
+            RC_ASSERT(scaled.q.flat(i) == qkv.q.flat(i) * scale);
+            RC_ASSERT(scaled.k.flat(i) == qkv.k.flat(i) * scale);
+        }
+        for (std::size_t i = 0; i < qkv.v.size(); ++i) RC_ASSERT(scaled.v.flat(i) == qkv.v.flat(i) * scale);
+    });
+}

@@ -2,18 +2,23 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - for any B, T_q, T_k and d_k, each score is q_i·k_j / √d_k of its own sequence
+// - queries and keys of any magnitude, all entries distinct: q·kᵀ/√d_k, and scaling q scales the scores exactly
 #include "exercise.hpp"
 
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <utility>
+#include <vector>
 
 using attn::Tensor3;
 using exercise::scaled_scores;
@@ -92,19 +97,24 @@ TEST_CASE("scaled scores of unit-variance queries and keys have standard deviati
 }
 
 TEST_CASE("property: for any B, T_q, T_k and d_k, each score is q_i·k_j / √d_k of its own sequence") {
-    // B from 1 to 3, T_q and T_k from 1 to 6, d_k from 1 to 16, entries small integers,
-    // against the float64 q·k/√d_k. Bound (u = 2^-24): a solution may scale the dot product
-    // (exact here) or q first (then each term is rounded once, ≤ u); either way √d_k or
-    // 1/√d_k rounds once or twice (≤ 2u), and a sum of d_k rounded terms adds γ_(d_k): within
-    // (d_k + 3)u·Σ_c |q_c k_c|/√d_k. A score taken from another sequence, k·qᵀ for q·kᵀ, or
-    // another scale (none, d_k, T, times √d_k) is off by far more.
+    // B from 1 to 3, T_q and T_k from 1 to 6 (1 a quarter of the time), d_k from 1 to 16,
+    // entries small integers, against the float64 q·k/√d_k. Bound (u = 2^-24): a solution may
+    // scale the dot product (exact here) or q first (then each term is rounded once, ≤ u);
+    // either way √d_k or 1/√d_k rounds once or twice (≤ 2u), and a sum of d_k rounded terms
+    // adds γ_(d_k): within (d_k + 3)u·Σ_c |q_c k_c|/√d_k. A score taken from another sequence,
+    // k·qᵀ for q·kᵀ, or another scale (none, d_k, T, times √d_k) is off by far more.
     const double u = std::ldexp(1.0, -24);
     attn::check_property("scaled_scores equals q·kᵀ/√d_k for any shapes", [u] {
-        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), Tq = *rc::gen::inRange<std::size_t>(1, 7),
-                          Tk = *rc::gen::inRange<std::size_t>(1, 7), d = *rc::gen::inRange<std::size_t>(1, 17);
+        const std::size_t B = attn::draw("B", attn::family::length(3)),
+                          Tq = attn::draw("T_q", attn::family::length(6)),
+                          Tk = attn::draw("T_k", attn::family::length(6)),
+                          d = attn::draw("d_k", rc::gen::inRange<std::size_t>(1, 17));
+        const auto small = rc::gen::map(rc::gen::inRange(-4, 5), [](int i) { return static_cast<float>(i); });
+        const auto qs = attn::draw("q (flat)", rc::gen::container<std::vector<float>>(B * Tq * d, small));
+        const auto ks = attn::draw("k (flat)", rc::gen::container<std::vector<float>>(B * Tk * d, small));
         Tensor3 q = xt::zeros<float>({B, Tq, d}), k = xt::zeros<float>({B, Tk, d});
-        for (auto& x : q) x = static_cast<float>(*rc::gen::inRange(-4, 5));
-        for (auto& x : k) x = static_cast<float>(*rc::gen::inRange(-4, 5));
+        std::copy(qs.begin(), qs.end(), q.begin());
+        std::copy(ks.begin(), ks.end(), k.begin());
         const Tensor3 s = scaled_scores(q, k);
         RC_ASSERT(s.shape()[0] == B && s.shape()[1] == Tq && s.shape()[2] == Tk);
         for (std::size_t b = 0; b < B; ++b)
@@ -121,13 +131,67 @@ TEST_CASE("property: for any B, T_q, T_k and d_k, each score is q_i·k_j / √d_
     });
 }
 
-TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
+TEST_CASE("property: queries and keys of any magnitude, all entries distinct: q·kᵀ/√d_k, and scaling q scales the scores exactly") {
+    // Entries pairwise distinct (1/8 … 8 in size, either sign: a swapped argument or a
+    // transposed index gives other numbers) times one magnitude per tensor, 10^-6 … 10^15,
+    // so that a score is anything from ~10^-14 to ~10^32 and stays finite. Bound as above
+    // plus the product's rounding, which the small integers did not have: each term is
+    // rounded once (≤ u) before the sum, (d_k + 4)u·Σ_c |q_c k_c|/√d_k (u = 2^-24).
+    // Then q times 2^e (e from −8 to 8): every product and partial sum is the same number
+    // times 2^e, exactly (no overflow, no underflow at these sizes), so the scores must be
+    // the first ones times 2^e bit for bit, whatever the order of the sums.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("scaled_scores for q and k of any magnitude, and s·q gives s·scores", [u] {
+        const std::size_t B = attn::draw("B", attn::family::length(2)),
+                          Tq = attn::draw("T_q", attn::family::length(4)),
+                          Tk = attn::draw("T_k", attn::family::length(4)),
+                          d = attn::draw("d_k", attn::family::length(8));
+        const float q_size = std::abs(attn::draw("q magnitude", attn::family::magnitude(-6, 15)));
+        const float k_size = std::abs(attn::draw("k magnitude", attn::family::magnitude(-6, 15)));
+        const auto values = attn::draw("q then k, distinct", attn::family::distinct(B * (Tq + Tk) * d));
+        Tensor3 q = xt::zeros<float>({B, Tq, d}), k = xt::zeros<float>({B, Tk, d});
+        for (std::size_t i = 0; i < q.size(); ++i) q.flat(i) = values[i] * q_size;
+        for (std::size_t i = 0; i < k.size(); ++i) k.flat(i) = values[q.size() + i] * k_size;
+        const Tensor3 s = scaled_scores(q, k);
+        RC_ASSERT(s.shape()[0] == B && s.shape()[1] == Tq && s.shape()[2] == Tk);
+        const double root = std::sqrt(static_cast<double>(d));
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t i = 0; i < Tq; ++i)
+                for (std::size_t j = 0; j < Tk; ++j) {
+                    double dot = 0.0, size = 0.0;
+                    for (std::size_t c = 0; c < d; ++c) {
+                        dot += static_cast<double>(q(b, i, c)) * k(b, j, c);
+                        size += std::abs(static_cast<double>(q(b, i, c)) * k(b, j, c));
+                    }
+                    RC_ASSERT(std::abs(s(b, i, j) - dot / root) <= (static_cast<double>(d) + 4) * u * size / root);
+                }
+        const float scale = attn::draw("scale of q", attn::family::scale());
+        const Tensor3 scaled = scaled_scores(Tensor3(q * scale), k);
+        for (std::size_t i = 0; i < s.size(); ++i) RC_ASSERT(scaled.flat(i) == s.flat(i) * scale);
+    });
+}
+
+TEST_CASE("shapes that do not fit are rejected with std::invalid_argument naming both shapes") {
+    // q (2, 3, 4) against keys whose head size (7) or batch size (6) differs: the message
+    // must show k's shape and q's size that it contradicts (4 or 2, which k's shape does not
+    // contain), as the contract says: "naming both shapes". A bare "bad shapes" does not.
     attn::Rng rng(4);
     Tensor3 q = rng.normal_tensor<3>({2, 3, 4});
-    SUBCASE("keys of another head size") {
-        CHECK_THROWS_AS(scaled_scores(q, rng.normal_tensor<3>({2, 3, 5})), std::invalid_argument);
-    }
-    SUBCASE("keys from another batch size") {
-        CHECK_THROWS_AS(scaled_scores(q, rng.normal_tensor<3>({3, 3, 4})), std::invalid_argument);
-    }
+    const auto refusal = [&](const Tensor3& k, std::size_t q_size) {
+        CAPTURE(attn::shape_of(k));
+        try {
+            (void)scaled_scores(q, k);
+            FAIL_CHECK("scaled_scores(q " << attn::shape_of(q) << ", k " << attn::shape_of(k)
+                                          << ") returned instead of throwing std::invalid_argument");
+        } catch (const std::invalid_argument& e) {
+            const std::string what = e.what();
+            CHECK_MESSAGE(what.find(attn::shape_of(k)) != std::string::npos,
+                          "the message must name k's shape " << attn::shape_of(k) << ": \"" << what << "\"");
+            CHECK_MESSAGE(what.find(std::to_string(q_size)) != std::string::npos,
+                          "the message must name q's shape " << attn::shape_of(q) << " (or at least its "
+                          "size " << q_size << " that k's contradicts): \"" << what << "\"");
+        }
+    };
+    SUBCASE("keys of another head size") { refusal(rng.normal_tensor<3>({2, 3, 7}), 4); }
+    SUBCASE("keys from another batch size") { refusal(rng.normal_tensor<3>({6, 3, 4}), 2); }
 }

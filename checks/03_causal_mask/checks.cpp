@@ -2,25 +2,32 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - for any block size, batch and scores of any value, the mask is j <= i and the fill keeps every allowed score
+// - masks of every kind and any shape, over distinct scores: each allowed score kept where it is, −inf elsewhere
 #include "exercise.hpp"
 
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
+#include <vector>
 
 using attn::Mask;
 using attn::Tensor3;
 
 namespace {
 constexpr float inf = std::numeric_limits<float>::infinity();
+
+// The same float, NaN included (NaN == NaN is false).
+bool same(float a, float b) { return a == b || (std::isnan(a) && std::isnan(b)); }
 }
 
 TEST_CASE("the mask at block size 4 is lower triangular, as drawn by hand") {
@@ -99,32 +106,58 @@ TEST_CASE("no row of a causal mask is fully masked: each token may attend to its
 }
 
 TEST_CASE("property: for any block size, batch and scores of any value, the mask is j <= i and the fill keeps every allowed score") {
-    // Block sizes 1 … 40, batches 1 … 3, T up to the block size, scores drawn from
-    // ±10^−6 … 10^38, 0 and −∞: causal_mask(n)(i, j) is exactly j ≤ i, and masked_fill
-    // leaves every allowed score as it is (−∞ included) and puts −∞ wherever the mask is
-    // false, whatever the score there was (a large one must not survive as it would with a
-    // −1e9 fill). Every batch item is treated alike.
+    // Block sizes 1 … 40, batches 1 … 3, T up to the block size (1 a quarter of the time),
+    // scores drawn from ±10^−6 … 10^38, 0, −∞, NaN and +∞: causal_mask(n)(i, j) is exactly
+    // j ≤ i, and masked_fill leaves every allowed score as it is (−∞ and NaN included) and
+    // puts −∞ wherever the mask is false, whatever the score there was (a large one must not
+    // survive as it would with a −1e9 fill). Every batch item is treated alike.
     attn::check_property("causal_mask and masked_fill for any size and any scores", [] {
-        const std::size_t n = *rc::gen::inRange<std::size_t>(1, 41);
+        const std::size_t n = attn::draw("block_size", rc::gen::inRange<std::size_t>(1, 41));
         const Mask<2> mask = exercise::causal_mask(n);
         RC_ASSERT(mask.shape()[0] == n && mask.shape()[1] == n);
         for (std::size_t i = 0; i < n; ++i)
             for (std::size_t j = 0; j < n; ++j) RC_ASSERT(mask(i, j) == (j <= i));
-        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), T = *rc::gen::inRange<std::size_t>(1, n + 1);
-        const auto value = attn::scores_or_masked(attn::magnitudes(-6, 38));
+        const std::size_t B = attn::draw("B", attn::family::length(3)),
+                          T = std::min(n, attn::draw("T (at most block_size)", attn::family::length(40)));
+        const auto value = rc::gen::oneOf(attn::scores_or_masked(attn::family::magnitude(-6, 38)),
+                                          attn::family::non_finite());
+        const auto drawn = attn::draw("scores (flat)", rc::gen::container<std::vector<float>>(B * T * T, value));
         Tensor3 scores = xt::zeros<float>({B, T, T});
-        for (auto& x : scores) x = *value;
+        std::copy(drawn.begin(), drawn.end(), scores.begin());
         const Mask<2> square = exercise::causal_mask(T);
         const Tensor3 filled = exercise::masked_fill(scores, square);
         RC_ASSERT(filled.shape() == scores.shape());
         for (std::size_t b = 0; b < B; ++b)
             for (std::size_t i = 0; i < T; ++i)
                 for (std::size_t j = 0; j < T; ++j) {
-                    if (j <= i)
-                        RC_ASSERT(filled(b, i, j) == scores(b, i, j));
+                    if (j <= i)  // kept as it is, NaN included
+                        RC_ASSERT(same(filled(b, i, j), scores(b, i, j)));
                     else
                         RC_ASSERT(filled(b, i, j) == -std::numeric_limits<float>::infinity());
                 }
+    });
+}
+
+TEST_CASE("property: masks of every kind and any shape, over distinct scores: each allowed score kept where it is, −inf elsewhere") {
+    // T_q and T_k from 1 to 6 (1 a quarter of the time, T_q ≠ T_k as often as not), B from
+    // 1 to 3, a mask whose rows let through the leading keys, the trailing ones, every other
+    // one, one key, all keys, or the causal pattern (family::mask), and scores pairwise
+    // distinct, so that a score read from another place (the mask read as mask(j, i), a
+    // score from another row or batch item) is seen. masked_fill must keep score (b, i, j)
+    // exactly where mask(i, j) is true and write −∞ where it is false.
+    attn::check_property("masked_fill for any mask", [] {
+        const std::size_t B = attn::draw("B", attn::family::length(3)), Tq = attn::draw("T_q", attn::family::length(6)),
+                          Tk = attn::draw("T_k", attn::family::length(6));
+        const Mask<2> mask = attn::family::mask("mask", Tq, Tk);
+        const auto values = attn::draw("scores (flat, distinct)", attn::family::distinct(B * Tq * Tk));
+        Tensor3 scores = xt::zeros<float>({B, Tq, Tk});
+        std::copy(values.begin(), values.end(), scores.begin());
+        const Tensor3 filled = exercise::masked_fill(scores, mask);
+        RC_ASSERT(filled.shape() == scores.shape());
+        for (std::size_t b = 0; b < B; ++b)
+            for (std::size_t i = 0; i < Tq; ++i)
+                for (std::size_t j = 0; j < Tk; ++j)
+                    RC_ASSERT(filled(b, i, j) == (mask(i, j) ? scores(b, i, j) : -std::numeric_limits<float>::infinity()));
     });
 }
 

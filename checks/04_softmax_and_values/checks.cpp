@@ -2,16 +2,20 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - rows of logits of any size and sign, and masked ones, give the softmax
+// - a NaN or +inf logit anywhere is refused, and a −inf one is a masked key
+// - a row moved by a common offset, or its keys reordered, gives the same weights
 #include "exercise.hpp"
 
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <limits>
@@ -23,8 +27,27 @@ using exercise::softmax_last_axis;
 namespace {
 constexpr float inf = std::numeric_limits<float>::infinity();
 
-// A logit of any finite size, or masked: ±(1.000 … 9.999)·10^e for e from −6 to 37, 0, or −∞.
-rc::Gen<float> any_logit() { return attn::scores_or_masked(attn::magnitudes(-6, 38, 1000)); }
+// A logit of any finite size, or masked: ±(1.00 … 9.99)·10^e for e from −6 to 37, 0, or −∞.
+rc::Gen<float> any_logit() { return attn::scores_or_masked(attn::family::magnitude(-6, 38)); }
+
+// Inside a property: the softmax of one row of logits (finite or −∞) against its float64
+// softmax (zeros for a row with no finite logit). Bound, u = 2^-24: z_j − m rounds by
+// ≤ u·|z_j − m|, so e^(z_j − m) is off by that relatively, and u·d·e^−d ≤ u/e absolutely;
+// exp's own ≤ 2u, the sum of ≤ 6 terms γ_5 and the division u: |w − ref| ≤ 9u·ref + u.
+void check_row_against_float64(const std::vector<float>& row) {
+    const double u = std::ldexp(1.0, -24);
+    Tensor3 logits = xt::zeros<float>({std::size_t{1}, std::size_t{1}, row.size()});
+    for (std::size_t j = 0; j < row.size(); ++j) logits(0, 0, j) = row[j];
+    const Tensor3 w = softmax_last_axis(logits);
+    double m = -inf, z = 0.0;
+    for (float x : row) m = std::max(m, static_cast<double>(x));
+    if (m > -inf)
+        for (float x : row) z += std::exp(static_cast<double>(x) - m);
+    for (std::size_t j = 0; j < row.size(); ++j) {
+        const double ref = m > -inf ? std::exp(static_cast<double>(row[j]) - m) / z : 0.0;
+        RC_ASSERT(std::abs(w(0, 0, j) - ref) <= 9 * u * ref + u);
+    }
+}
 }  // namespace
 
 TEST_CASE("softmax of small rows matches values worked by hand") {
@@ -127,26 +150,74 @@ TEST_CASE("a fully masked row becomes zeros and masked entries get exactly 0") {
 }
 
 TEST_CASE("property: rows of logits of any size and sign, and masked ones, give the softmax") {
-    // Rows of 1 to 6 logits, each ±10^−6 … 10^38, 0 or −∞ (masked), against the softmax in
-    // float64 of the same floats (zeros for a row with no finite logit). Bound, u = 2^-24:
-    // z_j − m rounds by ≤ u·|z_j − m|, so e^(z_j − m) is off by that relatively, and
-    // u·d·e^−d ≤ u/e absolutely; exp's own ≤ 2u, the sum of ≤ 6 terms γ_5 and the division u:
-    // |w − ref| ≤ 9u·ref + u. A sentinel standing for −∞ (a maximum started at −1e30, "fully
-    // masked" when it is still −1e30) turns rows below it into zeros.
+    // Rows of 1 to 6 logits (1 a quarter of the time), each ±10^−6 … 10^38, 0 or −∞
+    // (masked), against the softmax in float64 of the same floats (zeros for a row with no
+    // finite logit), within 9u·ref + u (check_row_against_float64). A sentinel standing for
+    // −∞ (a maximum started at −1e30, "fully masked" when it is still −1e30) turns rows below
+    // it into zeros.
+    attn::check_property("softmax_last_axis of one row equals its float64 softmax", [] {
+        const std::size_t n = attn::draw("T_k", attn::family::length(6));
+        const auto row = attn::draw("logits", rc::gen::container<std::vector<float>>(n, any_logit()));
+        check_row_against_float64(row);
+    });
+}
+
+TEST_CASE("property: a NaN or +inf logit anywhere is refused, and a −inf one is a masked key") {
+    // A row of 1 to 6 logits of any size (±10^−6 … 10^38, 0 or −∞) with one of them replaced
+    // by NaN, +∞ or −∞: NaN and +∞ must throw std::invalid_argument, −∞ must give that key
+    // weight exactly 0 and the others their float64 softmax (bound as above).
+    attn::check_property("softmax_last_axis refuses NaN and +inf wherever they are", [] {
+        const std::size_t n = attn::draw("T_k", attn::family::length(6));
+        auto row = attn::draw("logits", rc::gen::container<std::vector<float>>(n, any_logit()));
+        const std::size_t at = attn::draw("position", rc::gen::inRange<std::size_t>(0, n));
+        row[at] = attn::draw("the non-finite logit", attn::family::non_finite());
+        if (row[at] == -inf) {
+            check_row_against_float64(row);
+            return;
+        }
+        Tensor3 logits = xt::zeros<float>({std::size_t{1}, std::size_t{1}, n});
+        std::copy(row.begin(), row.end(), logits.begin());
+        bool refused = false;
+        try {
+            (void)softmax_last_axis(logits);
+        } catch (const std::invalid_argument&) {
+            refused = true;
+        }
+        RC_ASSERT(refused);
+    });
+}
+
+TEST_CASE("property: a row moved by a common offset, or its keys reordered, gives the same weights") {
+    // Rows of 1 to 6 logits of ±10^−6 … 10^3, moved by an offset c (0, ±1 … ±10^4) or
+    // reordered. Invariances: softmax(z + c) = softmax(z), and permuting the logits permutes
+    // the weights. In float, z_j + c rounds to z_j + c + δ_j (δ_j measured here, exactly), so
+    // each difference z_j − z_k moves by ≤ 2·max|δ| and a weight by the factor e^(±2·max|δ|):
+    // |Δp_j| ≤ p_j·(e^(2·max|δ|) − 1). Each computed row is also within the lesson's
+    // (T_k + 3)u·p + u of its own softmax (u = 2^-24), once per side. A shift by the first
+    // logit, a maximum carried between rows or a sum in the wrong order of keys stays within
+    // these; a softmax that is not shift-invariant (no shift: e^(10^4) overflows) does not.
     const double u = std::ldexp(1.0, -24);
-    attn::check_property("softmax_last_axis of one row equals its float64 softmax", [u] {
-        const auto row = *rc::gen::container<std::vector<float>>(
-            *rc::gen::inRange<std::size_t>(1, 7), any_logit());
-        Tensor3 logits = xt::zeros<float>({std::size_t{1}, std::size_t{1}, row.size()});
-        for (std::size_t j = 0; j < row.size(); ++j) logits(0, 0, j) = row[j];
+    attn::check_property("softmax_last_axis is shift-invariant and permutes with its keys", [u] {
+        const std::size_t n = attn::draw("T_k", attn::family::length(6));
+        const auto row = attn::draw("logits", rc::gen::container<std::vector<float>>(n, attn::family::magnitude(-6, 3)));
+        const float c = attn::draw("offset", attn::family::offset());
+        const auto order = attn::draw("the keys' order", attn::family::permutation(n));
+        Tensor3 logits = xt::zeros<float>({std::size_t{1}, std::size_t{3}, n});
+        double delta = 0.0;
+        for (std::size_t j = 0; j < n; ++j) {
+            logits(0, 0, j) = row[j];
+            logits(0, 1, j) = row[j] + c;
+            logits(0, 2, j) = row[order[j]];
+            delta = std::max(delta, std::abs(static_cast<double>(logits(0, 1, j)) - (static_cast<double>(row[j]) + c)));
+        }
         const Tensor3 w = softmax_last_axis(logits);
-        double m = -inf, z = 0.0;
-        for (float x : row) m = std::max(m, static_cast<double>(x));
-        if (m > -inf)
-            for (float x : row) z += std::exp(static_cast<double>(x) - m);
-        for (std::size_t j = 0; j < row.size(); ++j) {
-            const double ref = m > -inf ? std::exp(static_cast<double>(row[j]) - m) / z : 0.0;
-            RC_ASSERT(std::abs(w(0, 0, j) - ref) <= 9 * u * ref + u);
+        // A computed weight p is within own·ref + u of its float64 ref, and ref ≤ (p + u)(1 + 2·own).
+        const double grow = std::expm1(2 * delta), own = (static_cast<double>(n) + 3) * u;
+        const auto off = [&](double p) { return own * (p + u) * (1 + 2 * own) + u; };
+        for (std::size_t j = 0; j < n; ++j) {
+            const double p = w(0, 0, j), shifted = w(0, 1, j), moved = w(0, 2, j), q = w(0, 0, order[j]);
+            RC_ASSERT(std::abs(shifted - p) <= p * grow + off(p) + off(shifted));
+            RC_ASSERT(std::abs(moved - q) <= off(moved) + off(q));
         }
     });
 }

@@ -1,11 +1,13 @@
 // Checks for exercise 05: the forward pass of one head, in evaluation mode.
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
-// - for any sizes, changing one token moves no earlier token's output and no other sequence's
+// - for any sizes and magnitudes, changing one token moves no earlier token's output and no other
+//   sequence's; W_v times 2^e scales the output by 2^e, and 2^e moved from W_k to W_q changes nothing
 #include "exercise.hpp"
 
 #include "attn/attention.hpp"
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/head_fixtures.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
@@ -13,6 +15,7 @@
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -114,7 +117,9 @@ TEST_CASE("inputs 60 times larger: each row's softmax subtracts its largest allo
     const Tensor3 got = head_forward(x, head.key.weight, head.query.weight, head.value.weight,
                                      head.tril);
     INFO("the scores are in the thousands here: subtract each row's largest score over the keys "
-         "it may see (after the mask) before exp, or e^s overflows to inf (inf/inf = NaN)");
+         "it may see (after the mask) before exp, or e^s overflows to inf (inf/inf = NaN); and do "
+         "not exponentiate the masked scores: a masked score above that maximum gives e^(s - m) = "
+         "inf, and inf·0 is NaN, so set a masked key's weight to 0 without computing it");
     CHECK_MESSAGE(xt::all(xt::isfinite(got)), "the output holds NaN or inf");
     // Scores of ~2e3 (Σ|qk|/√8 ≈ 2.2e3, q ≈ 35) carry 2γ_8·2.2e3 ≈ 2e-3 plus the projections'
     // 2γ_16 relative, ~1e-2 at worst, ≈ 1.2e-3 with random signs (u = 2^-24). A weight moves
@@ -123,6 +128,27 @@ TEST_CASE("inputs 60 times larger: each row's softmax subtracts its largest allo
     // random-sign estimate. The mistakes give NaN, inf or zeros: off by the scale itself.
     const double scale = xt::amax(xt::abs(expected))();
     CHECK_CLOSE(got, expected, 1e-3 * scale);
+}
+
+TEST_CASE("an allowed score far below any finite fill value: the first token still sees only itself") {
+    // C = hs = 1, W_q = 1, W_k = −1, W_v = 1 and x = (a, −a): q = x, k = −x, v = x, and the
+    // score of query i with key j is −x_i·x_j. Row 0 may see only key 0, score −a²; row 1
+    // sees both, scores (a², −a²). So out = (a, a) exactly: row 0 has one weight, 1, and
+    // row 1's second weight is e^(−2a²) = 0 in float. A mask that fills with a finite value
+    // (−1e9, −1e30, −FLT_MAX/2) instead of −∞ leaves row 0's masked score above −a² once
+    // a² passes it, and row 0 then reads the future token: out[0] = −a. a = 1.5e19 gives
+    // a² = 2.25e38, still finite (FLT_MAX ≈ 3.4e38), and below −FLT_MAX/2 ≈ −1.7e38.
+    const Tensor2 one = {{1.0f}}, minus_one = {{-1.0f}};
+    for (float a : {1e5f, 1e16f, 1.5e19f}) {
+        CAPTURE(a);
+        const Tensor3 x = {{{a}, {-a}}};
+        INFO("row 0 may attend only to itself, whose score is -a² = " << -static_cast<double>(a) * a
+             << ": the masked key must get weight 0 however low the allowed score is; fill the "
+                "masked scores with -infinity, not a large negative number");
+        // Exact: every weight is exactly 0 or 1 here (e^0 = 1, e^(−2a²) = 0, e^−∞ = 0).
+        CHECK_CLOSE(head_forward(x, minus_one, one, one, attn::causal_mask(2)),
+                    Tensor3({{{a}, {a}}}), 0.0);
+    }
 }
 
 TEST_CASE("bad input is rejected with std::invalid_argument") {
@@ -145,25 +171,58 @@ TEST_CASE("bad input is rejected with std::invalid_argument") {
     }
 }
 
-TEST_CASE("property: for any sizes, changing one token moves no earlier token's output and no other sequence's") {
-    // B from 1 to 3, T from 1 to 8, C and hs from 1 to 8, inputs N(0, σ) with σ from 10^−3
-    // to 10^2; then token (b', t') changes by a drawn amount. Causal attention reads only
-    // positions ≤ t, and each sequence only itself, so every output at (b, t) with b ≠ b' or
-    // t < t' must stay exactly as it was: the same numbers go through the same operations
-    // (a hidden key's weight is exactly 0 whatever its score). Reading a later key, or
-    // another sequence, moves them.
-    attn::check_property("head_forward is causal and keeps sequences apart", [] {
-        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), T = *rc::gen::inRange<std::size_t>(1, 9),
-                          C = *rc::gen::inRange<std::size_t>(1, 9), hs = *rc::gen::inRange<std::size_t>(1, 9);
-        const float sigma = std::pow(10.0f, static_cast<float>(*rc::gen::inRange(-3, 3)));
-        attn::Rng rng(*rc::gen::inRange<std::uint64_t>(0, 1000000));
-        Tensor3 x = rng.normal_tensor<3>({B, T, C}, 0.0f, sigma);
-        const Tensor2 wk = rng.normal_tensor<2>({hs, C}), wq = rng.normal_tensor<2>({hs, C}),
-                      wv = rng.normal_tensor<2>({hs, C});
+TEST_CASE("property: for any sizes and magnitudes, changing one token moves no earlier token's output and no other sequence's") {
+    // B from 1 to 3, T from 1 to 8 (1 a quarter of the time), C and hs from 1 to 8, inputs
+    // N(0, σ) with σ from 10^−3 to 10^18 (capped so that no score passes 10^37 in size:
+    // scores reach ~10^36, far below any finite fill value such as −1e9 or −1e30, and stay
+    // finite), weights N(0, 1/C); then token (b', t') changes by a drawn amount. Causal
+    // attention reads only positions ≤ t, and each sequence only itself, so every output at
+    // (b, t) with b ≠ b' or t < t' must stay exactly as it was: the same numbers go through
+    // the same operations (a hidden key's weight is exactly 0 whatever its score). Reading a
+    // later key (unmasked, or masked with a finite value that an allowed score falls below),
+    // or another sequence, moves them.
+    // Then two exact invariances (powers of two 2^e, e from −8 to 8, scale floats exactly):
+    // W_v times 2^e multiplies every output by 2^e, and W_q times 2^e with W_k divided by
+    // it leaves every score, so every output, as it was, bit for bit.
+    attn::check_property("head_forward is causal, keeps sequences apart, and scales with W_v", [] {
+        const std::size_t B = attn::draw("B", attn::family::length(3)),
+                          T = attn::draw("T", attn::family::length(8)),
+                          C = attn::draw("C", rc::gen::inRange<std::size_t>(1, 9)),
+                          hs = attn::draw("hs", rc::gen::inRange<std::size_t>(1, 9));
+        const float drawn_sigma = std::abs(attn::draw("sigma", attn::family::magnitude(-3, 18)));
+        attn::Rng rng(attn::draw("seed", rc::gen::inRange<std::uint64_t>(0, 1000000)));
+        const float spread = 1.0f / std::sqrt(static_cast<float>(C));
+        const Tensor2 wk = rng.normal_tensor<2>({hs, C}, 0.0f, spread),
+                      wq = rng.normal_tensor<2>({hs, C}, 0.0f, spread),
+                      wv = rng.normal_tensor<2>({hs, C}, 0.0f, spread);
+        const Tensor3 unit = rng.normal_tensor<3>({B, T, C});
+        // The largest score at σ = 1, bounded in float64: max|q|·max|k|·hs/√hs.
+        double q_max = 0.0, k_max = 0.0;
+        for (std::size_t r = 0; r < B * T; ++r)
+            for (std::size_t o = 0; o < hs; ++o) {
+                double qo = 0.0, ko = 0.0;
+                for (std::size_t c = 0; c < C; ++c) {
+                    qo += static_cast<double>(unit.flat(r * C + c)) * wq(o, c);
+                    ko += static_cast<double>(unit.flat(r * C + c)) * wk(o, c);
+                }
+                q_max = std::max(q_max, std::abs(qo));
+                k_max = std::max(k_max, std::abs(ko));
+            }
+        const double largest = q_max * k_max * std::sqrt(static_cast<double>(hs)) + 1e-30;
+        const float sigma = static_cast<float>(std::min<double>(drawn_sigma, std::sqrt(1e37 / largest)));
+        Tensor3 x = unit * sigma;
         const attn::Mask<2> tril = attn::causal_mask(T);
         const Tensor3 before = head_forward(x, wk, wq, wv, tril);
-        const std::size_t b1 = *rc::gen::inRange<std::size_t>(0, B), t1 = *rc::gen::inRange<std::size_t>(0, T);
-        const float delta = sigma * static_cast<float>(*rc::gen::inRange(1, 100));
+        const float scale = attn::draw("scale", attn::family::scale());
+        const Tensor3 v_scaled = head_forward(x, wk, wq, Tensor2(wv * scale), tril);
+        const Tensor3 qk_moved = head_forward(x, Tensor2(wk / scale), Tensor2(wq * scale), wv, tril);
+        for (std::size_t i = 0; i < before.size(); ++i) {
+            RC_ASSERT(v_scaled.flat(i) == before.flat(i) * scale);
+            RC_ASSERT(qk_moved.flat(i) == before.flat(i));
+        }
+        const std::size_t b1 = attn::draw("changed b", rc::gen::inRange<std::size_t>(0, B)),
+                          t1 = attn::draw("changed t", rc::gen::inRange<std::size_t>(0, T));
+        const float delta = sigma * static_cast<float>(attn::draw("change (times sigma)", rc::gen::inRange(1, 4)));
         for (std::size_t c = 0; c < C; ++c) x(b1, t1, c) += c % 2 ? delta : -delta;
         const Tensor3 after = head_forward(x, wk, wq, wv, tril);
         for (std::size_t b = 0; b < B; ++b)
@@ -172,4 +231,3 @@ TEST_CASE("property: for any sizes, changing one token moves no earlier token's 
                     for (std::size_t i = 0; i < hs; ++i) RC_ASSERT(after(b, t, i) == before(b, t, i));
     });
 }
-

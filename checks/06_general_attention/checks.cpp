@@ -2,9 +2,11 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - scores of any size and sign, any hidden keys: the weights are the float64 softmax of the scores
+// - masks of every kind over two batch axes, T_q != T_k, and the keys in any order: the float64 attention
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
 #include "attn/property.hpp"
@@ -14,7 +16,9 @@
 #include <doctest/doctest.h>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 #include <vector>
@@ -166,7 +170,7 @@ TEST_CASE("more queries than keys, values wider than keys, one key, and scores p
 }
 
 TEST_CASE("property: scores of any size and sign, any hidden keys: the weights are the float64 softmax of the scores") {
-    // One query, d_k = 1, 1 to 5 keys: a score is then the single float product q·k (the
+    // One query, d_k = 1, 1 to 5 keys (1 a quarter of the time): a score is then the single float product q·k (the
     // scale is 1), anything from ±10^−6 to ±10^38, and the reference is the float64 softmax
     // of those float scores over the allowed keys (zeros when none is), out = Σ w·v. Bounds
     // as lesson 04's (u = 2^-24): |w − ref| ≤ (T_k + 3)u·ref + u, and out within that times
@@ -174,12 +178,12 @@ TEST_CASE("property: scores of any size and sign, any hidden keys: the weights a
     // in, a row "fully hidden" when its maximum is ≤ −1e9) zeroes rows whose scores are all
     // below it, which are ordinary rows.
     const double u = std::ldexp(1.0, -24);
-    const auto factor = attn::magnitudes(-3, 19, 1000);
+    const auto factor = attn::family::magnitude(-3, 19);
     attn::check_property("attention's weights and output for one query over keys of any score", [&] {
-        const std::size_t Tk = *rc::gen::inRange<std::size_t>(1, 6);
-        const float qv = *factor;
-        const auto keys = *rc::gen::container<std::vector<float>>(Tk, factor);
-        const auto allowed = *rc::gen::container<std::vector<bool>>(Tk, rc::gen::arbitrary<bool>());
+        const std::size_t Tk = attn::draw("T_k", attn::family::length(5));
+        const float qv = attn::draw("q", factor);
+        const auto keys = attn::draw("k", rc::gen::container<std::vector<float>>(Tk, factor));
+        const auto allowed = attn::draw("allowed keys", rc::gen::container<std::vector<bool>>(Tk, rc::gen::arbitrary<bool>()));
         Tensor2 q = {{qv}}, k = xt::zeros<float>({Tk, std::size_t{1}}), v = xt::zeros<float>({Tk, std::size_t{1}});
         attn::Mask<2> mask = xt::zeros<bool>({std::size_t{1}, Tk});
         std::vector<double> score(Tk);
@@ -203,6 +207,89 @@ TEST_CASE("property: scores of any size and sign, any hidden keys: the weights a
             out_tol += tol * std::abs(v(j, 0)) + static_cast<double>(Tk) * u * ref * std::abs(v(j, 0));
         }
         RC_ASSERT(std::abs(a.out(0, 0) - out) <= out_tol);
+    });
+}
+
+TEST_CASE("property: masks of every kind over two batch axes, T_q != T_k, and the keys in any order: the float64 attention") {
+    // q, k (…, T, d_k) of N(0, σ²), σ from 10^−3 to 10^1, values pairwise distinct (a value
+    // read from another key, or k read for v, is seen), two batch axes of 1 or 2, T_q and
+    // T_k from 1 to 6 (1 a quarter of the time), d_k and d_v from 1 to 4, and a mask whose
+    // rows let through the leading keys, the trailing ones, every other one, one, all, or
+    // the causal pattern with T_q ≠ T_k (family::mask). Reference: the float64 attention of
+    // the same floats. Bounds (u = 2^-24): a score q·k/√d_k in float is within
+    // e = (d_k + 4)u·Σ_c|q_c k_c|/√d_k (products, sum, scale) of its float64 value; the
+    // difference of two scores moves by ≤ 2·max e, so a weight by the factor e^(±2·max e);
+    // the softmax's own rounding adds (T_k + 3)u·ref + u: |w − ref| ≤ ref·(e^(2·max e) − 1)
+    // + (T_k + 3)u·ref + u. The output Σ w·v then within Σ_j tol_j·|v_j| + (T_k + 1)u·Σ ref·|v|.
+    // Then the same keys, values and mask columns in a drawn order (a permutation of the
+    // keys): the weights are permuted with them and the output stays, within the same bounds.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("attention with any mask over batch axes, and with the keys reordered", [u] {
+        const std::size_t B1 = attn::draw("batch axis 0", attn::family::length(2)),
+                          B2 = attn::draw("batch axis 1", attn::family::length(2)),
+                          Tq = attn::draw("T_q", attn::family::length(6)), Tk = attn::draw("T_k", attn::family::length(6)),
+                          dk = attn::draw("d_k", attn::family::length(4)), dv = attn::draw("d_v", attn::family::length(4));
+        const attn::Mask<2> mask = attn::family::mask("mask", Tq, Tk);
+        const float sigma = std::abs(attn::draw("sigma of q and k", attn::family::magnitude(-3, 1)));
+        attn::Rng rng(attn::draw("seed", rc::gen::inRange<std::uint64_t>(0, 1000000)));
+        const Tensor4 q = rng.normal_tensor<4>({B1, B2, Tq, dk}, 0.0f, sigma),
+                      k = rng.normal_tensor<4>({B1, B2, Tk, dk}, 0.0f, sigma);
+        const auto values = attn::draw("v (flat, distinct)", attn::family::distinct(B1 * B2 * Tk * dv));
+        Tensor4 v = xt::zeros<float>({B1, B2, Tk, dv});
+        std::copy(values.begin(), values.end(), v.begin());
+        const auto order = attn::draw("the keys' order", attn::family::permutation(Tk));
+        Tensor4 k2 = k, v2 = v;
+        attn::Mask<2> mask2 = mask;
+        for (std::size_t j = 0; j < Tk; ++j) {
+            xt::view(k2, xt::all(), xt::all(), j) = xt::view(k, xt::all(), xt::all(), order[j]);
+            xt::view(v2, xt::all(), xt::all(), j) = xt::view(v, xt::all(), xt::all(), order[j]);
+            xt::view(mask2, xt::all(), j) = xt::view(mask, xt::all(), order[j]);
+        }
+        const auto a = attention<4>(q, k, v, &mask);
+        const auto moved = attention<4>(q, k2, v2, &mask2);
+        RC_ASSERT(attn::shape_of(a.out) == attn::shape_of(Tensor4(xt::zeros<float>({B1, B2, Tq, dv}))));
+        RC_ASSERT(attn::shape_of(a.weights) == attn::shape_of(Tensor4(xt::zeros<float>({B1, B2, Tq, Tk}))));
+        RC_ASSERT(moved.out.shape() == a.out.shape() && moved.weights.shape() == a.weights.shape());
+        const double own = (static_cast<double>(Tk) + 3) * u, root = std::sqrt(static_cast<double>(dk));
+        for (std::size_t b1 = 0; b1 < B1; ++b1)
+            for (std::size_t b2 = 0; b2 < B2; ++b2)
+                for (std::size_t i = 0; i < Tq; ++i) {
+                    std::vector<double> score(Tk), ref(Tk, 0.0), tol(Tk, u);
+                    double m = -std::numeric_limits<double>::infinity(), z = 0.0, e = 0.0;
+                    for (std::size_t j = 0; j < Tk; ++j) {
+                        double dot = 0.0, size = 0.0;
+                        for (std::size_t c = 0; c < dk; ++c) {
+                            dot += static_cast<double>(q(b1, b2, i, c)) * k(b1, b2, j, c);
+                            size += std::abs(static_cast<double>(q(b1, b2, i, c)) * k(b1, b2, j, c));
+                        }
+                        score[j] = dot / root;
+                        if (mask(i, j)) {
+                            m = std::max(m, score[j]);
+                            e = std::max(e, (static_cast<double>(dk) + 4) * u * size / root);
+                        }
+                    }
+                    for (std::size_t j = 0; j < Tk; ++j)
+                        if (mask(i, j)) z += std::exp(score[j] - m);
+                    for (std::size_t j = 0; j < Tk; ++j)
+                        if (mask(i, j)) {
+                            ref[j] = std::exp(score[j] - m) / z;
+                            tol[j] = ref[j] * (std::expm1(2 * e) + own) + u;
+                        }
+                    for (std::size_t j = 0; j < Tk; ++j) {
+                        RC_ASSERT(std::abs(a.weights(b1, b2, i, j) - ref[j]) <= tol[j]);
+                        RC_ASSERT(std::abs(moved.weights(b1, b2, i, j) - ref[order[j]]) <= tol[order[j]]);
+                    }
+                    for (std::size_t c = 0; c < dv; ++c) {
+                        double out = 0.0, out_tol = 0.0;
+                        for (std::size_t j = 0; j < Tk; ++j) {
+                            const double vj = std::abs(static_cast<double>(v(b1, b2, j, c)));
+                            out += ref[j] * v(b1, b2, j, c);
+                            out_tol += tol[j] * vj + (static_cast<double>(Tk) + 1) * u * ref[j] * vj;
+                        }
+                        RC_ASSERT(std::abs(a.out(b1, b2, i, c) - out) <= out_tol);
+                        RC_ASSERT(std::abs(moved.out(b1, b2, i, c) - out) <= out_tol);
+                    }
+                }
     });
 }
 

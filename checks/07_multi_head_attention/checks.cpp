@@ -2,9 +2,12 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - for any B, T, NH and hs, head h holds channels h·hs … (h+1)·hs − 1 and merge_heads undoes split_heads
+// - for any B, T, NH and hs, multi-head attention equals NH single heads, and c_proj times 2^e scales it exactly
+// - every head count that does not divide C, 0 included, is refused
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/fixtures.hpp"
 #include "attn/linalg.hpp"
 #include "attn/npy.hpp"
@@ -16,6 +19,7 @@
 #include <xtensor/xview.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -205,13 +209,15 @@ TEST_CASE("a later token cannot change an earlier output") {
 }
 
 TEST_CASE("property: for any B, T, NH and hs, head h holds channels h·hs … (h+1)·hs − 1 and merge_heads undoes split_heads") {
-    // B and T from 1 to 4, NH from 1 to 6, hs from 1 to 5, entries distinct (their flat
+    // B and T from 1 to 4 (1 a quarter of the time), NH from 1 to 6, hs from 1 to 5, entries
+    // distinct (their flat
     // index), so a channel in the wrong place is seen: split_heads(x, NH)(b, h, t, i) must be
     // x(b, t, h·hs + i), and merge_heads(split_heads(x)) must be x exactly (a copy, no
     // arithmetic).
     attn::check_property("split_heads and merge_heads for any shape", [] {
-        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 5), T = *rc::gen::inRange<std::size_t>(1, 5),
-                          NH = *rc::gen::inRange<std::size_t>(1, 7), hs = *rc::gen::inRange<std::size_t>(1, 6);
+        const std::size_t B = attn::draw("B", attn::family::length(4)), T = attn::draw("T", attn::family::length(4)),
+                          NH = attn::draw("NH", rc::gen::inRange<std::size_t>(1, 7)),
+                          hs = attn::draw("hs", rc::gen::inRange<std::size_t>(1, 6));
         Tensor3 x = xt::zeros<float>({B, T, NH * hs});
         for (std::size_t i = 0; i < x.size(); ++i) x.flat(i) = static_cast<float>(i);
         const Tensor4 y = split_heads(x, NH);
@@ -221,6 +227,52 @@ TEST_CASE("property: for any B, T, NH and hs, head h holds channels h·hs … (h
                 for (std::size_t t = 0; t < T; ++t)
                     for (std::size_t i = 0; i < hs; ++i) RC_ASSERT(y(b, h, t, i) == x(b, t, h * hs + i));
         RC_ASSERT(merge_heads(y) == x);
+    });
+}
+
+TEST_CASE("property: for any B, T, NH and hs, multi-head attention equals NH single heads, and c_proj times 2^e scales it exactly") {
+    // NH from 1 to 3 heads of 1 to 4 channels, B from 1 to 2 and T from 1 to 6 (1 a quarter
+    // of the time), x ~ N(0, 1) and weights N(0, 0.3²) as in the first check, against the
+    // heads computed one by one, within its 1e-5 (derived there for C = 12; C ≤ 12 here).
+    // Then c_proj times 2^e (e from −8 to 8): the last product's every term and partial sum
+    // scales exactly, so the output must be 2^e times the first, bit for bit.
+    attn::check_property("multi_head_attention for any shape, and linear in c_proj", [] {
+        const std::size_t NH = attn::draw("NH", rc::gen::inRange<std::size_t>(1, 4)),
+                          hs = attn::draw("hs", rc::gen::inRange<std::size_t>(1, 5)), C = NH * hs,
+                          B = attn::draw("B", attn::family::length(2)), T = attn::draw("T", attn::family::length(6));
+        attn::Rng rng(attn::draw("seed", rc::gen::inRange<std::uint64_t>(0, 1000000)));
+        const Tensor3 x = rng.normal_tensor<3>({B, T, C});
+        const Tensor2 c_attn = rng.normal_tensor<2>({3 * C, C}, 0.0f, 0.3f), c_proj = rng.normal_tensor<2>({C, C}, 0.0f, 0.3f);
+        const Tensor3 got = multi_head_attention(x, c_attn, c_proj, NH);
+        const auto cmp = attn::check::compare(got, heads_one_by_one(x, c_attn, c_proj, NH), 1e-5);
+        if (!cmp.ok) RC_FAIL(cmp.report + "; " + diagnose(got, x, c_attn, c_proj, NH, 1e-5));
+        const float scale = attn::draw("scale of c_proj", attn::family::scale());
+        const Tensor3 scaled = multi_head_attention(x, c_attn, Tensor2(c_proj * scale), NH);
+        for (std::size_t i = 0; i < got.size(); ++i) RC_ASSERT(scaled.flat(i) == got.flat(i) * scale);
+    });
+}
+
+TEST_CASE("property: every head count that does not divide C, 0 included, is refused") {
+    // C from 1 to 12 and NH = 0 or any of 2 … 2C + 1 that does not divide C: split_heads and
+    // multi_head_attention must throw std::invalid_argument (heads of C / NH channels would
+    // leave channels out, or divide by zero).
+    attn::check_property("split_heads and multi_head_attention refuse every head count that does not divide C", [] {
+        const std::size_t C = attn::draw("C", rc::gen::inRange<std::size_t>(1, 13));
+        const std::size_t NH = attn::draw("NH", attn::family::not_dividing(C));
+        attn::Rng rng(3);
+        const Tensor3 x = rng.normal_tensor<3>({1, 2, C});
+        const auto refused = [](auto&& f) {
+            try {
+                f();
+            } catch (const std::invalid_argument&) {
+                return true;
+            }
+            return false;
+        };
+        RC_ASSERT(refused([&] { (void)split_heads(x, NH); }));
+        RC_ASSERT(refused([&] {
+            (void)multi_head_attention(x, rng.normal_tensor<2>({3 * C, C}), rng.normal_tensor<2>({C, C}), NH);
+        }));
     });
 }
 

@@ -2,9 +2,13 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - any distributions, with zeros and weights down to 1e-5: each row's entropy and each head's mean
+// - no weight is too small to count: one large weight and weights down to 1e-12, in any order
+// - a row holding NaN or an infinite weight is refused
+// - a negative weight however small is refused, even when the row sums to 1
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
 #include "attn/sdpa.hpp"
@@ -13,6 +17,7 @@
 #include <xtensor/xview.hpp>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 using attn::Tensor1;
@@ -165,28 +170,31 @@ TEST_CASE("weights that are not probabilities are rejected with std::invalid_arg
 }
 
 TEST_CASE("property: any distributions, with zeros and weights down to 1e-5: each row's entropy and each head's mean") {
-    // B, NH, T_q from 1 to 3 and T_k from 1 to 40; row j's weights are drawn counts (0 to 5,
-    // or 10^−4) divided by their sum in float, so rows hold zeros and weights down to ~10^−5
-    // and sum to 1 within T_k·u. The reference is −Σ p ln p in float64 on those floats.
-    // Bound (u = 2^-24): each term p·ln p within ~3u of itself (ln's 1ulp, the product, a
-    // float conversion), the sum of ≤ T_k terms γ_(T_k): ≤ (T_k + 4)u·Σ|p ln p| + 10^−12; the
-    // head's mean adds one more sum and a division: (T_k + 8 + B·T_q)u on its terms.
+    // B, NH, T_q from 1 to 3 and T_k from 1 to 40 (1 a quarter of the time); row j's weights
+    // are drawn counts (0 to 5, or 10^−4) divided by their sum in float, so rows hold zeros
+    // and weights down to ~10^−5 and sum to 1 within T_k·u. The reference is −Σ p ln p in
+    // float64 on those floats. Bound (u = 2^-24): each term p·ln p within ~3u of itself
+    // (ln's 1ulp, the product, a float conversion), the sum of ≤ T_k terms γ_(T_k):
+    // ≤ (T_k + 4)u·Σ|p ln p| + 10^−12; the head's mean adds one more sum and a division:
+    // (T_k + 8 + B·T_q)u on its terms.
     const double u = std::ldexp(1.0, -24);
     attn::check_property("attention_entropy and mean_entropy_per_head equal −Σ p ln p", [u] {
-        const std::size_t B = *rc::gen::inRange<std::size_t>(1, 4), NH = *rc::gen::inRange<std::size_t>(1, 4),
-                          Tq = *rc::gen::inRange<std::size_t>(1, 4), Tk = *rc::gen::inRange<std::size_t>(1, 41);
+        const std::size_t B = attn::draw("B", attn::family::length(3)),
+                          NH = attn::draw("NH", attn::family::length(3)),
+                          Tq = attn::draw("T_q", attn::family::length(3)),
+                          Tk = attn::draw("T_k", attn::family::length(40));
         const auto count = rc::gen::oneOf(rc::gen::map(rc::gen::inRange(0, 6), [](int c) { return static_cast<float>(c); }),
                                           rc::gen::just(1e-4f));
+        const auto counts = attn::draw("counts (flat, each row divided by its sum)",
+                                       rc::gen::container<std::vector<float>>(B * NH * Tq * Tk, count));
         Tensor4 w = xt::zeros<float>({B, NH, Tq, Tk});
-        for (std::size_t b = 0; b < B; ++b)
-            for (std::size_t h = 0; h < NH; ++h)
-                for (std::size_t i = 0; i < Tq; ++i) {
-                    std::vector<float> c(Tk);
-                    float total = 0.0f;
-                    for (auto& x : c) total += x = *count;
-                    if (total == 0.0f) total = c[0] = 1.0f;
-                    for (std::size_t j = 0; j < Tk; ++j) w(b, h, i, j) = c[j] / total;
-                }
+        for (std::size_t r = 0; r < B * NH * Tq; ++r) {
+            std::vector<float> c(counts.begin() + r * Tk, counts.begin() + (r + 1) * Tk);
+            float total = 0.0f;
+            for (float x : c) total += x;
+            if (total == 0.0f) total = c[0] = 1.0f;
+            for (std::size_t j = 0; j < Tk; ++j) w.flat(r * Tk + j) = c[j] / total;
+        }
         const Tensor3 H = attention_entropy(w);
         const Tensor1 mean = mean_entropy_per_head(w);
         const double n_rows = static_cast<double>(B * Tq), tk = static_cast<double>(Tk);
@@ -211,3 +219,94 @@ TEST_CASE("property: any distributions, with zeros and weights down to 1e-5: eac
     });
 }
 
+TEST_CASE("property: no weight is too small to count: one large weight and weights down to 1e-12, in any order") {
+    // A row of T_k = 2 … 40 keys: T_k − 1 weights of 10^−12 … 10^−4 (each drawn, of any
+    // size in that range) and one of 1 − their sum, in a drawn order. Its entropy is
+    // dominated by the tiny weights (10^−8 adds 10^−8·18.4), so leaving out weights below a
+    // threshold (FLT_EPSILON, 1e-6, 1e-4) loses most of it. Reference: −Σ p ln p in float64
+    // on the same floats; bound (u = 2^-24) as above, (T_k + 4)u·Σ|p ln p|, relative since
+    // every term is: each p·ln p is within ~3u of itself and the sum adds γ_(T_k). Then the
+    // same row in another order (invariance under a permutation of the keys): within the
+    // sum of both bounds, as the terms are added in another order.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("attention_entropy counts weights down to 1e-12, and the order of the keys does not matter", [u] {
+        const std::size_t Tk = attn::draw("T_k", rc::gen::inRange<std::size_t>(2, 41));
+        const auto tiny = attn::draw("the small weights",
+                                     rc::gen::container<std::vector<float>>(Tk - 1, attn::family::magnitude(-12, -4)));
+        const auto order = attn::draw("the keys' order", attn::family::permutation(Tk));
+        std::vector<float> row(Tk);
+        double rest = 0.0;
+        for (std::size_t j = 0; j + 1 < Tk; ++j) rest += row[j + 1] = std::abs(tiny[j]);
+        row[0] = static_cast<float>(1.0 - rest);
+        Tensor4 w = xt::zeros<float>({std::size_t{1}, std::size_t{1}, std::size_t{2}, Tk});
+        double e = 0.0, e_abs = 0.0;
+        for (std::size_t j = 0; j < Tk; ++j) {
+            w(0, 0, 0, j) = row[j];
+            w(0, 0, 1, j) = row[order[j]];
+            const double p = row[j];
+            if (p > 0) {
+                e -= p * std::log(p);
+                e_abs += std::abs(p * std::log(p));
+            }
+        }
+        const Tensor3 H = attention_entropy(w);
+        const double tol = (static_cast<double>(Tk) + 4) * u * e_abs;
+        RC_ASSERT(std::abs(H(0, 0, 0) - e) <= tol);
+        RC_ASSERT(std::abs(H(0, 0, 1) - H(0, 0, 0)) <= 2 * tol);
+    });
+}
+
+TEST_CASE("property: a row holding NaN or an infinite weight is refused") {
+    // A valid tensor (uniform rows) with one weight replaced by NaN, +inf or −inf: a NaN
+    // row does not sum to 1 (its sum is NaN), +inf neither, and −inf is negative. Checks
+    // written as "refuse when |sum − 1| > 1e-3" or "when p < 0" let NaN through (every
+    // comparison with NaN is false), and the row would get an entropy of 0.
+    attn::check_property("attention_entropy and mean_entropy_per_head refuse NaN and ±inf", [] {
+        const std::size_t B = attn::draw("B", attn::family::length(2)),
+                          NH = attn::draw("NH", attn::family::length(2)),
+                          Tq = attn::draw("T_q", attn::family::length(3)),
+                          Tk = attn::draw("T_k", attn::family::length(6));
+        Tensor4 w = xt::ones<float>({B, NH, Tq, Tk}) / static_cast<float>(Tk);
+        const std::size_t at = attn::draw("position (flat)", rc::gen::inRange<std::size_t>(0, w.size()));
+        w.flat(at) = attn::draw("the bad weight", attn::family::non_finite());
+        bool refused = false;
+        try {
+            (void)attention_entropy(w);
+        } catch (const std::invalid_argument&) {
+            refused = true;
+        }
+        RC_ASSERT(refused);
+        refused = false;
+        try {
+            (void)mean_entropy_per_head(w);
+        } catch (const std::invalid_argument&) {
+            refused = true;
+        }
+        RC_ASSERT(refused);
+    });
+}
+
+TEST_CASE("property: a negative weight however small is refused, even when the row sums to 1") {
+    // A uniform row of T_k = 2 … 8 keys with one weight made negative, −10^−44 (a denormal)
+    // … −10^−4, or out of the range [0, ∞) (NaN, the smallest denormal below 0, −1, −∞),
+    // and the same amount added to another weight so that the row still sums to 1 (as far
+    // as float can say): the contract refuses any negative weight, with no tolerance.
+    attn::check_property("attention_entropy refuses every negative weight", [] {
+        const std::size_t Tk = attn::draw("T_k", rc::gen::inRange<std::size_t>(2, 9));
+        const float bad = attn::draw(
+            "the negative weight",
+            rc::gen::oneOf(rc::gen::map(attn::family::magnitude(-44, -4), [](float x) { return -std::abs(x); }),
+                           attn::family::out_of_range(0.0f, std::numeric_limits<float>::infinity())));
+        const std::size_t at = attn::draw("its key", rc::gen::inRange<std::size_t>(0, Tk));
+        Tensor4 w = xt::ones<float>({std::size_t{1}, std::size_t{1}, std::size_t{1}, Tk}) / static_cast<float>(Tk);
+        w(0, 0, 0, (at + 1) % Tk) += w(0, 0, 0, at) - bad;
+        w(0, 0, 0, at) = bad;
+        bool refused = false;
+        try {
+            (void)attention_entropy(w);
+        } catch (const std::invalid_argument&) {
+            refused = true;
+        }
+        RC_ASSERT(refused);
+    });
+}

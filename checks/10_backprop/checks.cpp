@@ -2,16 +2,21 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - LayerNorm's gradients do not change when a row is shifted, by 1 or by 10^4
+// - LayerNorm's gradients do not move when rows of any width are shifted by any offset
+// - every gradient is linear in dout: dout times 2^e scales dq, dk, dv, dx, dweight and dbias exactly
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/gpt_layers.hpp"
 #include "attn/gradcheck.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <functional>
 #include <sstream>
 #include <vector>
@@ -276,6 +281,80 @@ TEST_CASE("property: LayerNorm's gradients do not change when a row is shifted, 
         CHECK_CLOSE(g.dweight, base.dweight, tol);
         CHECK_CLOSE(g.dbias, base.dbias, tol);
     }
+}
+
+TEST_CASE("property: LayerNorm's gradients do not move when rows of any width are shifted by any offset") {
+    // The check above with drawn rows: N from 1 to 3 (1 a quarter of the time) rows of C = 2,
+    // 4 or 8 quarter-valued entries in [−4, 4] (entries 0 and 1 set to −3 and 3, so that
+    // var ≥ 18/C ≥ 2.25 and rstd < 1), weights in [−2, 2] and dout in [−1.5, 1.5] (quarters:
+    // |w·dout| ≤ 3), and an offset c (0, ±1 … ±10^4, rounded to a quarter). x + c, every
+    // partial sum (< 2^24 quarters) and the mean (÷ C, a power of two) are exact in float,
+    // so a two-pass solution computes the same x − mean for every c. One whose rounding grows
+    // with |c| (Welford's running mean: C divisions each rounding by u·|c|) carries ≤ (C + 4)u·
+    // (|c| + 4) in x − mean, times rstd < 1 and ≤ C terms of |w·dout| ≤ 3: the bound asked is
+    // (C + 4)u·(|c| + 4)·C·3 (u = 2^-24). E[x²] − mean² loses everything at |c| ~ 10^4.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("layernorm_backward is invariant under a shift of its rows", [u] {
+        const std::size_t N = attn::draw("N", attn::family::length(3)),
+                          C = attn::draw("C", rc::gen::element<std::size_t>(2, 4, 8));
+        const auto quarters = [](int lo, int hi) {
+            return rc::gen::map(rc::gen::inRange(lo, hi + 1), [](int i) { return static_cast<float>(i) / 4.0f; });
+        };
+        auto xs = attn::draw("x (flat)", rc::gen::container<std::vector<float>>(N * C, quarters(-16, 16)));
+        const auto ws = attn::draw("weight", rc::gen::container<std::vector<float>>(C, quarters(-8, 8)));
+        const auto ds = attn::draw("dout (flat)", rc::gen::container<std::vector<float>>(N * C, quarters(-6, 6)));
+        const float c = std::round(4.0f * attn::draw("offset", attn::family::offset())) / 4.0f;
+        Tensor2 x0 = xt::zeros<float>({N, C}), dout = xt::zeros<float>({N, C});
+        Tensor1 weight = xt::zeros<float>({C});
+        std::copy(xs.begin(), xs.end(), x0.begin());
+        std::copy(ds.begin(), ds.end(), dout.begin());
+        std::copy(ws.begin(), ws.end(), weight.begin());
+        for (std::size_t r = 0; r < N; ++r) x0(r, 0) = -3.0f, x0(r, 1) = 3.0f;
+        const Tensor2 x = x0 + c;
+        const auto base = exercise::layernorm_backward(dout, x0, weight);
+        const auto g = exercise::layernorm_backward(dout, x, weight);
+        const double tol = (static_cast<double>(C) + 4) * u * (std::abs(c) + 4) * static_cast<double>(C) * 3;
+        const auto dx = attn::check::compare(g.dx, base.dx, tol);
+        if (!dx.ok) RC_FAIL("dx of x + c against dx of x: " + dx.report);
+        const auto dw = attn::check::compare(g.dweight, base.dweight, tol);
+        if (!dw.ok) RC_FAIL("dweight of x + c against dweight of x: " + dw.report);
+        const auto db = attn::check::compare(g.dbias, base.dbias, tol);
+        if (!db.ok) RC_FAIL("dbias of x + c against dbias of x: " + db.report);
+    });
+}
+
+TEST_CASE("property: every gradient is linear in dout: dout times 2^e scales dq, dk, dv, dx, dweight and dbias exactly") {
+    // The backward passes are linear in dout: every product with dout, and every sum of such
+    // products, scales by 2^e (e from −8 to 8) exactly in float, so the gradients of
+    // 2^e·dout must be 2^e times those of dout, bit for bit. Attention with T from 1 to 6
+    // (1 a quarter of the time) and hs from 1 to 4, LayerNorm with N from 1 to 3 rows of C
+    // from 2 to 6. A term that does not carry dout (a bias, a stray constant, the −Σ w·dw
+    // term computed from something else) breaks it.
+    attn::check_property("attention_backward and layernorm_backward are linear in dout", [] {
+        const std::size_t T = attn::draw("T", attn::family::length(6)), hs = attn::draw("hs", rc::gen::inRange<std::size_t>(1, 5)),
+                          N = attn::draw("N", attn::family::length(3)), C = attn::draw("C", rc::gen::inRange<std::size_t>(2, 7));
+        const float scale = attn::draw("scale of dout", attn::family::scale());
+        attn::Rng rng(attn::draw("seed", rc::gen::inRange<std::uint64_t>(0, 1000000)));
+        const Tensor2 q = rng.normal_tensor<2>({T, hs}), k = rng.normal_tensor<2>({T, hs}), v = rng.normal_tensor<2>({T, hs}),
+                      dout = rng.normal_tensor<2>({T, hs});
+        const Tensor2 w = head_forward(q, k, v).w;
+        const auto a = exercise::attention_backward(dout, q, k, v, w);
+        const auto a2 = exercise::attention_backward(Tensor2(dout * scale), q, k, v, w);
+        const auto same = [scale](const auto& scaled, const auto& plain) {
+            RC_ASSERT(scaled.shape() == plain.shape());
+            for (std::size_t i = 0; i < plain.size(); ++i) RC_ASSERT(scaled.flat(i) == plain.flat(i) * scale);
+        };
+        same(a2.dq, a.dq);
+        same(a2.dk, a.dk);
+        same(a2.dv, a.dv);
+        const Tensor2 x = rng.normal_tensor<2>({N, C}), dy = rng.normal_tensor<2>({N, C});
+        const Tensor1 weight = rng.normal_tensor<1>({C});
+        const auto l = exercise::layernorm_backward(dy, x, weight);
+        const auto l2 = exercise::layernorm_backward(Tensor2(dy * scale), x, weight);
+        same(l2.dx, l.dx);
+        same(l2.dweight, l.dweight);
+        same(l2.dbias, l.dbias);
+    });
 }
 
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {

@@ -2,9 +2,11 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - any settings, step and magnitudes give torch.optim.AdamW's update
+// - every setting out of its range, NaN included, and every step below 1 are refused
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/gpt.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
@@ -13,6 +15,8 @@
 #include <xtensor/xadapt.hpp>
 
 #include <cmath>
+#include <limits>
+#include <string>
 #include <vector>
 
 using exercise::adamw_step;
@@ -237,36 +241,89 @@ TEST_CASE("bad input is rejected with std::invalid_argument") {
     }
     bad = good;
     bad.weight_decay = -0.1f;
-    INFO("a negative weight decay would grow every weight: the contract asks for λ ≥ 0");
-    CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    {
+        INFO("a negative weight decay would grow every weight: the contract asks for λ ≥ 0");
+        CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    }
+    {
+        INFO("step counts from 1: a negative step is refused as 0 is");
+        CHECK_THROWS_AS(adamw_step(p, g, m, v, -1, good, true), std::invalid_argument);
+    }
+    // NaN is in no range: a check written `lr < 0` or `eps <= 0` is false for NaN and lets it
+    // through (θ becomes NaN); `!(lr >= 0)`, `!(eps > 0)` refuse it.
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (float AdamWSettings::*setting : {&AdamWSettings::lr, &AdamWSettings::beta1, &AdamWSettings::beta2,
+                                          &AdamWSettings::eps, &AdamWSettings::weight_decay}) {
+        bad = good;
+        bad.*setting = nan;
+        INFO("settings {lr, beta1, beta2, eps, weight_decay} = {" << bad.lr << ", " << bad.beta1 << ", "
+             << bad.beta2 << ", " << bad.eps << ", " << bad.weight_decay
+             << "}: NaN fails every comparison, so write each range as !(x >= 0) (or !(x > 0)), "
+                "which is true for NaN");
+        CHECK_THROWS_AS(adamw_step(p, g, m, v, 1, bad, true), std::invalid_argument);
+    }
+}
+
+TEST_CASE("property: every setting out of its range, NaN included, and every step below 1 are refused") {
+    // One thing wrong at a time, the rest nanoGPT's defaults: η or λ in NaN, −denormal, −1,
+    // −∞; ε in those or 0; β₁ or β₂ in those, 1, the float after 1, 2 or +∞; or the step
+    // 0, −1, −10^6 or −2^62. Each must throw std::invalid_argument, with or without decay.
+    attn::check_property("adamw_step refuses every setting out of range and every step below 1", [] {
+        const float inf = std::numeric_limits<float>::infinity();
+        const int what = attn::draw("what is wrong (0 lr, 1 beta1, 2 beta2, 3 eps, 4 weight_decay, 5 step)",
+                                    rc::gen::inRange(0, 6));
+        AdamWSettings st;
+        long step = 1;
+        switch (what) {
+            case 0: st.lr = attn::draw("lr", attn::family::out_of_range(0.0f, inf)); break;
+            case 1: st.beta1 = attn::draw("beta1", attn::family::out_of_range(0.0f, 1.0f, false, true)); break;
+            case 2: st.beta2 = attn::draw("beta2", attn::family::out_of_range(0.0f, 1.0f, false, true)); break;
+            case 3: st.eps = attn::draw("eps", attn::family::out_of_range(0.0f, inf, true)); break;
+            case 4: st.weight_decay = attn::draw("weight_decay", attn::family::out_of_range(0.0f, inf)); break;
+            default: step = attn::draw("step", attn::family::below(1)); break;
+        }
+        const bool decay = attn::draw("decay", rc::gen::arbitrary<bool>());
+        Vec p{1.0f, -2.0f}, g{0.5f, -4.0f}, m(2, 0.0f), v(2, 0.0f);
+        bool refused = false;
+        try {
+            adamw_step(p, g, m, v, step, st, decay);
+        } catch (const std::invalid_argument&) {
+            refused = true;
+        }
+        RC_ASSERT(refused);
+    });
 }
 
 TEST_CASE("property: any settings, step and magnitudes give torch.optim.AdamW's update") {
-    // Up to 6 parameters with θ, m from ±10^−6 … 10^3, v ≥ 0 and g from ±10^−6 … 10^15 (so
-    // g² stays finite) or 0, steps 1 … 10^4, β₁ ∈ {0, 0.5, 0.9}, β₂ ∈ {0.9, 0.99, 0.999},
+    // Up to 6 parameters (1 a quarter of the time) with θ, m from ±10^−6 … 10^3, v ≥ 0 and g
+    // from ±10^−6 … 10^15 (so g² stays finite) or 0, steps 1 … 10^4 or 2^31 − 1 … 2^44, β₁ ∈ {0, 0.5, 0.9}, β₂ ∈ {0.9, 0.99, 0.999},
     // ε ∈ {1e-8, 1e-6}, η ∈ {1e-4, 1e-2}, λ ∈ {0, 0.1}, with or without decay; the reference
     // is the formula in float64 on the same float inputs. Bounds (u = 2^-24): m and v are two
     // products and a sum, ≤ 3u of |β₁m| + |(1 − β₁)g| (and of v's terms). 1 − βᵗ in float loses
     // relatively u·βᵗ/(1 − βᵗ) = u·κ per rounding of βᵗ (pow's and the constant's): the step
     // r = m̂/(√v̂ + ε) is within (12 + 3κ₁ + 2κ₂)u of itself, and θ within 3u·|θ| + that·η|r|.
     const double u = std::ldexp(1.0, -24);
-    const auto magnitude = [](int lo, int hi) { return attn::magnitudes(lo, hi); };
     attn::check_property("adamw_step equals the AdamW formula in float64", [&] {
-        const std::size_t n = *rc::gen::inRange<std::size_t>(1, 7);
+        const std::size_t n = attn::draw("n", attn::family::length(6));
         AdamWSettings st;
-        st.beta1 = *rc::gen::element(0.0f, 0.5f, 0.9f);
-        st.beta2 = *rc::gen::element(0.9f, 0.99f, 0.999f);
-        st.eps = *rc::gen::element(1e-8f, 1e-6f);
-        st.lr = *rc::gen::element(1e-4f, 1e-2f);
-        st.weight_decay = *rc::gen::element(0.0f, 0.1f);
-        const bool decay = *rc::gen::arbitrary<bool>();
-        const long step = *rc::gen::inRange(1L, 10001L);
+        st.beta1 = attn::draw("beta1", rc::gen::element(0.0f, 0.5f, 0.9f));
+        st.beta2 = attn::draw("beta2", rc::gen::element(0.9f, 0.99f, 0.999f));
+        st.eps = attn::draw("eps", rc::gen::element(1e-8f, 1e-6f));
+        st.lr = attn::draw("lr", rc::gen::element(1e-4f, 1e-2f));
+        st.weight_decay = attn::draw("weight_decay", rc::gen::element(0.0f, 0.1f));
+        const bool decay = attn::draw("decay", rc::gen::arbitrary<bool>());
+        // Steps 1 … 10^4, or past what 32 bits hold (a step kept in an int wraps to another).
+        const long step = attn::draw(
+            "step", rc::gen::oneOf(rc::gen::inRange(1L, 10001L),
+                                   rc::gen::map(attn::family::wide_count(), [](std::size_t c) { return static_cast<long>(c); })));
         Vec theta(n), g(n), m(n), v(n);
         for (std::size_t i = 0; i < n; ++i) {
-            theta[i] = *magnitude(-6, 4);
-            g[i] = *rc::gen::oneOf(magnitude(-6, 16), rc::gen::just(0.0f));  // a zero gradient still moves m, v and θ
-            m[i] = *magnitude(-6, 4);
-            v[i] = std::abs(*magnitude(-6, 4));
+            const std::string at = "[" + std::to_string(i) + "]";
+            theta[i] = attn::draw("theta" + at, attn::family::magnitude(-6, 4));
+            // a zero gradient still moves m, v and θ
+            g[i] = attn::draw("g" + at, rc::gen::oneOf(attn::family::magnitude(-6, 16), rc::gen::just(0.0f)));
+            m[i] = attn::draw("m" + at, attn::family::magnitude(-6, 4));
+            v[i] = std::abs(attn::draw("v" + at + " (its size)", attn::family::magnitude(-6, 4)));
         }
         const Vec theta0 = theta, m0 = m, v0 = v;
         adamw_step(theta, g, m, v, step, st, decay);

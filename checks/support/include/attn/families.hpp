@@ -212,4 +212,13 @@ inline rc::Gen<std::size_t> wide_count() {
         rc::gen::inRange<std::size_t>(std::size_t{1} << 31, std::size_t{1} << 44));
 }
 
+/// A count that does not divide `n`, for a number of heads (or groups, or shards) that must
+/// divide a width: 0, or one of 2 … 2n + 1 that is not a divisor of n (family: out of range).
+inline rc::Gen<std::size_t> not_dividing(std::size_t n) {
+    std::vector<std::size_t> bad = {0};
+    for (std::size_t c = 2; c <= 2 * n + 1; ++c)
+        if (n % c != 0) bad.push_back(c);
+    return rc::gen::elementOf(bad);
+}
+
 }  // namespace attn::family
