@@ -295,4 +295,15 @@ TEST_CASE("weights of the wrong shape are rejected with std::invalid_argument") 
     CHECK_THROWS_AS(multi_head_attention(x, rng.normal_tensor<2>({24, 8}),
                                          rng.normal_tensor<2>({8, 6}), 2),
                     std::invalid_argument);
+    // Shapes the products accept without a word: a c_attn taller than 3C (its extra rows
+    // never reach q, k or v) and a c_proj with an extra output row (the output would be
+    // (B, T, C + 1)). Only the check of each weight's shape refuses them.
+    INFO("c_attn must be (3C, C) and c_proj (C, C): check each weight's shape, since the "
+         "products would take these without complaint");
+    CHECK_THROWS_AS(multi_head_attention(x, rng.normal_tensor<2>({27, 8}),
+                                         rng.normal_tensor<2>({8, 8}), 2),
+                    std::invalid_argument);
+    CHECK_THROWS_AS(multi_head_attention(x, rng.normal_tensor<2>({24, 8}),
+                                         rng.normal_tensor<2>({9, 8}), 2),
+                    std::invalid_argument);
 }

@@ -3,6 +3,7 @@
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - LayerNorm's gradients do not change when a row is shifted, by 1 or by 10^4
 // - LayerNorm's gradients do not move when rows of any width are shifted by any offset
+// - at any offset and width, LayerNorm's gradients match the float64 formula on the same rows
 // - every gradient is linear in dout: dout times 2^e scales dq, dk, dv, dx, dweight and dbias exactly
 #include "exercise.hpp"
 
@@ -323,6 +324,68 @@ TEST_CASE("property: LayerNorm's gradients do not move when rows of any width ar
     });
 }
 
+TEST_CASE("property: at any offset and width, LayerNorm's gradients match the float64 formula on the same rows") {
+    // The property above keeps its rows on a grid, where every mean is exact: there a variance
+    // written Σ(x + mean)(x − mean) (that is, Σx² − C·mean²) is exact too and passes. Here rows
+    // of N(c, 1) floats, c from the offsets (0, ±1 … ±10^4), C from 2 to 16, N from 1 to 3,
+    // w in [−2, 2], dout N(0, 1), against the formula in float64 on the same floats.
+    // A two-pass float solution: the mean's sum carries ≤ C·u·(|c| + 4) (u = 2^-24, |x| ≤
+    // |c| + 4 for these rows), each x − mean that plus u|x − mean|; the variance then moves
+    // relatively by ≤ 2·that/s + (C + 2)u, s = √(var + eps) = 1/rstd the row's spread, rstd by
+    // half of it, and dx, which is rstd times dn minus two means of dn and dn·n, by ≤ 4× the
+    // larger of the two through the chain: dx within 16·(C·u·(|c| + 4)/s + (C + 2)u), the
+    // largest over the rows, of the size of its terms (3·rstd·|dn|:
+    // dx itself may be far smaller, 0 up to rounding when C = 2), dweight = Σ dout·n of Σ|dout·n|. The product form's Σ(x + mean)(x − mean) adds 2·mean·Σ(x − mean), and Σ(x − mean)
+    // is the mean's rounding times C: relatively 2|c|·(that rounding)/s² ≈ 2|c|·√C·u·|c|/s², 40
+    // at |c| = 10^4 and s = 1, 0.4 at 10^3, where the bound is 0.15 and 0.015; both grow as
+    // the spread shrinks, the product form's as 1/s², the bound as 1/s.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("layernorm_backward equals float64 LayerNorm backward at any offset", [u] {
+        const std::size_t N = attn::draw("N", attn::family::length(3)),
+                          C = attn::draw("C", rc::gen::inRange<std::size_t>(2, 17));
+        const float c = attn::draw("offset", attn::family::offset());
+        attn::Rng rng(attn::draw("seed", rc::gen::inRange<std::uint64_t>(0, 1000000)));
+        const Tensor2 x = rng.normal_tensor<2>({N, C}) + c, dout = rng.normal_tensor<2>({N, C});
+        Tensor1 weight = rng.normal_tensor<1>({C});
+        weight = xt::clip(weight, -2.0f, 2.0f);
+        const auto g = exercise::layernorm_backward(dout, x, weight);
+        // The formula in float64 (eps = 1e-5 inside the square root, as the forward pass).
+        xt::xtensor<double, 2> dx({N, C});
+        xt::xtensor<double, 1> dw = xt::zeros<double>({C});
+        // The size of the terms each result sums (a result may be far smaller: with C = 2,
+        // dx is 0 up to rounding): rstd·|dn| for dx, Σ|dout·n| for dweight.
+        double dx_terms = 0, dw_terms = 0, rel = 0;
+        for (std::size_t r = 0; r < N; ++r) {
+            double mean = 0, var = 0;
+            for (std::size_t k = 0; k < C; ++k) mean += x(r, k);
+            mean /= static_cast<double>(C);
+            for (std::size_t k = 0; k < C; ++k) var += (x(r, k) - mean) * (x(r, k) - mean);
+            var /= static_cast<double>(C);
+            const double rstd = 1.0 / std::sqrt(var + 1e-5);
+            // the row's bound, with its own spread √(var + eps) = 1/rstd
+            rel = std::max(rel, 16 * (static_cast<double>(C) * u * (std::abs(c) + 4) * rstd +
+                                      (static_cast<double>(C) + 2) * u));
+            double dn_mean = 0, dnn_mean = 0;
+            for (std::size_t k = 0; k < C; ++k) {
+                const double n = (x(r, k) - mean) * rstd, dn = static_cast<double>(dout(r, k)) * weight(k);
+                dn_mean += dn / static_cast<double>(C);
+                dnn_mean += dn * n / static_cast<double>(C);
+                dw(k) += static_cast<double>(dout(r, k)) * n;
+                dx_terms = std::max(dx_terms, 3 * rstd * std::abs(dn));
+                dw_terms += std::abs(static_cast<double>(dout(r, k)) * n);
+            }
+            for (std::size_t k = 0; k < C; ++k) {
+                const double n = (x(r, k) - mean) * rstd, dn = static_cast<double>(dout(r, k)) * weight(k);
+                dx(r, k) = rstd * (dn - dn_mean - n * dnn_mean);
+            }
+        }
+        const auto cx = attn::check::compare(g.dx, dx, rel * dx_terms);
+        if (!cx.ok) RC_FAIL("dx against the float64 formula: " + cx.report);
+        const auto cw = attn::check::compare(g.dweight, dw, rel * dw_terms);
+        if (!cw.ok) RC_FAIL("dweight against the float64 formula: " + cw.report);
+    });
+}
+
 TEST_CASE("property: every gradient is linear in dout: dout times 2^e scales dq, dk, dv, dx, dweight and dbias exactly") {
     // The backward passes are linear in dout: every product with dout, and every sum of such
     // products, scales by 2^e (e from −8 to 8) exactly in float, so the gradients of
@@ -368,6 +431,11 @@ TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {
     CHECK_THROWS_AS(exercise::attention_backward(a, a, a, rng.normal_tensor<2>({4, 5}), w),
                     std::invalid_argument);
     CHECK_THROWS_AS(exercise::attention_backward(rng.normal_tensor<2>({4, 2}), a, a, a, w),
+                    std::invalid_argument);
+    // A v with a row more than q (T + 1, hs): dout·vᵀ is then (T, T + 1) and wᵀ·dout still
+    // (T, hs), so the products accept it and dv comes out the wrong size; only a check of v's
+    // shape refuses it.
+    CHECK_THROWS_AS(exercise::attention_backward(a, a, a, rng.normal_tensor<2>({5, 3}), w),
                     std::invalid_argument);
     CHECK_THROWS_AS(exercise::layernorm_backward(a, a, rng.normal_tensor<1>({4})),
                     std::invalid_argument);

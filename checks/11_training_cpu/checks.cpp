@@ -297,7 +297,9 @@ TEST_CASE("property: every setting out of its range, NaN included, and every ste
 TEST_CASE("property: any settings, step and magnitudes give torch.optim.AdamW's update") {
     // Up to 6 parameters (1 a quarter of the time) with θ, m from ±10^−6 … 10^3, v ≥ 0 and g
     // from ±10^−6 … 10^15 (so g² stays finite) or 0, steps 1 … 10^4 or 2^31 − 1 … 2^44, β₁ ∈ {0, 0.5, 0.9}, β₂ ∈ {0.9, 0.99, 0.999},
-    // ε ∈ {1e-8, 1e-6}, η ∈ {1e-4, 1e-2}, λ ∈ {0, 0.1}, with or without decay; the reference
+    // ε ∈ {1e-8, 1e-6}, η ∈ {1e-4, 1e-2}, λ ∈ {0, 0.1}, with or without decay, and the lower
+    // ends of the ranges, which are allowed: η = 0 (θ moves by nothing) and β₂ = 0 (v = g²; a
+    // range written `β₂ > 0` or `η > 0` refuses them); the reference
     // is the formula in float64 on the same float inputs. Bounds (u = 2^-24): m and v are two
     // products and a sum, ≤ 3u of |β₁m| + |(1 − β₁)g| (and of v's terms). 1 − βᵗ in float loses
     // relatively u·βᵗ/(1 − βᵗ) = u·κ per rounding of βᵗ (pow's and the constant's): the step
@@ -307,9 +309,9 @@ TEST_CASE("property: any settings, step and magnitudes give torch.optim.AdamW's 
         const std::size_t n = attn::draw("n", attn::family::length(6));
         AdamWSettings st;
         st.beta1 = attn::draw("beta1", rc::gen::element(0.0f, 0.5f, 0.9f));
-        st.beta2 = attn::draw("beta2", rc::gen::element(0.9f, 0.99f, 0.999f));
+        st.beta2 = attn::draw("beta2", rc::gen::element(0.0f, 0.9f, 0.99f, 0.999f));
         st.eps = attn::draw("eps", rc::gen::element(1e-8f, 1e-6f));
-        st.lr = attn::draw("lr", rc::gen::element(1e-4f, 1e-2f));
+        st.lr = attn::draw("lr", rc::gen::element(0.0f, 1e-4f, 1e-2f));
         st.weight_decay = attn::draw("weight_decay", rc::gen::element(0.0f, 0.1f));
         const bool decay = attn::draw("decay", rc::gen::arbitrary<bool>());
         // Steps 1 … 10^4, or past what 32 bits hold (a step kept in an int wraps to another).

@@ -13,7 +13,7 @@
 /// | magnitudes | `magnitude` | sentinels (`-1e9f`), overflow, thresholds (`p > FLT_EPSILON`) |
 /// | offsets | `offset` | cancellation (a one-pass variance E[x²] − mean²) |
 /// | non-finite | `non_finite` | NaN or ±inf let through where the contract refuses them |
-/// | out of range | `out_of_range`, `nan_or` | `x < 0` written where `!(x >= 0)` is meant (NaN passes), a bound off by one |
+/// | out of range | `out_of_range`, `below`, `not_dividing` | `x < 0` written where `!(x >= 0)` is meant (NaN passes), a bound off by one |
 /// | masks | `mask` | a mask leading, trailing, interleaved, of one key, of every key |
 /// | T = 1 | `length` | the first token, one key, one row |
 /// | argument order | `distinct` | two same-typed arguments swapped, an index transposed |
