@@ -976,7 +976,9 @@ def classify_sanitizer(out):
 
 
 def run_one(program, mid, timeout):
-    env = dict(os.environ, ATTN_MUTANT=str(mid))
+    # The sanitizers' settings as `./workbook check` runs the debug checks.
+    env = dict(os.environ, ATTN_MUTANT=str(mid), ASAN_OPTIONS="abort_on_error=1",
+               UBSAN_OPTIONS="print_stacktrace=1:abort_on_error=1")
     env.pop("ATTN_CHECK_PROGRESS", None)
     start = time.monotonic()
     try:
