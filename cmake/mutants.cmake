@@ -178,6 +178,9 @@ function(course_generated_mutants)
     return()
   endif()
   set(tool "${PROJECT_SOURCE_DIR}/tools/mutation/mutate.py")
+  # The types the operators read come from the library's headers too: a change there may
+  # change which mutants compile, so it regenerates them (in seconds).
+  file(GLOB_RECURSE library_headers CONFIGURE_DEPENDS "${PROJECT_SOURCE_DIR}/common/include/attn/*.hpp")
   # The mutants that survive the release checks run once more as `./workbook check` runs a
   # passing exercise: under the sanitizers and xtensor's index checks, with the schemata of
   # the sanitize preset's build (./workbook test builds it before it runs the mutants).
@@ -197,7 +200,7 @@ function(course_generated_mutants)
               --compile-commands "${CMAKE_BINARY_DIR}/compile_commands.json" --clang "${ATTN_CLANGXX}"
               --shown "solutions/${name}/solution.cpp" --out-source "${out}/schema.cpp"
               --out-manifest "${out}/manifest.json" --quiet
-      DEPENDS "${solution}" "${tool}" "${PROJECT_SOURCE_DIR}/exercises/${name}/exercise.hpp"
+      DEPENDS "${solution}" "${tool}" "${PROJECT_SOURCE_DIR}/exercises/${name}/exercise.hpp" ${library_headers}
       COMMENT "mutants of solution ${nn}, generated"
       VERBATIM)
     add_executable(mutation_${nn} "${out}/schema.cpp")

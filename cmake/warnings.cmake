@@ -25,7 +25,10 @@ endif()
 # xtensor's own checks (indices in bounds, shapes named in broadcast errors), for the
 # learner's debug checks (./workbook check NN --debug); every target, so that no two
 # translation units see different definitions of xtensor's inline functions.
-option(ATTN_XTENSOR_ASSERT "Build with xtensor's assertions (XTENSOR_ENABLE_ASSERT)" OFF)
+# With them, libstdc++'s own (_GLIBCXX_ASSERTIONS): an index past a std::vector's or a
+# std::array's end (a tensor's shape()[2] on a 2-D tensor, which reads its strides) aborts,
+# naming the container, where it would otherwise read whatever lies there.
+option(ATTN_XTENSOR_ASSERT "Build with xtensor's assertions (XTENSOR_ENABLE_ASSERT) and libstdc++'s" OFF)
 if(ATTN_XTENSOR_ASSERT)
-  add_compile_definitions(XTENSOR_ENABLE_ASSERT)
+  add_compile_definitions(XTENSOR_ENABLE_ASSERT _GLIBCXX_ASSERTIONS)
 endif()
