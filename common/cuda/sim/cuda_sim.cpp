@@ -1428,8 +1428,12 @@ bool& perturbed_math() {
 bool device_math_perturbed() { return perturbed_math(); }
 void set_device_math_perturbed(bool on) { perturbed_math() = on; }
 
+// A zero, infinite or NaN result is one of the special values CUDA gives exactly (see the
+// header: expf(−inf) = +0, logf(1) = +0, erff(±0) = ±0, rsqrtf(+inf) = +0, the infinities,
+// NaN): kept. A moved result that would reach 0 or change sign keeps the exact value (expf
+// and rsqrtf are positive, logf and erff keep the sign of theirs).
 float move_ulp(float exact, float argument, int max_ulp) {
-    if (!std::isfinite(exact) || max_ulp <= 0) return exact;
+    if (exact == 0.0f || !std::isfinite(exact) || max_ulp <= 0) return exact;
     std::uint32_t bits = 0;
     std::memcpy(&bits, &argument, sizeof bits);
     std::uint64_t h = bits * 0x9e3779b97f4a7c15ull;  // a multiplicative hash of the argument
@@ -1439,7 +1443,8 @@ float move_ulp(float exact, float argument, int max_ulp) {
     for (int i = 0; i < (steps < 0 ? -steps : steps); ++i) {
         out = std::nextafter(out, steps < 0 ? -INFINITY : INFINITY);
     }
-    return std::isfinite(out) ? out : exact;
+    const bool same_side = out != 0.0f && std::signbit(out) == std::signbit(exact);
+    return std::isfinite(out) && same_side ? out : exact;
 }
 
 const FragmentLayout& fragment_layout(FragmentKind kind) {
