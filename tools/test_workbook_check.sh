@@ -6,6 +6,11 @@
 # which under pipefail failed whenever the second grep stopped early and the first died of
 # SIGPIPE: a written exercise was then called "not written yet" (1 run in 4 with a long log).
 # Here the verdict is replayed 200 times on a long log of each kind.
+#
+# The run under the sanitizers gets SANITIZER_SLOWDOWN times the release run's time where
+# that is longer than the limit, and a run that passed and was only too slow under the
+# sanitizers is called that, never "a loop that never ends" (a correct block-per-row kernel
+# of exercise 12 once was). Replayed with stand-in check programs that sleep.
 set -uo pipefail
 src=$1
 # shellcheck source=/dev/null
@@ -36,3 +41,57 @@ for _ in $(seq 1 20); do
     { echo "an exercise as shipped was not called 'not written yet'"; exit 1; }
 done
 echo "200 replays of a long log: an exercise under way is never called 'not written yet'"
+
+# A course folder of one exercise whose release and sanitizer check programs only sleep
+# (as long as the file beside them says) and pass.
+course="$work/course"
+mkdir -p "$course/lessons/12_training_gpu" "$course/exercises/12_training_gpu" "$course/build" \
+         "$course/build-debug" "$course/.workbook/status"
+echo 'void f();' >"$course/exercises/12_training_gpu/exercise.cpp"
+: >"$course/build-debug/build.ninja"
+for b in build build-debug; do
+  # shellcheck disable=SC2016  # the $(cat …) is the stand-in program's, run when it runs
+  printf '#!/bin/sh\nexec sleep "$(cat "%s")"\n' "$course/$b/sleep" >"$course/$b/check_12_exercise"
+  chmod +x "$course/$b/check_12_exercise"
+done
+# shellcheck disable=SC2034  # ROOT, BUILD, STATE and SANITIZER_SLOWDOWN: the workbook's
+ROOT=$course BUILD="$course/build" STATE="$course/.workbook"
+build_with_progress() { return 0; }
+show_report() { cat "$1"; }
+# shellcheck disable=SC2034
+SANITIZER_SLOWDOWN=10
+
+# Runs the release checks (sleeping RELEASE s) then the sanitizer run (SANITIZED s) under a
+# CHECK_TIME_LIMIT of LIMIT s; sets said (what run_debug_check printed) and debug_rc.
+replay() {  # replay LIMIT RELEASE SANITIZED
+  CHECK_TIME_LIMIT=$1
+  echo "$2" >"$course/build/sleep"
+  echo "$3" >"$course/build-debug/sleep"
+  run_with_time_limit "$work/release.log" "$CHECK_TIME_LIMIT" "$BUILD/check_12_exercise" --no-version
+  debug_rc=0
+  said=$(run_debug_check 12) || debug_rc=$?
+}
+
+# Release 0.3 s: the sanitizer run may take 10 × 0.3 = 3 s, though the limit is 1 s.
+replay 1 0.3 1.5
+if [ $debug_rc -ne 0 ]; then
+  printf '%s\n' "$said"
+  echo "a sanitizer run of 1.5 s after a release run of 0.3 s (limit 1 s) was stopped: its limit did not scale"; exit 1
+fi
+# Slower than that: stopped at 3 s, and called too slow, not a loop that never ends.
+replay 1 0.3 6
+if [ $debug_rc -eq 0 ] || [[ $said != *"was too slow"* ]] || [[ $said != *"ATTN_CHECK_TIME_LIMIT="* ]] ||
+   [[ $said == *"never ends"* ]] || [[ $said != *"after 3 s"* ]]; then
+  printf '%s\n' "$said"
+  echo "a passing exercise whose sanitizer run was stopped at its scaled limit (3 s) was not called too slow"; exit 1
+fi
+[ "$(cut -d' ' -f2 "$STATE/status/12" 2>/dev/null)" != fail ] ||
+  { echo "a passing exercise whose sanitizer run was only too slow was marked failing"; exit 1; }
+# A release run that was itself stopped gives no time to scale: the sanitizer run keeps the
+# limit, and both stopped is a loop that never ends.
+replay 1 3 3
+if [[ $said != *"after 1 s under the sanitizers"* ]] || [[ $said != *"a loop that never ends (a bound"* ]]; then
+  printf '%s\n' "$said"
+  echo "checks stopped in the release run and under the sanitizers were not called a loop that never ends"; exit 1
+fi
+echo "the sanitizer run's limit scales with the release run's time, and a passing exercise only too slow under the sanitizers is called that"

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -93,6 +94,18 @@ __global__ void read_before_write(float* out) {
 __global__ void device_exp(float* out, const float* in, int n) {
     const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
     if (i < n) out[i] = expf(in[i]);
+}
+// One of the device functions the simulator perturbs, on each argument: 0 expf, 1 logf,
+// 2 erff, 3 rsqrtf.
+__global__ void device_math(float* out, const float* in, int n, int function) {
+    const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i >= n) return;
+    switch (function) {
+        case 0: out[i] = expf(in[i]); break;
+        case 1: out[i] = logf(in[i]); break;
+        case 2: out[i] = erff(in[i]); break;
+        default: out[i] = rsqrtf(in[i]); break;
+    }
 }
 __global__ void forty_kib(float* out) {
     __shared__ float tile[10240];
@@ -241,6 +254,100 @@ TEST_CASE("CUDA_SIM_DEVICE_MATH=ulp moves expf within CUDA's 2 ulp, the same way
         CAPTURE(perturbed);
         CHECK(worst <= (perturbed ? 2 : 0));
         if (perturbed) CHECK(moved > n / 2);  // 4 of the 5 whole offsets in [-2, 2] move it
+    }
+    cuda_sim::set_device_math_perturbed(was);
+}
+
+TEST_CASE("CUDA_SIM_DEVICE_MATH=ulp keeps the special values CUDA documents exact, and moves the rest within range") {
+    // The CUDA Math API's special values (libdevice User's Guide, __nv_expf, __nv_logf,
+    // __nv_erff, __nv_rsqrtf), which the PTX instructions ex2, lg2 and rsqrt give as well
+    // (PTX ISA §9.7.3): a GPU returns them exactly, so an exact check on them is fair. expf(0)
+    // one ulp off once made a correct online softmax (its running sums rescaled by expf(0))
+    // miss "a single key: every row is [1]".
+    const float inf = INFINITY, nan = NAN, tiny = std::numeric_limits<float>::denorm_min();
+    struct Special {
+        int function;
+        const char* name;
+        float argument, result;
+    };
+    const std::vector<Special> specials = {
+        {0, "expf", 0.0f, 1.0f},      {0, "expf", -0.0f, 1.0f},    {0, "expf", tiny, 1.0f},
+        {0, "expf", -tiny, 1.0f},     {0, "expf", -inf, 0.0f},     {0, "expf", inf, inf},
+        {0, "expf", nan, nan},        {1, "logf", 1.0f, 0.0f},     {1, "logf", 0.0f, -inf},
+        {1, "logf", -0.0f, -inf},     {1, "logf", inf, inf},       {1, "logf", -1.0f, nan},
+        {1, "logf", nan, nan},        {2, "erff", 0.0f, 0.0f},     {2, "erff", -0.0f, -0.0f},
+        {2, "erff", inf, 1.0f},       {2, "erff", -inf, -1.0f},    {2, "erff", nan, nan},
+        {3, "rsqrtf", 0.0f, inf},     {3, "rsqrtf", -0.0f, -inf},  {3, "rsqrtf", inf, 0.0f},
+        {3, "rsqrtf", -1.0f, nan},    {3, "rsqrtf", nan, nan},
+    };
+    auto bits = [](float x) {
+        std::uint32_t b = 0;
+        std::memcpy(&b, &x, 4);
+        return b;
+    };
+    const bool was = cuda_sim::device_math_perturbed();
+    cuda_sim::set_device_math_perturbed(true);
+    for (const Special& c : specials) {
+        Buffer<float> x(std::vector<float>{c.argument}), out(1);
+        ATTN_LAUNCH(device_math, 1, 32, 0, nullptr)(out.p, x.p, 1, c.function);
+        REQUIRE(cudaGetLastError() == cudaSuccess);
+        const float got = out.get()[0];
+        CAPTURE(c.name);
+        CAPTURE(c.argument);
+        CAPTURE(got);
+        if (std::isnan(c.result)) {
+            CHECK(std::isnan(got));
+        } else {
+            CHECK(bits(got) == bits(c.result));  // the sign of a zero too
+        }
+    }
+
+    // Every other argument still moves, by at most the function's bound, and stays in the
+    // function's range: expf and rsqrtf above 0, logf with the sign of the exact result,
+    // |erff| ≤ 1 (erff(4) is 1 in float: a move up would pass it).
+    auto ulps = [&](float a, float b) {
+        const std::int64_t d = static_cast<std::int64_t>(static_cast<std::int32_t>(bits(a))) -
+                               static_cast<std::int32_t>(bits(b));
+        return d < 0 ? -d : d;
+    };
+    struct Ordinary {
+        int function;
+        const char* name;
+        float from, to;
+        int bound;
+        float (*exact)(float);  // libm's, as the simulator computes it before moving it
+    };
+    const std::vector<Ordinary> ordinary = {
+        {0, "expf", -20.0f, 20.0f, 2, [](float x) { return std::exp(x); }},
+        {1, "logf", 0.01f, 40.0f, 1, [](float x) { return std::log(x); }},
+        {2, "erff", -5.0f, 5.0f, 2, [](float x) { return std::erf(x); }},
+        {3, "rsqrtf", 0.01f, 40.0f, 2, [](float x) { return 1.0f / std::sqrt(x); }},
+    };
+    const int n = 1000;
+    for (const Ordinary& f : ordinary) {
+        CAPTURE(f.name);
+        std::vector<float> in(n);
+        for (int i = 0; i < n; ++i)
+            in[static_cast<std::size_t>(i)] = f.from + (f.to - f.from) * static_cast<float>(i) / n;
+        Buffer<float> x(in), out(n);
+        ATTN_LAUNCH(device_math, (n + 127) / 128, 128, 0, nullptr)(out.p, x.p, n, f.function);
+        REQUIRE(cudaGetLastError() == cudaSuccess);
+        const std::vector<float> got = out.get();
+        int moved = 0, outside = 0;
+        std::int64_t worst = 0;
+        for (int i = 0; i < n; ++i) {
+            const float exact = f.exact(in[static_cast<std::size_t>(i)]);
+            const float y = got[static_cast<std::size_t>(i)];
+            const std::int64_t d = ulps(y, exact);
+            moved += d != 0;
+            worst = std::max(worst, d);
+            outside += (f.function == 0 || f.function == 3) ? !(y > 0.0f)
+                     : f.function == 2                     ? !(std::fabs(y) <= 1.0f)
+                                                           : (y != 0.0f && std::signbit(y) != std::signbit(exact));
+        }
+        CHECK(worst <= f.bound);
+        CHECK(outside == 0);
+        CHECK(moved > n / 2);  // most arguments' draws, 2 or 4 of 3 or 5 offsets, move them
     }
     cuda_sim::set_device_math_perturbed(was);
 }

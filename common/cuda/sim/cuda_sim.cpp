@@ -382,34 +382,42 @@ void record_writes(Runner& r) {
     if (!r.track || r.current < 0) return;
     const int me = r.current;
     for (Runner::Tracked& m : r.tracked) {
-        for (std::size_t at = 0; at < m.bytes; at += 64) {
-            const std::size_t n = std::min<std::size_t>(64, m.bytes - at);
-            if (std::memcmp(m.start + at, m.shadow.data() + at, n) == 0) continue;
-            for (std::size_t b = at; b < at + n; ++b) {
-                if (m.start[b] == m.shadow[b]) continue;
-                m.shadow[b] = m.start[b];
-                const auto address = reinterpret_cast<std::uintptr_t>(m.start + b);
-                const bool atomic = std::any_of(r.atomics.begin(), r.atomics.end(), [&](const auto& a) {
-                    return address >= a.first && address < a.first + a.second;
-                });
-                Runner::Writer& w = m.writers[b];
-                if (atomic) {
-                    w = {};
-                    continue;
+        // Most segments change nothing here, or a few bytes: pages that did not change are
+        // passed over with one comparison each (in the sanitizer build every memcmp is
+        // checked call by call, and 64-byte steps over all of memory after every segment
+        // were most of a simulated kernel's time there).
+        for (std::size_t page_at = 0; page_at < m.bytes; page_at += 4096) {
+            const std::size_t page_end = std::min<std::size_t>(page_at + 4096, m.bytes);
+            if (std::memcmp(m.start + page_at, m.shadow.data() + page_at, page_end - page_at) == 0) continue;
+            for (std::size_t at = page_at; at < page_end; at += 64) {
+                const std::size_t n = std::min<std::size_t>(64, page_end - at);
+                if (std::memcmp(m.start + at, m.shadow.data() + at, n) == 0) continue;
+                for (std::size_t b = at; b < at + n; ++b) {
+                    if (m.start[b] == m.shadow[b]) continue;
+                    m.shadow[b] = m.start[b];
+                    const auto address = reinterpret_cast<std::uintptr_t>(m.start + b);
+                    const bool atomic = std::any_of(r.atomics.begin(), r.atomics.end(), [&](const auto& a) {
+                        return address >= a.first && address < a.first + a.second;
+                    });
+                    Runner::Writer& w = m.writers[b];
+                    if (atomic) {
+                        w = {};
+                        continue;
+                    }
+                    const bool unordered = m.shared ? w.epoch == r.epoch : (w.block != r.block_serial || w.epoch == r.epoch);
+                    if (w.thread >= 0 && (w.thread != me || w.block != r.block_serial) && unordered) {
+                        const Thread& other = r.threads[static_cast<std::size_t>(w.thread)];
+                        const Thread& self = r.threads[static_cast<std::size_t>(me)];
+                        std::string what = "a lost update: threads " + name3(other.idx) + " and " + name3(self.idx) +
+                                           (w.block != r.block_serial ? " of two blocks" : " of the block") +
+                                           " both wrote byte " + std::to_string(b) + " of " +
+                                           (!m.name.empty() ? m.name : m.shared ? "the dynamic shared memory" : "a device buffer of " + std::to_string(m.bytes) + " bytes") +
+                                           (w.block != r.block_serial ? "" : " between two barriers") +
+                                           " without an atomic (on a GPU they run at once, and one write is lost)";
+                        fail(r, std::move(what));
+                    }
+                    w = {me, r.block_serial, r.epoch};
                 }
-                const bool unordered = m.shared ? w.epoch == r.epoch : (w.block != r.block_serial || w.epoch == r.epoch);
-                if (w.thread >= 0 && (w.thread != me || w.block != r.block_serial) && unordered) {
-                    const Thread& other = r.threads[static_cast<std::size_t>(w.thread)];
-                    const Thread& self = r.threads[static_cast<std::size_t>(me)];
-                    std::string what = "a lost update: threads " + name3(other.idx) + " and " + name3(self.idx) +
-                                       (w.block != r.block_serial ? " of two blocks" : " of the block") +
-                                       " both wrote byte " + std::to_string(b) + " of " +
-                                       (!m.name.empty() ? m.name : m.shared ? "the dynamic shared memory" : "a device buffer of " + std::to_string(m.bytes) + " bytes") +
-                                       (w.block != r.block_serial ? "" : " between two barriers") +
-                                       " without an atomic (on a GPU they run at once, and one write is lost)";
-                    fail(r, std::move(what));
-                }
-                w = {me, r.block_serial, r.epoch};
             }
         }
     }
@@ -1428,8 +1436,12 @@ bool& perturbed_math() {
 bool device_math_perturbed() { return perturbed_math(); }
 void set_device_math_perturbed(bool on) { perturbed_math() = on; }
 
+// A zero, infinite or NaN result is one of the special values CUDA gives exactly (see the
+// header: expf(−inf) = +0, logf(1) = +0, erff(±0) = ±0, rsqrtf(+inf) = +0, the infinities,
+// NaN): kept. A moved result that would reach 0 or change sign keeps the exact value (expf
+// and rsqrtf are positive, logf and erff keep the sign of theirs).
 float move_ulp(float exact, float argument, int max_ulp) {
-    if (!std::isfinite(exact) || max_ulp <= 0) return exact;
+    if (exact == 0.0f || !std::isfinite(exact) || max_ulp <= 0) return exact;
     std::uint32_t bits = 0;
     std::memcpy(&bits, &argument, sizeof bits);
     std::uint64_t h = bits * 0x9e3779b97f4a7c15ull;  // a multiplicative hash of the argument
@@ -1439,7 +1451,8 @@ float move_ulp(float exact, float argument, int max_ulp) {
     for (int i = 0; i < (steps < 0 ? -steps : steps); ++i) {
         out = std::nextafter(out, steps < 0 ? -INFINITY : INFINITY);
     }
-    return std::isfinite(out) ? out : exact;
+    const bool same_side = out != 0.0f && std::signbit(out) == std::signbit(exact);
+    return std::isfinite(out) && same_side ? out : exact;
 }
 
 const FragmentLayout& fragment_layout(FragmentKind kind) {

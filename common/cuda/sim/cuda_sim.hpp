@@ -62,6 +62,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
 #include <tuple>
@@ -197,6 +198,18 @@ inline T atomicAdd(T* address, T value) {
 // whole number of ulp within CUDA's bound, drawn from the argument's bits (the same argument
 // gives the same result, as on a GPU), so a test run that way shows its tolerance does not
 // rest on libm's bits.
+//
+// The special values do not move: a GPU gives them exactly. The CUDA Math API (libdevice
+// User's Guide, __nv_expf, __nv_logf, __nv_erff, __nv_rsqrtf) lists expf(±0) = 1,
+// expf(−inf) = +0, expf(+inf) = +inf; logf(1) = +0, logf(±0) = −inf, logf(+inf) = +inf,
+// logf(x < 0) = NaN; erff(±0) = ±0, erff(±inf) = ±1; rsqrtf(±0) = ±inf, rsqrtf(+inf) = +0,
+// rsqrtf(x < 0) = NaN; NaN gives NaN. The PTX instructions they are built on give the same
+// (PTX ISA §9.7.3, Floating Point Instructions, the special-value table of each:
+// ex2.approx.f32 turns ±0 and ±subnormal into +1, −inf into +0, +inf into +inf;
+// lg2.approx.f32 ±0 into −inf, +inf into +inf; rsqrt.approx.f32 +0 into +inf, +inf into +0;
+// NaN into NaN). So a zero, infinite or NaN result is kept (move_ulp), and so are
+// expf(±0 or subnormal) = 1 and erff(±inf) = ±1; a moved result stays in its function's
+// range (it never reaches or crosses 0, and |erff| never passes 1).
 namespace cuda_sim {
 bool device_math_perturbed();
 void set_device_math_perturbed(bool on);  // as CUDA_SIM_DEVICE_MATH=ulp (true) or exact
@@ -204,13 +217,26 @@ float move_ulp(float exact, float argument, int max_ulp);
 inline float device_result(float exact, float argument, int max_ulp) {
     return device_math_perturbed() ? move_ulp(exact, argument, max_ulp) : exact;
 }
+inline float device_expf(float x) {
+    if (std::fabs(x) < std::numeric_limits<float>::min()) return 1.0f;  // ±0 and ±subnormal: ex2 gives +1
+    return device_result(std::exp(x), x, 2);
+}
+inline float device_logf(float x) { return device_result(std::log(x), x, 1); }
+inline float device_erff(float x) {
+    if (std::isinf(x)) return std::copysign(1.0f, x);
+    const float e = device_result(std::erf(x), x, 2);
+    return std::fabs(e) > 1.0f ? std::copysign(1.0f, e) : e;
+}
+inline float device_rsqrtf(float x) { return device_result(1.0f / std::sqrt(x), x, 2); }
 }  // namespace cuda_sim
-#define expf(x) ::cuda_sim::device_result(std::exp(static_cast<float>(x)), static_cast<float>(x), 2)
-#define logf(x) ::cuda_sim::device_result(std::log(static_cast<float>(x)), static_cast<float>(x), 1)
-#define erff(x) ::cuda_sim::device_result(std::erf(static_cast<float>(x)), static_cast<float>(x), 2)
+// Macros, not functions: the C library declares expf, logf and erff already. Each argument
+// is evaluated once.
+#define expf(x) ::cuda_sim::device_expf(static_cast<float>(x))
+#define logf(x) ::cuda_sim::device_logf(static_cast<float>(x))
+#define erff(x) ::cuda_sim::device_erff(static_cast<float>(x))
 
 // CUDA's device math that the C++ library lacks, or names differently.
-inline float rsqrtf(float x) { return ::cuda_sim::device_result(1.0f / std::sqrt(x), x, 2); }
+inline float rsqrtf(float x) { return ::cuda_sim::device_rsqrtf(x); }
 inline float __expf(float x) { return std::exp(x); }
 inline float __logf(float x) { return std::log(x); }
 inline float __fdividef(float a, float b) { return a / b; }
