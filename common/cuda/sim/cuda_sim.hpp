@@ -203,11 +203,11 @@ inline T atomicAdd(T* address, T value) {
 // User's Guide, __nv_expf, __nv_logf, __nv_erff, __nv_rsqrtf) lists expf(±0) = 1,
 // expf(−inf) = +0, expf(+inf) = +inf; logf(1) = +0, logf(±0) = −inf, logf(+inf) = +inf,
 // logf(x < 0) = NaN; erff(±0) = ±0, erff(±inf) = ±1; rsqrtf(±0) = ±inf, rsqrtf(+inf) = +0,
-// rsqrtf(x < 0) = NaN; NaN gives NaN. The PTX instructions they are built on give the same
-// (PTX ISA §9.7.3, Floating Point Instructions, the special-value table of each:
-// ex2.approx.f32 turns ±0 and ±subnormal into +1, −inf into +0, +inf into +inf;
-// lg2.approx.f32 ±0 into −inf, +inf into +inf; rsqrt.approx.f32 +0 into +inf, +inf into +0;
-// NaN into NaN). So a zero, infinite or NaN result is kept (move_ulp), and so are
+// rsqrtf(x < 0) = NaN; NaN gives NaN. The PTX instructions they are built on (the PTX ISA's
+// descriptions of ex2.approx.f32, lg2.approx.f32 and rsqrt.approx.f32, each with a table of
+// its special values) list the same, and ex2 gives +1 for a subnormal argument as for ±0
+// (an argument this small is 0 to the approximation; not checked on a GPU here).
+// So a zero, infinite or NaN result is kept (move_ulp), and so are
 // expf(±0 or subnormal) = 1 and erff(±inf) = ±1; a moved result stays in its function's
 // range (it never reaches or crosses 0, and |erff| never passes 1).
 namespace cuda_sim {
