@@ -145,7 +145,7 @@ TEST_CASE("property: for any NH, G, T and hs, each query head reads its group's 
     // 8) goes back as backward(d)·2^e, bit for bit.
     attn::check_property("kv_head, expand_kv and its backward agree with the grouping", [] {
         const int G = attn::draw("G", rc::gen::inRange(1, 7));
-        const int NH = G * attn::draw("NH / G", rc::gen::inRange(1, 5));
+        const int NH = attn::draw("NH / G", rc::gen::inRange(1, 5)) * G;
         const std::size_t T = attn::draw("T", attn::family::length(5)), hs = attn::draw("hs", attn::family::length(5));
         const std::size_t g = static_cast<std::size_t>(G), nh = static_cast<std::size_t>(NH);
         const auto kv_values = attn::draw("kv (flat, distinct)", attn::family::distinct(g * T * hs));
