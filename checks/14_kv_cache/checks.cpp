@@ -4,7 +4,7 @@
 // - rows after pos may hold anything, for a query of either sign and any position
 // - queries and keys of any size, values distinct, and anything in the rows not yet written
 // - the cached rows in any order, q and k scaled apart, and the values scaled or moved
-// - a position outside [0, capacity) is refused, and nothing is written
+// - a position below 0, or at or past the capacity, is refused and nothing is written
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
@@ -331,7 +331,7 @@ TEST_CASE("property: the cached rows in any order, q and k scaled apart, and the
     });
 }
 
-TEST_CASE("property: a position outside [0, capacity) is refused, and nothing is written") {
+TEST_CASE("property: a position below 0, or at or past the capacity, is refused and nothing is written") {
     // pos below 0 (−1, −2, −10^6, and a large negative int) or at or past the capacity
     // (capacity, capacity + 1, INT_MAX), for caches of 1 to 8 rows: std::invalid_argument,
     // and both caches keep every bit.
