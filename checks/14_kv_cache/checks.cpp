@@ -231,7 +231,7 @@ void check_step(const Tensor1& out, const Step& ref) {
 TEST_CASE("property: queries and keys of any size, values distinct, and anything in the rows not yet written") {
     // A cache of 1 to 8 rows (1 a quarter of the time) and a position in it; hs of 1, 4 or 16
     // (1/√hs is then exact) and hs_v from 1 to 5. q and the keys are small integers (−8 … 8)
-    // times a power of two of any size (2^±20 … 2^±50: scores up to ~10^32, either sign), so
+    // times a power of two of any size (2^−20 … 2^50: scores of either sign up to ~10^32), so
     // every score q·k/√hs is exact in float and only the softmax rounds; the values are
     // distinct (a k passed for v, or a row read as a column, shows). Row pos, and every row
     // after it, holds NaN, +∞ or −∞ before the call: row pos must become k and v, the later

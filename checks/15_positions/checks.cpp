@@ -227,7 +227,7 @@ TEST_CASE("property: at any positions up to 10^5, a score depends only on the of
 TEST_CASE("property: rows of any magnitude and distinct entries, at any position up to 2^31 − 1, against the rotation in double") {
     // 1 to 4 rows (1 a quarter of the time) of hs = 2 … 16 entries, pairwise distinct and of
     // either sign (Llama's pairing of i with i + hs/2, or a pair's two channels exchanged,
-    // shows), times a power of two of any size (2^±20 … 2^±100), at a pos0 up to 10^5 or from
+    // shows), times a power of two of any size (2^−20 … 2^100), at a pos0 up to 10^5 or from
     // 2^24 to 2^31 − 1 − T. Against rotation_in_double, forward and backward: per pair
     // |y − ref| ≤ (4u + δθ)(|x0| + |x1|), u = 2^-24: 3u from float cos, sin and the products,
     // u the reference's own rounding; δθ ≤ 2^-49·θ the angle's, a frequency within a few

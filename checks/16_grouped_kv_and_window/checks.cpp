@@ -137,8 +137,8 @@ TEST_CASE("empty inputs and no query heads are refused: NH = 0 or G = 0 is no co
 TEST_CASE("property: for any NH, G, T and hs, each query head reads its group's head, and backward is the transpose") {
     // G from 1 to 6, NH a multiple of G up to 24, T and hs from 1 to 5 (1 a quarter of the
     // time each). kv's entries are pairwise distinct (a head, position or channel read for
-    // another shows); d's are small integers times a power of two of any size (2^±20 …
-    // 2^±100), so every group sum is exact in float. For every h: kv_head(h) = h / (NH / G);
+    // another shows); d's are small integers times a power of two of any size (2^−20 …
+    // 2^100), so every group sum is exact in float. For every h: kv_head(h) = h / (NH / G);
     // expand_kv copies exactly that head, bit for bit; Σ d·expand(kv) = Σ backward(d)·kv,
     // exactly in double (the backward pass is the forward's transpose). Invariances: kv's
     // heads in a drawn order expand to the same groups in that order, and d·2^e (e from −8 to

@@ -324,7 +324,8 @@ namespace {
 // (u = 2^-24, n keys not −∞, d = s − m): s − m rounds by ≤ u·|d| (exact when the exponents
 // of s and m are within 16 of each other), which moves p by ≤ u/e absolutely (x·e^−x ≤ 1/e)
 // and l by ≤ n·u/e relatively; e^x adds 2u, l's sum γ_n, the division u: |p̂ − p| ≤ u +
-// (2n + 4)u·p, plus 2^-149 for a p̂ among float's subnormals. Rounding to nearest is
+// (2n + 4)u·p; a one-pass (online) sum rescales l up to n times, 3u each, so u + (4n + 6)u·p
+// is allowed, plus 2^-149 for a p̂ among float's subnormals. Rounding to nearest is
 // monotonic, so the bfloat16 of p̂ lies between the nearest bfloat16s of the floats nearest
 // p − err and p + err (nearest_bfloat16, worked independently). A key of −∞ gets exactly 0,
 // and a row of −∞ only zeros.
@@ -345,7 +346,7 @@ void check_softmax_row(const std::vector<std::uint16_t>& scores) {
             continue;
         }
         const double p = std::exp(value_of(scores[j]) - m) / l;
-        const double err = u + (2 * n + 4) * u * p + std::ldexp(1.0, -149);
+        const double err = u + (4 * n + 6) * u * p + std::ldexp(1.0, -149);
         const double lowest = value_of(nearest_bfloat16(static_cast<float>(std::max(0.0, p - err))));
         const double highest = value_of(nearest_bfloat16(static_cast<float>(p + err)));
         RC_ASSERT(lowest <= value_of(got[j]));

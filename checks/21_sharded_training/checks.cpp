@@ -494,7 +494,7 @@ TEST_CASE("ring_reduce_scatter against the direct sum, for shards that do not di
 }
 
 TEST_CASE("property: for any length up to 60 and 1 to 8 ranks, reduce-scatter then all-gather give every rank the sum") {
-    // Whole numbers from -50 to 50 times a power of two of any size (2^±20 … 2^±90): every
+    // Whole numbers from -50 to 50 times a power of two of any size (2^−20 … 2^90): every
     // partial sum is exact, in any order. 1 to 8 ranks and 0 to 60 elements (one rank, and one
     // element, a quarter of the time each). The ranks' buffers in a drawn order must give the
     // same sums (addition does not care which rank holds what).
