@@ -261,9 +261,10 @@ TEST_CASE("CUDA_SIM_DEVICE_MATH=ulp moves expf within CUDA's 2 ulp, the same way
 TEST_CASE("CUDA_SIM_DEVICE_MATH=ulp keeps the special values CUDA documents exact, and moves the rest within range") {
     // The CUDA Math API's special values (libdevice User's Guide, __nv_expf, __nv_logf,
     // __nv_erff, __nv_rsqrtf), which the PTX instructions ex2, lg2 and rsqrt give as well
-    // (PTX ISA §9.7.3): a GPU returns them exactly, so an exact check on them is fair. expf(0)
-    // one ulp off once made a correct online softmax (its running sums rescaled by expf(0))
-    // miss "a single key: every row is [1]".
+    // (PTX ISA 8.x, sections 9.7.3.21, 9.7.3.20 and 9.7.3.16; see cuda_sim.hpp): a GPU
+    // returns them exactly, so an exact check on them is fair. expf(0) one ulp off once made
+    // a correct online softmax (its running sums rescaled by expf(0)) miss "a single key:
+    // every row is [1]".
     const float inf = INFINITY, nan = NAN, tiny = std::numeric_limits<float>::denorm_min();
     struct Special {
         int function;

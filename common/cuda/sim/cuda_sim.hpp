@@ -203,10 +203,15 @@ inline T atomicAdd(T* address, T value) {
 // User's Guide, __nv_expf, __nv_logf, __nv_erff, __nv_rsqrtf) lists expf(±0) = 1,
 // expf(−inf) = +0, expf(+inf) = +inf; logf(1) = +0, logf(±0) = −inf, logf(+inf) = +inf,
 // logf(x < 0) = NaN; erff(±0) = ±0, erff(±inf) = ±1; rsqrtf(±0) = ±inf, rsqrtf(+inf) = +0,
-// rsqrtf(x < 0) = NaN; NaN gives NaN. The PTX instructions they are built on (the PTX ISA's
-// descriptions of ex2.approx.f32, lg2.approx.f32 and rsqrt.approx.f32, each with a table of
-// its special values) list the same, and ex2 gives +1 for a subnormal argument as for ±0
-// (an argument this small is 0 to the approximation; not checked on a GPU here).
+// rsqrtf(x < 0) = NaN; NaN gives NaN. The PTX instructions they are built on list the same
+// in their special-value tables (PTX ISA 8.x, docs.nvidia.com/cuda/parallel-thread-execution,
+// section 9.7.3 "Floating Point Instructions": 9.7.3.21 ex2, ex2.approx.f32: −Inf → +0.0,
+// ±0.0 → +1.0, +Inf → +Inf, NaN → NaN; 9.7.3.20 lg2, lg2.approx.f32: −Inf and −normal → NaN,
+// ±0.0 → −Inf, +Inf → +Inf, NaN → NaN; 9.7.3.16 rsqrt, rsqrt.approx.f32: −Inf and −normal →
+// NaN, −0.0 → −Inf, +0.0 → +Inf, +Inf → +0.0, NaN → NaN. The numbers move between versions
+// of the ISA; the anchors #floating-point-instructions-ex2, -lg2 and -rsqrt do not). sqrtf is
+// not perturbed: CUDA's is IEEE-rounded (sqrt.rn.f32, 9.7.3.15). A subnormal argument of expf
+// gives 1, the correctly rounded e^x (the .ftz forms flush it to 0, and give 1 as well).
 // So a zero, infinite or NaN result is kept (move_ulp), and so are
 // expf(±0 or subnormal) = 1 and erff(±inf) = ±1; a moved result stays in its function's
 // range (it never reaches or crosses 0, and |erff| never passes 1).
