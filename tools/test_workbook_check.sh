@@ -10,7 +10,8 @@
 # The run under the sanitizers gets SANITIZER_SLOWDOWN times the release run's time where
 # that is longer than the limit, and a run that passed and was only too slow under the
 # sanitizers is called that, never "a loop that never ends" (a correct block-per-row kernel
-# of exercise 12 once was). Replayed with stand-in check programs that sleep.
+# of exercise 12 once was); its "still running" line waits for the slow-down expected there.
+# Replayed with stand-in check programs that sleep.
 set -uo pipefail
 src=$1
 # shellcheck source=/dev/null
@@ -93,5 +94,19 @@ replay 1 3 3
 if [[ $said != *"after 1 s under the sanitizers"* ]] || [[ $said != *"a loop that never ends (a bound"* ]]; then
   printf '%s\n' "$said"
   echo "checks stopped in the release run and under the sanitizers were not called a loop that never ends"; exit 1
+fi
+# The line saying the sanitizer run is still running waits SANITIZER_EXPECTED_SLOWDOWN (5)
+# times the release run's time, at least 5 s: release 1.2 s, sanitizers 5.5 s, no line (a
+# correct exercise that is only slower there once read "still running after 5 s" every time);
+# release 0.5 s, sanitizers 5.5 s: the line at 5 s, saying the sanitizers slow them down.
+replay 30 1.2 5.5
+if [ $debug_rc -ne 0 ] || [[ $said == *"still running"* ]]; then
+  printf '%s\n' "$said"
+  echo "a sanitizer run of 5.5 s after a release run of 1.2 s said it was still running before 6 s"; exit 1
+fi
+replay 30 0.5 5.5
+if [ $debug_rc -ne 0 ] || [[ $said != *"still running after 5 s"*"the sanitizers slow the checks down about 5×"* ]]; then
+  printf '%s\n' "$said"
+  echo "a sanitizer run of 5.5 s after a release run of 0.5 s did not say at 5 s that it was still running, and why"; exit 1
 fi
 echo "the sanitizer run's limit scales with the release run's time, and a passing exercise only too slow under the sanitizers is called that"
