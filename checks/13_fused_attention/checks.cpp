@@ -1,10 +1,13 @@
 // Checks for exercise 13: the online-softmax update.
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
-// - any row of scores, cut into tiles anywhere, gives softmax(s)·V and its log-sum-exp
+// - any row of scores, at any offset and under any mask, cut into tiles anywhere, gives
+//   softmax(s)·V and its log-sum-exp
+// - keys in any order give the same softmax, and values scaled by a power of two scale acc exactly
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
 
@@ -208,56 +211,134 @@ TEST_CASE("a later tile with smaller scores keeps the running maximum") {
     }
 }
 
+namespace {
+
+// Folds row `scores` (n) with `values` (n, d_v) into an empty state, cut into tiles after
+// every key j whose cuts[j] is true (the last tile ends at n whatever cuts says).
+RowState fold_in_tiles(const std::vector<float>& scores, const Tensor2& values, const std::vector<bool>& cuts) {
+    const std::size_t n = scores.size(), d_v = values.shape()[1];
+    RowState state = empty_state(d_v);
+    std::size_t start = 0;
+    for (std::size_t j = 1; j <= n; ++j) {
+        if (j < n && !cuts[j - 1]) continue;
+        Tensor1 tile = xt::zeros<float>({j - start});
+        Tensor2 rows = xt::zeros<float>({j - start, d_v});
+        for (std::size_t i = start; i < j; ++i) {
+            tile(i - start) = scores[i];
+            for (std::size_t d = 0; d < d_v; ++d) rows(i - start, d) = values(i, d);
+        }
+        online_softmax_update(state, tile, rows);
+        start = j;
+    }
+    return state;
+}
+
+// The float64 softmax of `scores` (−∞ a masked key) applied to `values`, and the bound on a
+// float32 online softmax's acc / l and m + ln l derived in the property below.
+struct Float64Row {
+    double max = -INFINITY, lse = -INFINITY, lse_tolerance = 0.0;
+    std::vector<double> out, tolerance;  // (d_v)
+};
+
+Float64Row float64_row(const std::vector<float>& scores, const Tensor2& values) {
+    const double u = std::ldexp(1.0, -24), n = static_cast<double>(scores.size());
+    const std::size_t d_v = values.shape()[1];
+    Float64Row r;
+    r.out.assign(d_v, 0.0);
+    r.tolerance.assign(d_v, 0.0);
+    for (float x : scores) r.max = std::max(r.max, static_cast<double>(x));
+    if (r.max == -INFINITY) return r;
+    double z = 0.0;
+    for (float x : scores) z += std::exp(x - r.max);
+    for (std::size_t j = 0; j < scores.size(); ++j) {
+        const double p = std::exp(scores[j] - r.max) / z;
+        for (std::size_t d = 0; d < d_v; ++d) {
+            r.out[d] += p * values(j, d);
+            r.tolerance[d] += (u + (4 * n + 5) * u * p) * std::abs(static_cast<double>(values(j, d)));
+        }
+    }
+    r.lse = r.max + std::log(z);
+    r.lse_tolerance = u * std::abs(r.lse) + (5 * n + 5) * u;
+    return r;
+}
+
+// RC_ASSERTs that `state` after the whole row is `ref` to its bound (an empty state when every
+// score is −∞).
+void check_against_float64(const RowState& state, const Float64Row& ref) {
+    if (ref.max == -INFINITY) {
+        RC_ASSERT(state.max == -std::numeric_limits<float>::infinity());
+        RC_ASSERT(state.sum == 0.0f);
+        for (float a : state.acc) RC_ASSERT(a == 0.0f);
+        return;
+    }
+    RC_ASSERT(std::isfinite(state.sum));
+    for (std::size_t d = 0; d < ref.out.size(); ++d)
+        RC_ASSERT(std::abs(state.acc(d) / state.sum - ref.out[d]) <= ref.tolerance[d]);
+    RC_ASSERT(std::abs(state.max + std::log(static_cast<double>(state.sum)) - ref.lse) <= ref.lse_tolerance);
+}
+
+}  // namespace
+
 TEST_CASE("property: any row of scores, cut into tiles anywhere, gives softmax(s)·V and its log-sum-exp") {
-    // Rows of 1 to 8 scores, each ±(1 … 10)·10^e for e from −3 to 30, 0 or −∞ (masked),
-    // cut into 1 to n tiles at drawn points, values small integers; after the last tile
-    // acc / l and m + ln l against float64. Bounds (u = 2^-24): a weight reaches its final
-    // scale through ≤ n rescales e^(m − m_new) (one per tile, or one per key when a solution
-    // folds keys one at a time), each off by ≤ u·|m − m_new| from the subtraction, ≤ 2u from
-    // exp and u from the product; the subtraction's part, weighted by the weight it shrinks,
-    // is ≤ u/e absolutely (x·e^−x ≤ 1/e), the rest (3n + 3)u relatively, and the sums of ≤ n
-    // terms add γ_n: |out − ref| ≤ Σ_j (u + (4n + 5)u·p_j)|v_j|, and m + ln l within
+    // Rows of 1 to 8 scores (1 a quarter of the time), each a common offset c (0, ±1 … ±10^4)
+    // plus ±(1 … 10)·10^e for e from −3 to 30, 0 or −∞ (masked), and the keys a mask hides
+    // (leading, trailing, interleaved, one key, all keys, causal) set to −∞ too; cut into 1
+    // to n tiles at drawn points, values small integers; after the last tile acc / l and
+    // m + ln l against float64 on the same float scores. Bounds (u = 2^-24): a weight reaches
+    // its final scale through ≤ n rescales e^(m − m_new) (one per tile, or one per key when a
+    // solution folds keys one at a time), each off by ≤ u·|m − m_new| from the subtraction,
+    // ≤ 2u from exp and u from the product; the subtraction's part, weighted by the weight it
+    // shrinks, is ≤ u/e absolutely (x·e^−x ≤ 1/e), the rest (3n + 3)u relatively, and the sums
+    // of ≤ n terms add γ_n: |out − ref| ≤ Σ_j (u + (4n + 5)u·p_j)|v_j|, and m + ln l within
     // u·|lse| + (5n + 5)u. Every score −∞: the state must stay empty.
-    const double u = std::ldexp(1.0, -24);
-    const auto score = attn::scores_or_masked(attn::magnitudes(-3, 31));
+    const auto score = attn::scores_or_masked(attn::family::magnitude(-3, 31));
     attn::check_property("online_softmax_update over any tiling equals the float64 softmax", [&] {
-        const std::size_t n = *rc::gen::inRange<std::size_t>(1, 9);
-        const auto s = *rc::gen::container<std::vector<float>>(n, score);
-        const auto cuts = *rc::gen::container<std::vector<bool>>(n - 1, rc::gen::arbitrary<bool>());
-        RowState state;
-        state.acc = xt::zeros<float>({std::size_t{1}});
-        std::size_t start = 0;
-        for (std::size_t j = 1; j <= n; ++j) {
-            if (j < n && !cuts[j - 1]) continue;
-            Tensor1 tile = xt::zeros<float>({j - start});
-            Tensor2 values = xt::zeros<float>({j - start, std::size_t{1}});
-            for (std::size_t i = start; i < j; ++i) {
-                tile(i - start) = s[i];
-                values(i - start, 0) = static_cast<float>(i % 5) - 2.0f;
+        const std::size_t n = attn::draw("n (scores)", attn::family::length(8));
+        const float c = attn::draw("offset", attn::family::offset());
+        auto s = attn::draw("scores (before the offset)", rc::gen::container<std::vector<float>>(n, score));
+        const attn::Mask<2> mask = attn::family::mask("mask", 1, n);
+        for (std::size_t j = 0; j < n; ++j) s[j] = mask(0, j) ? s[j] + c : -std::numeric_limits<float>::infinity();
+        const auto cuts = attn::draw("cut after key j", rc::gen::container<std::vector<bool>>(n - 1, rc::gen::arbitrary<bool>()));
+        Tensor2 values = xt::zeros<float>({n, std::size_t{1}});
+        for (std::size_t i = 0; i < n; ++i) values(i, 0) = static_cast<float>(i % 5) - 2.0f;
+        check_against_float64(fold_in_tiles(s, values, cuts), float64_row(s, values));
+    });
+}
+
+TEST_CASE("property: keys in any order give the same softmax, and values scaled by a power of two scale acc exactly") {
+    // Rows of 1 to 8 scores of ±10^−6 … 10 and value rows of 2 to 4 channels, every entry
+    // distinct (1/8 … 8·n in size, either sign: a values(d, j) for values(j, d) or one
+    // channel for another shows), folded in drawn tiles: in their order and in a drawn
+    // permutation each within the float64 bound of the property above (the reference does not
+    // depend on the order). The values times 2^k (k from −8 to 8) must give acc times 2^k,
+    // bit for bit, and the same m and l: with |s| ≤ 10 every weight is ≥ e^−20, so no
+    // product p·v comes near float's subnormals and scaling by 2^k rounds nothing.
+    attn::check_property("online_softmax_update permutes with its keys and is linear in the values", [] {
+        const std::size_t n = attn::draw("n (scores)", attn::family::length(8));
+        const std::size_t d_v = attn::draw("d_v", rc::gen::inRange<std::size_t>(2, 5));
+        const auto s = attn::draw("scores", rc::gen::container<std::vector<float>>(n, attn::family::magnitude(-6, 1)));
+        const auto flat = attn::draw("values (flat, distinct)", attn::family::distinct(n * d_v));
+        const auto order = attn::draw("the keys' order", attn::family::permutation(n));
+        const float scale = attn::draw("scale of the values", attn::family::scale());
+        const auto cuts = attn::draw("cut after key j", rc::gen::container<std::vector<bool>>(n - 1, rc::gen::arbitrary<bool>()));
+        Tensor2 values = xt::zeros<float>({n, d_v}), scaled = values, moved_values = values;
+        std::vector<float> moved(n);
+        for (std::size_t j = 0; j < n; ++j) {
+            moved[j] = s[order[j]];
+            for (std::size_t d = 0; d < d_v; ++d) {
+                values(j, d) = flat[j * d_v + d];
+                scaled(j, d) = scale * flat[j * d_v + d];
+                moved_values(j, d) = flat[order[j] * d_v + d];
             }
-            online_softmax_update(state, tile, values);
-            start = j;
         }
-        double m = -std::numeric_limits<double>::infinity(), z = 0.0, out = 0.0, tol = 0.0;
-        for (float x : s) m = std::max(m, static_cast<double>(x));
-        if (m == -std::numeric_limits<double>::infinity()) {
-            RC_ASSERT(state.max == -std::numeric_limits<float>::infinity());
-            RC_ASSERT(state.sum == 0.0f);
-            RC_ASSERT(state.acc(0) == 0.0f);
-            return;
-        }
-        for (float x : s) z += std::exp(x - m);
-        const double nn = static_cast<double>(n);
-        for (std::size_t i = 0; i < n; ++i) {
-            const double p = std::exp(s[i] - m) / z, v = static_cast<double>(i % 5) - 2.0;
-            out += p * v;
-            tol += (u + (4 * nn + 5) * u * p) * std::abs(v);
-        }
-        const double lse = m + std::log(z);
-        RC_ASSERT(std::isfinite(state.sum));
-        RC_ASSERT(std::abs(state.acc(0) / state.sum - out) <= tol);
-        RC_ASSERT(std::abs(state.max + std::log(static_cast<double>(state.sum)) - lse) <=
-                  u * std::abs(lse) + (5 * nn + 5) * u);
+        const Float64Row ref = float64_row(s, values);
+        const RowState state = fold_in_tiles(s, values, cuts);
+        check_against_float64(state, ref);
+        check_against_float64(fold_in_tiles(moved, moved_values, cuts), ref);
+        const RowState times = fold_in_tiles(s, scaled, cuts);
+        RC_ASSERT(times.max == state.max);
+        RC_ASSERT(times.sum == state.sum);
+        for (std::size_t d = 0; d < d_v; ++d) RC_ASSERT(times.acc(d) == scale * state.acc(d));
     });
 }
 

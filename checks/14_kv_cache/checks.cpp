@@ -2,11 +2,16 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - rows after pos may hold anything, for a query of either sign and any position
+// - queries and keys of any size, values distinct, and anything in the rows not yet written
+// - the cached rows in any order, q and k scaled apart, and the values scaled or moved
+// - a position below 0, or at or past the capacity, is refused and nothing is written
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/gpt_layers.hpp"
 #include "attn/kv_cache.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
@@ -15,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -165,6 +171,189 @@ TEST_CASE("property: rows after pos may hold anything, for a query of either sig
                 CHECK_CLOSE(append_and_attend(kc, vc, pos, q, k, v), expected, 0.0);
             }
         }
+}
+
+namespace {
+
+// A power of two near |x| (x ≠ 0): the size of a drawn magnitude, made exact to scale by.
+float power_of_two_near(float x) {
+    return std::ldexp(1.0f, static_cast<int>(std::lround(std::log2(std::abs(static_cast<double>(x))))));
+}
+
+// Bit-for-bit equality, NaN payloads included: what "never read, never written" means.
+bool same_bits(const Tensor2& a, const Tensor2& b) {
+    return a.shape() == b.shape() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// softmax(q·K[0..pos]ᵀ/√hs)·V[0..pos] in float64 (keys (pos + 1, hs), values (pos + 1, hs_v)),
+// and the bound on a float32 step's output: with the scores exact in float (the caller's
+// inputs make them so), e^(s − m) is within 2u (u = 2^-24), the sum of ≤ n = pos + 1 terms
+// within γ_n, the division and the product u each, the output's sum γ_n: ≤ (2n + 4)u·p_j|v_j|
+// per term; a one-pass (online) form adds ≤ n rescales of 3u each, so (4n + 6)u·p_j|v_j| is
+// asked, plus 2^-147·n for the ≤ 4n results that may fall among float's subnormals, each
+// rounded by ≤ 2^-150 absolutely and then divided by a sum ≥ 1.
+struct Step {
+    std::vector<double> out, tolerance;
+};
+
+Step float64_step(const Tensor1& q, const Tensor2& keys, const Tensor2& values) {
+    const double u = std::ldexp(1.0, -24);
+    const std::size_t n = keys.shape()[0], hs = keys.shape()[1], hs_v = values.shape()[1];
+    std::vector<double> s(n);
+    double m = -INFINITY, z = 0.0;
+    for (std::size_t j = 0; j < n; ++j) {
+        double dot = 0.0;
+        for (std::size_t i = 0; i < hs; ++i) dot += static_cast<double>(q(i)) * keys(j, i);
+        s[j] = dot / std::sqrt(static_cast<double>(hs));
+        m = std::max(m, s[j]);
+    }
+    for (double x : s) z += std::exp(x - m);
+    Step r{std::vector<double>(hs_v, 0.0), std::vector<double>(hs_v, std::ldexp(static_cast<double>(n), -147))};
+    const double nn = static_cast<double>(n);
+    for (std::size_t j = 0; j < n; ++j) {
+        const double p = std::exp(s[j] - m) / z;
+        for (std::size_t i = 0; i < hs_v; ++i) {
+            r.out[i] += p * values(j, i);
+            r.tolerance[i] += (4 * nn + 6) * u * p * std::abs(static_cast<double>(values(j, i)));
+        }
+    }
+    return r;
+}
+
+// RC_ASSERTs that `out` is `ref` to its bound, channel by channel.
+void check_step(const Tensor1& out, const Step& ref) {
+    RC_ASSERT(out.size() == ref.out.size());
+    for (std::size_t i = 0; i < out.size(); ++i) RC_ASSERT(std::abs(out(i) - ref.out[i]) <= ref.tolerance[i]);
+}
+
+}  // namespace
+
+TEST_CASE("property: queries and keys of any size, values distinct, and anything in the rows not yet written") {
+    // A cache of 1 to 8 rows (1 a quarter of the time) and a position in it; hs of 1, 4 or 16
+    // (1/√hs is then exact) and hs_v from 1 to 5. q and the keys are small integers (−8 … 8)
+    // times a power of two of any size (2^−20 … 2^50: scores of either sign up to ~10^32), so
+    // every score q·k/√hs is exact in float and only the softmax rounds; the values are
+    // distinct (a k passed for v, or a row read as a column, shows). Row pos, and every row
+    // after it, holds NaN, +∞ or −∞ before the call: row pos must become k and v, the later
+    // rows keep their bits and are never read, and the output is the float64 attention over
+    // rows 0..pos within float64_step's bound. A maximum started at 0 or at a finite sentinel
+    // (−1e9) loses every weight of a row of scores below it; a maximum over the capacity reads
+    // the non-finite rows.
+    attn::check_property("append_and_attend at any magnitude equals float64 attention over rows 0..pos", [] {
+        const std::size_t capacity = attn::draw("capacity", attn::family::length(8));
+        const std::size_t pos = attn::draw("pos", rc::gen::inRange<std::size_t>(0, capacity));
+        const std::size_t hs = attn::draw("hs", rc::gen::element<std::size_t>(1, 4, 16));
+        const std::size_t hs_v = attn::draw("hs_v", rc::gen::inRange<std::size_t>(1, 6));
+        const float q_size = power_of_two_near(attn::draw("q magnitude", attn::family::magnitude(-6, 15)));
+        const float k_size = power_of_two_near(attn::draw("k magnitude", attn::family::magnitude(-6, 15)));
+        const auto q_int = attn::draw("q / its magnitude", rc::gen::container<std::vector<int>>(hs, rc::gen::inRange(-8, 9)));
+        const auto k_int = attn::draw("keys 0..pos / their magnitude (flat)",
+                                      rc::gen::container<std::vector<int>>((pos + 1) * hs, rc::gen::inRange(-8, 9)));
+        const auto v_flat = attn::draw("values 0..pos (flat, distinct)", attn::family::distinct((pos + 1) * hs_v));
+        const float unwritten = attn::draw("rows pos and after hold", attn::family::non_finite());
+        Tensor1 q = xt::zeros<float>({hs}), k = xt::zeros<float>({hs}), v = xt::zeros<float>({hs_v});
+        Tensor2 keys = xt::zeros<float>({pos + 1, hs}), values = xt::zeros<float>({pos + 1, hs_v});
+        for (std::size_t i = 0; i < hs; ++i) q(i) = static_cast<float>(q_int[i]) * q_size;
+        for (std::size_t j = 0; j <= pos; ++j) {
+            for (std::size_t i = 0; i < hs; ++i) keys(j, i) = static_cast<float>(k_int[j * hs + i]) * k_size;
+            for (std::size_t i = 0; i < hs_v; ++i) values(j, i) = v_flat[j * hs_v + i];
+        }
+        for (std::size_t i = 0; i < hs; ++i) k(i) = keys(pos, i);
+        for (std::size_t i = 0; i < hs_v; ++i) v(i) = values(pos, i);
+        Tensor2 key_cache = xt::full_like(xt::zeros<float>({capacity, hs}), unwritten),
+                value_cache = xt::full_like(xt::zeros<float>({capacity, hs_v}), unwritten);
+        xt::view(key_cache, xt::range(0, static_cast<long>(pos))) = xt::view(keys, xt::range(0, static_cast<long>(pos)));
+        xt::view(value_cache, xt::range(0, static_cast<long>(pos))) = xt::view(values, xt::range(0, static_cast<long>(pos)));
+        Tensor2 expected_keys = key_cache, expected_values = value_cache;
+        xt::row(expected_keys, static_cast<long>(pos)) = k;
+        xt::row(expected_values, static_cast<long>(pos)) = v;
+        const Tensor1 out = append_and_attend(key_cache, value_cache, static_cast<int>(pos), q, k, v);
+        RC_ASSERT(same_bits(key_cache, expected_keys));
+        RC_ASSERT(same_bits(value_cache, expected_values));
+        check_step(out, float64_step(q, keys, values));
+    });
+}
+
+TEST_CASE("property: the cached rows in any order, q and k scaled apart, and the values scaled or moved") {
+    // Rows 0..pos of a cache of 1 to 8 rows, hs of 1, 4 or 16, hs_v from 1 to 5, q and keys
+    // small integers (−3 … 3: |s| ≤ 36, so every weight is ≥ e^−72 and no product p·v comes
+    // near float's subnormals), values distinct. Invariances, with e from −8 to 8:
+    //   q·2^e with every key·2^−e: the same scores, so the same output, bit for bit;
+    //   values·2^e: the output·2^e, bit for bit (every product and sum scales exactly);
+    //   rows 0..pos − 1 cached in a drawn order (the new token stays at pos): attention does
+    //   not depend on where a key sits, so the output is the float64 one within its bound;
+    //   values + c (an offset 0, ±1 … ±10^4): the float64 attention over the moved values
+    //   (rounded to float as the cache holds them), within the bound, which grows with |v + c|:
+    //   the weights must sum to 1 to carry c through.
+    attn::check_property("append_and_attend is order-free in the cache and scales as attention does", [] {
+        const std::size_t capacity = attn::draw("capacity", attn::family::length(8));
+        const std::size_t pos = attn::draw("pos", rc::gen::inRange<std::size_t>(0, capacity));
+        const std::size_t hs = attn::draw("hs", rc::gen::element<std::size_t>(1, 4, 16));
+        const std::size_t hs_v = attn::draw("hs_v", rc::gen::inRange<std::size_t>(1, 6));
+        const auto q_int = attn::draw("q", rc::gen::container<std::vector<int>>(hs, rc::gen::inRange(-3, 4)));
+        const auto k_int = attn::draw("keys 0..pos (flat)", rc::gen::container<std::vector<int>>((pos + 1) * hs, rc::gen::inRange(-3, 4)));
+        const auto v_flat = attn::draw("values 0..pos (flat, distinct)", attn::family::distinct((pos + 1) * hs_v));
+        const float scale = attn::draw("scale", attn::family::scale());
+        const auto order = attn::draw("order of rows 0..pos − 1", attn::family::permutation(pos));
+        const float c = attn::draw("offset of the values", attn::family::offset());
+        Tensor1 q = xt::zeros<float>({hs});
+        Tensor2 keys = xt::zeros<float>({pos + 1, hs}), values = xt::zeros<float>({pos + 1, hs_v});
+        for (std::size_t i = 0; i < hs; ++i) q(i) = static_cast<float>(q_int[i]);
+        for (std::size_t j = 0; j <= pos; ++j) {
+            for (std::size_t i = 0; i < hs; ++i) keys(j, i) = static_cast<float>(k_int[j * hs + i]);
+            for (std::size_t i = 0; i < hs_v; ++i) values(j, i) = v_flat[j * hs_v + i];
+        }
+        // One step at pos over cached rows `k_rows`, `v_rows` (rows 0..pos; row pos is appended).
+        const auto step = [&](const Tensor1& query, const Tensor2& k_rows, const Tensor2& v_rows) {
+            Tensor2 key_cache = xt::zeros<float>({capacity, hs}), value_cache = xt::zeros<float>({capacity, hs_v});
+            xt::view(key_cache, xt::range(0, static_cast<long>(pos))) = xt::view(k_rows, xt::range(0, static_cast<long>(pos)));
+            xt::view(value_cache, xt::range(0, static_cast<long>(pos))) = xt::view(v_rows, xt::range(0, static_cast<long>(pos)));
+            return append_and_attend(key_cache, value_cache, static_cast<int>(pos), query,
+                                     Tensor1(xt::row(k_rows, static_cast<long>(pos))),
+                                     Tensor1(xt::row(v_rows, static_cast<long>(pos))));
+        };
+        const Tensor1 out = step(q, keys, values);
+        check_step(out, float64_step(q, keys, values));
+        const Tensor1 apart = step(Tensor1(q * scale), Tensor2(keys / scale), values);
+        const Tensor1 scaled = step(q, keys, Tensor2(values * scale));
+        for (std::size_t i = 0; i < hs_v; ++i) {
+            RC_ASSERT(apart(i) == out(i));
+            RC_ASSERT(scaled(i) == out(i) * scale);
+        }
+        Tensor2 moved_keys = keys, moved_values = values;
+        for (std::size_t j = 0; j < pos; ++j) {
+            xt::row(moved_keys, static_cast<long>(j)) = xt::row(keys, static_cast<long>(order[j]));
+            xt::row(moved_values, static_cast<long>(j)) = xt::row(values, static_cast<long>(order[j]));
+        }
+        check_step(step(q, moved_keys, moved_values), float64_step(q, keys, values));
+        const Tensor2 offset_values = values + c;
+        check_step(step(q, keys, offset_values), float64_step(q, keys, offset_values));
+    });
+}
+
+TEST_CASE("property: a position below 0, or at or past the capacity, is refused and nothing is written") {
+    // pos below 0 (−1, −2, −10^6, and a large negative int) or at or past the capacity
+    // (capacity, capacity + 1, INT_MAX), for caches of 1 to 8 rows: std::invalid_argument,
+    // and both caches keep every bit.
+    attn::check_property("append_and_attend refuses every position outside the cache", [] {
+        const std::size_t capacity = attn::draw("capacity", attn::family::length(8));
+        const int cap = static_cast<int>(capacity);
+        const long bad = attn::draw("pos", rc::gen::oneOf(attn::family::below(0),
+                                                         rc::gen::element<long>(cap, cap + 1, std::numeric_limits<int>::max())));
+        const int pos = static_cast<int>(std::max<long>(bad, std::numeric_limits<int>::min()));
+        attn::Rng rng(static_cast<std::uint64_t>(capacity));
+        Tensor2 keys = rng.normal_tensor<2>({capacity, 3}), values = rng.normal_tensor<2>({capacity, 2});
+        const Tensor2 keys_before = keys, values_before = values;
+        bool refused = false;
+        try {
+            (void)append_and_attend(keys, values, pos, Tensor1{1, 2, 3}, Tensor1{4, 5, 6}, Tensor1{7, 8});
+        } catch (const std::invalid_argument&) {
+            refused = true;
+        }
+        RC_ASSERT(refused);
+        RC_ASSERT(same_bits(keys, keys_before));
+        RC_ASSERT(same_bits(values, values_before));
+    });
 }
 
 TEST_CASE("step by step it reproduces full causal attention of one head") {

@@ -2,9 +2,13 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - at any positions up to 10^5, a score depends only on the offset, and backward undoes forward
+// - rows of any magnitude and distinct entries, at any position up to 2^31 − 1, against the
+//   rotation in double, and exactly linear under a power of two
+// - every negative position and every odd head size is refused
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
 #include "attn/property.hpp"
@@ -15,6 +19,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <limits>
 #include <stdexcept>
 #include <vector>
 
@@ -117,6 +122,29 @@ TEST_CASE("positions past 1000, as in a long context, against angles computed in
     }
 }
 
+TEST_CASE("positions past 2^24 and up to 2^31 − 1 (pos0 is any int ≥ 0), against angles computed in double") {
+    // A position held in a float is rounded past 2^24 (float's 24-bit mantissa): 2^24 + 1
+    // becomes 2^24, and near 2^31 a float's spacing is 128, so pair 0 (θ = p radians) turns
+    // by up to 64 radians too few or too many. Held in double (or as an int until the angle
+    // is formed) every position up to 2^31 − 1 is exact.
+    attn::Rng rng(24);
+    const Tensor2 x = rng.normal_tensor<2>({3, 8}, 0.0f, 0.5f);
+    for (int pos0 : {(1 << 24) + 1, (1 << 24) + 3, std::numeric_limits<int>::max() - 2}) {
+        CAPTURE(pos0);
+        INFO("keep the position in double (or an int) until the angle: a float holds integers "
+             "exactly only up to 2^24 = 16777216");
+        // θ = p·f_i with f_i = 10000^(−2i/8): f_0 = 1 exactly in any form (pow or exp of 0),
+        // so pair 0's angle is p, exact in double. f_i for i ≥ 1 is within a few ulps whether
+        // taken by pow or by exp(−2i/hs·ln 10000): θ within ~4·10^-15·θ ≤ 4e-15·2^31·0.1 ≈
+        // 8.6e-7 rad, which moves a pair (|x| ≲ 2, N(0, 0.5)) by ≤ 2·8.6e-7 ≈ 1.7e-6. The
+        // float rounding of cos, sin and the products, 3u(|x0| + |x1|) ≲ 7e-7, and the
+        // reference's ½ulp: ≲ 2.7e-6, 3.7× under 1e-5. The position in float turns pair 0 by
+        // 1 radian or more.
+        CHECK_CLOSE(rope_rotate(x, pos0), rotation_in_double(x, pos0, 1.0), 1e-5);
+        CHECK_CLOSE(rope_rotate_backward(x, pos0), rotation_in_double(x, pos0, -1.0), 1e-5);
+    }
+}
+
 TEST_CASE("one pair (hs = 2) and one row: the pair turns by exactly pos0 radians") {
     const Tensor2 x = {{1.0f, 2.0f}};
     const double c = std::cos(7.0), s = std::sin(7.0);
@@ -168,14 +196,17 @@ TEST_CASE("property: at any positions up to 10^5, a score depends only on the of
     // way: applied to rope_rotate(x, p) it gives x back within 12u·|x| per row.
     const double u = std::ldexp(1.0, -24);
     attn::check_property("q·k after RoPE depends on the offset only, and backward inverts forward", [u] {
-        const std::size_t hs = 2 * *rc::gen::inRange<std::size_t>(1, 9);
-        const int m = *rc::gen::inRange(0, 100001), n = *rc::gen::inRange(0, 100001),
-                  c = *rc::gen::inRange(0, 100001);
+        const std::size_t hs = attn::draw("hs / 2", rc::gen::inRange<std::size_t>(1, 9)) * 2;
+        const int m = attn::draw("m (q's position)", rc::gen::inRange(0, 100001)),
+                  n = attn::draw("n (k's position)", rc::gen::inRange(0, 100001)),
+                  c = attn::draw("c (both moved by)", rc::gen::inRange(0, 100001));
+        const auto q_int = attn::draw("q", rc::gen::container<std::vector<int>>(hs, rc::gen::inRange(-4, 5)));
+        const auto k_int = attn::draw("k", rc::gen::container<std::vector<int>>(hs, rc::gen::inRange(-4, 5)));
         Tensor2 q = xt::zeros<float>({std::size_t{1}, hs}), k = xt::zeros<float>({std::size_t{1}, hs});
         double qq = 0.0, kk = 0.0;
         for (std::size_t i = 0; i < hs; ++i) {
-            q(0, i) = static_cast<float>(*rc::gen::inRange(-4, 5));
-            k(0, i) = static_cast<float>(*rc::gen::inRange(-4, 5));
+            q(0, i) = static_cast<float>(q_int[i]);
+            k(0, i) = static_cast<float>(k_int[i]);
             qq += q(0, i) * q(0, i);
             kk += k(0, i) * k(0, i);
         }
@@ -190,6 +221,70 @@ TEST_CASE("property: at any positions up to 10^5, a score depends only on the of
         const Tensor2 back = rope_rotate_backward(rope_rotate(q, m), m);
         for (std::size_t i = 0; i < hs; ++i)
             RC_ASSERT(std::abs(back(0, i) - q(0, i)) <= 12 * u * std::sqrt(qq));
+    });
+}
+
+TEST_CASE("property: rows of any magnitude and distinct entries, at any position up to 2^31 − 1, against the rotation in double") {
+    // 1 to 4 rows (1 a quarter of the time) of hs = 2 … 16 entries, pairwise distinct and of
+    // either sign (Llama's pairing of i with i + hs/2, or a pair's two channels exchanged,
+    // shows), times a power of two of any size (2^−20 … 2^100), at a pos0 up to 10^5 or from
+    // 2^24 to 2^31 − 1 − T. Against rotation_in_double, forward and backward: per pair
+    // |y − ref| ≤ (4u + δθ)(|x0| + |x1|), u = 2^-24: 3u from float cos, sin and the products,
+    // u the reference's own rounding; δθ ≤ 2^-49·θ the angle's, a frequency within a few
+    // ulps whichever way it is computed (pair 0's, 1, exactly). Then x·2^e (e from −8 to 8)
+    // must rotate to y·2^e, bit for bit: the same cos and sin, products scaled exactly.
+    const double u = std::ldexp(1.0, -24);
+    attn::check_property("rope_rotate and its backward equal the rotation in double at any magnitude and position", [u] {
+        const std::size_t T = attn::draw("T", attn::family::length(4));
+        const std::size_t hs = attn::draw("hs / 2", rc::gen::inRange<std::size_t>(1, 9)) * 2;
+        const int pos0 = attn::draw("pos0", rc::gen::oneOf(rc::gen::inRange(0, 100001),
+                                                           rc::gen::inRange((1 << 24), std::numeric_limits<int>::max() - 4)));
+        const float size = attn::draw("magnitude of x", attn::family::magnitude(-6, 30));
+        const float power = std::ldexp(1.0f, static_cast<int>(std::lround(std::log2(std::abs(static_cast<double>(size))))));
+        const auto entries = attn::draw("x / its magnitude (flat, distinct)", attn::family::distinct(T * hs));
+        const float scale = attn::draw("scale", attn::family::scale());
+        Tensor2 x = xt::zeros<float>({T, hs});
+        for (std::size_t i = 0; i < x.size(); ++i) x.flat(i) = entries[i] * power;
+        for (double sign : {1.0, -1.0}) {
+            const Tensor2 y = sign > 0 ? rope_rotate(x, pos0) : rope_rotate_backward(x, pos0);
+            const Tensor2 ref = rotation_in_double(x, pos0, sign);
+            RC_ASSERT(y.shape() == ref.shape());
+            for (std::size_t t = 0; t < T; ++t)
+                for (std::size_t i = 0; i < hs / 2; ++i) {
+                    const double theta = (pos0 + static_cast<double>(t)) *
+                                         std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(hs));
+                    const double tol = (4 * u + std::ldexp(theta, -49)) *
+                                       (std::abs(static_cast<double>(x(t, 2 * i))) + std::abs(static_cast<double>(x(t, 2 * i + 1))));
+                    RC_ASSERT(std::abs(static_cast<double>(y(t, 2 * i)) - ref(t, 2 * i)) <= tol);
+                    RC_ASSERT(std::abs(static_cast<double>(y(t, 2 * i + 1)) - ref(t, 2 * i + 1)) <= tol);
+                }
+            const Tensor2 scaled = sign > 0 ? rope_rotate(Tensor2(x * scale), pos0) : rope_rotate_backward(Tensor2(x * scale), pos0);
+            for (std::size_t i = 0; i < y.size(); ++i) RC_ASSERT(scaled.flat(i) == y.flat(i) * scale);
+        }
+    });
+}
+
+TEST_CASE("property: every negative position and every odd head size is refused") {
+    // pos0 below 0 (−1, −2, −10^6, the lowest int) with an even hs, or an odd hs from 1 to 15
+    // at a position ≥ 0, for 1 to 4 rows: std::invalid_argument from both functions.
+    attn::check_property("rope_rotate and its backward refuse pos0 < 0 and an odd hs", [] {
+        const std::size_t T = attn::draw("T", attn::family::length(4));
+        const bool odd = attn::draw("odd hs (else a negative pos0)", rc::gen::arbitrary<bool>());
+        const std::size_t hs = odd ? attn::draw("(hs − 1) / 2", rc::gen::inRange<std::size_t>(0, 8)) * 2 + 1
+                                   : attn::draw("hs / 2", rc::gen::inRange<std::size_t>(1, 9)) * 2;
+        const int pos0 = odd ? attn::draw("pos0", rc::gen::inRange(0, 100001))
+                             : static_cast<int>(std::max<long>(attn::draw("pos0 below 0", attn::family::below(0)),
+                                                               std::numeric_limits<int>::min()));
+        const Tensor2 x = xt::ones<float>({T, hs});
+        for (int backward = 0; backward < 2; ++backward) {
+            bool refused = false;
+            try {
+                (void)(backward ? rope_rotate_backward(x, pos0) : rope_rotate(x, pos0));
+            } catch (const std::invalid_argument&) {
+                refused = true;
+            }
+            RC_ASSERT(refused);
+        }
     });
 }
 

@@ -2,9 +2,11 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - for any NH, G, T and hs, each query head reads its group's head, and backward is the transpose
+// - every count below 1, and every G that does not divide NH, is refused
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/property.hpp"
 #include "attn/random.hpp"
 
@@ -12,6 +14,9 @@
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xview.hpp>
 
+#include <array>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <utility>
 
@@ -115,30 +120,118 @@ TEST_CASE("one query head, many in one group, and every T and hs: forward and ba
             }
 }
 
+TEST_CASE("empty inputs and no query heads are refused: NH = 0 or G = 0 is no count of heads") {
+    // An empty kv (G = 0) or an empty gradient (NH = 0) has shape (0, T, hs): the contract
+    // refuses G or NH below 1 with std::invalid_argument. Without that check, NH % 0 divides
+    // by zero (SIGFPE) and NH = 0 returns a gradient of zeros as if there were heads.
+    INFO("G = kv.shape()[0] and NH = dexpanded.shape()[0] may be 0: check that both are at least 1 "
+         "before NH % G");
+    CHECK_THROWS_AS(expand_kv(xt::zeros<float>({0, 1, 2}), 4), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv(xt::zeros<float>({0, 1, 2}), 0), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv(xt::ones<float>({2, 1, 2}), 0), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv_backward(xt::zeros<float>({0, 1, 2}), 1), std::invalid_argument);
+    CHECK_THROWS_AS(expand_kv_backward(xt::zeros<float>({0, 1, 2}), 0), std::invalid_argument);
+    CHECK_THROWS_AS(kv_head(0, 0, 0), std::invalid_argument);
+}
+
 TEST_CASE("property: for any NH, G, T and hs, each query head reads its group's head, and backward is the transpose") {
-    // G from 1 to 6, NH a multiple of G up to 24, T and hs up to 5; entries small integers,
-    // so every sum is exact in float. For every h: kv_head(h) = h / (NH / G), the groups are
-    // consecutive, of equal size, and cover [0, G); expand_kv copies exactly that head; and
-    // Σ d·expand(kv) = Σ backward(d)·kv (the backward pass is the forward's transpose).
+    // G from 1 to 6, NH a multiple of G up to 24, T and hs from 1 to 5 (1 a quarter of the
+    // time each). kv's entries are pairwise distinct (a head, position or channel read for
+    // another shows); d's are small integers times a power of two of any size (2^−20 …
+    // 2^100), so every group sum is exact in float. For every h: kv_head(h) = h / (NH / G);
+    // expand_kv copies exactly that head, bit for bit; Σ d·expand(kv) = Σ backward(d)·kv,
+    // exactly in double (the backward pass is the forward's transpose). Invariances: kv's
+    // heads in a drawn order expand to the same groups in that order, and d·2^e (e from −8 to
+    // 8) goes back as backward(d)·2^e, bit for bit.
     attn::check_property("kv_head, expand_kv and its backward agree with the grouping", [] {
-        const int G = *rc::gen::inRange(1, 7);
-        const int NH = G * *rc::gen::inRange(1, 5);
-        const std::size_t T = *rc::gen::inRange<std::size_t>(1, 6), hs = *rc::gen::inRange<std::size_t>(1, 6);
+        const int G = attn::draw("G", rc::gen::inRange(1, 7));
+        const int NH = attn::draw("NH / G", rc::gen::inRange(1, 5)) * G;
+        const std::size_t T = attn::draw("T", attn::family::length(5)), hs = attn::draw("hs", attn::family::length(5));
         const std::size_t g = static_cast<std::size_t>(G), nh = static_cast<std::size_t>(NH);
+        const auto kv_values = attn::draw("kv (flat, distinct)", attn::family::distinct(g * T * hs));
+        const auto d_ints = attn::draw("d / its magnitude (flat)",
+                                       rc::gen::container<std::vector<int>>(nh * T * hs, rc::gen::inRange(-3, 4)));
+        const float size = attn::draw("magnitude of d", attn::family::magnitude(-6, 30));
+        const float power = std::ldexp(1.0f, static_cast<int>(std::lround(std::log2(std::abs(static_cast<double>(size))))));
+        const auto order = attn::draw("order of kv's heads", attn::family::permutation(g));
+        const float scale = attn::draw("scale of d", attn::family::scale());
         Tensor3 kv = xt::zeros<float>({g, T, hs}), d = xt::zeros<float>({nh, T, hs});
-        for (auto& x : kv) x = static_cast<float>(*rc::gen::inRange(-3, 4));
-        for (auto& x : d) x = static_cast<float>(*rc::gen::inRange(-3, 4));
+        for (std::size_t i = 0; i < kv.size(); ++i) kv.flat(i) = kv_values[i];
+        for (std::size_t i = 0; i < d.size(); ++i) d.flat(i) = static_cast<float>(d_ints[i]) * power;
         for (int h = 0; h < NH; ++h) RC_ASSERT(kv_head(h, NH, G) == h / (NH / G));
         const Tensor3 e = expand_kv(kv, NH);
-        RC_ASSERT(e.shape()[0] == nh);
+        RC_ASSERT(e.shape() == (std::array<std::size_t, 3>{nh, T, hs}));
         for (std::size_t h = 0; h < nh; ++h)
             RC_ASSERT(xt::view(e, h) == xt::view(kv, h / (nh / g)));
+        Tensor3 moved = kv;
+        for (std::size_t k = 0; k < g; ++k) xt::view(moved, k) = xt::view(kv, order[k]);
+        const Tensor3 moved_e = expand_kv(moved, NH);
+        for (std::size_t h = 0; h < nh; ++h)
+            RC_ASSERT(xt::view(moved_e, h) == xt::view(kv, order[h / (nh / g)]));
         const Tensor3 back = expand_kv_backward(d, G);
-        RC_ASSERT(back.shape()[0] == g);
+        RC_ASSERT(back.shape() == (std::array<std::size_t, 3>{g, T, hs}));
         double forward = 0.0, backward = 0.0;
         for (std::size_t i = 0; i < e.size(); ++i) forward += static_cast<double>(d.flat(i)) * e.flat(i);
         for (std::size_t i = 0; i < back.size(); ++i) backward += static_cast<double>(back.flat(i)) * kv.flat(i);
         RC_ASSERT(forward == backward);
+        const Tensor3 back_scaled = expand_kv_backward(Tensor3(d * scale), G);
+        for (std::size_t i = 0; i < back.size(); ++i) RC_ASSERT(back_scaled.flat(i) == back.flat(i) * scale);
+    });
+}
+
+TEST_CASE("property: every count below 1, and every G that does not divide NH, is refused") {
+    // NH or G below 1 (0, −1, −2, −10^6, the lowest int), given as an argument or as a tensor's
+    // first axis (which can only be 0: an empty kv or an empty gradient), with the other count
+    // valid; or a G that does not divide NH (0 or one of 2 … 2NH + 1 that is no divisor).
+    // kv_head, expand_kv and expand_kv_backward must each throw std::invalid_argument: the
+    // contract's "NH or G below 1", not a division by zero, an empty result or a shape (NH, …)
+    // built from a count that is no count.
+    const auto below_1 = [](const char* name) {
+        return static_cast<int>(std::max<long>(attn::draw(name, attn::family::below(1)), std::numeric_limits<int>::min()));
+    };
+    const auto refused = [](auto&& call) {
+        try {
+            call();
+        } catch (const std::invalid_argument&) {
+            return true;
+        }
+        return false;
+    };
+    attn::check_property("kv_head, expand_kv and expand_kv_backward refuse counts out of range", [&] {
+        const std::size_t T = attn::draw("T", attn::family::length(3)), hs = attn::draw("hs", attn::family::length(3));
+        const int good = attn::draw("the valid count", rc::gen::inRange(1, 9));
+        const std::size_t n = static_cast<std::size_t>(good);
+        switch (attn::draw("which count is wrong", rc::gen::inRange(0, 5))) {
+            case 0: {  // NH below 1, G valid
+                const int NH = below_1("NH");
+                RC_ASSERT(refused([&] { (void)kv_head(0, NH, good); }));
+                RC_ASSERT(refused([&] { (void)expand_kv(xt::ones<float>({n, T, hs}), NH); }));
+                RC_ASSERT(refused([&] { (void)expand_kv_backward(xt::ones<float>({std::size_t{0}, T, hs}), good); }));
+                break;
+            }
+            case 1: {  // G below 1, NH valid
+                const int G = below_1("G");
+                RC_ASSERT(refused([&] { (void)kv_head(0, good, G); }));
+                RC_ASSERT(refused([&] { (void)expand_kv(xt::ones<float>({std::size_t{0}, T, hs}), good); }));
+                RC_ASSERT(refused([&] { (void)expand_kv_backward(xt::ones<float>({n, T, hs}), G); }));
+                break;
+            }
+            case 2: {  // both below 1
+                const int NH = below_1("NH"), G = below_1("G");
+                RC_ASSERT(refused([&] { (void)kv_head(0, NH, G); }));
+                RC_ASSERT(refused([&] { (void)expand_kv(xt::ones<float>({std::size_t{0}, T, hs}), NH); }));
+                RC_ASSERT(refused([&] { (void)expand_kv_backward(xt::ones<float>({std::size_t{0}, T, hs}), G); }));
+                break;
+            }
+            default: {  // G does not divide NH
+                const std::size_t G = attn::draw("G (not dividing NH)", attn::family::not_dividing(n));
+                const int g = static_cast<int>(G);
+                RC_ASSERT(refused([&] { (void)kv_head(0, good, g); }));
+                RC_ASSERT(refused([&] { (void)expand_kv(xt::ones<float>({G, T, hs}), good); }));
+                RC_ASSERT(refused([&] { (void)expand_kv_backward(xt::ones<float>({n, T, hs}), g); }));
+                break;
+            }
+        }
     });
 }
 

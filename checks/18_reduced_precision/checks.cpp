@@ -2,10 +2,16 @@
 // statistics.
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
-// - every float rounds to the nearer of the two bfloat16s around it, a tie to the even one
+// - every float rounds to the nearer of the two bfloat16s around it, a tie to the even one,
+//   and a NaN keeps its top half with the quiet bit set
+// - a sign flip and a power of two move a float's bfloat16 exactly; NaN and ±∞ keep theirs
+// - rows of scores of any size and offset under masks of every kind give the float32 softmax,
+//   rounded once
+// - the scores in any order give the probabilities in that order
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/fixtures.hpp"
 #include "attn/npy.hpp"
 #include "attn/property.hpp"
@@ -13,6 +19,7 @@
 
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <cstring>
@@ -36,6 +43,26 @@ float float_of(std::uint32_t bits) {
 float value_of(std::uint16_t b) { return float_of(static_cast<std::uint32_t>(b) << 16); }
 
 bool is_nan(std::uint16_t b) { return (b & 0x7f80u) == 0x7f80u && (b & 0x007fu) != 0; }
+
+// The nearest bfloat16 of a float that is not NaN, worked independently of the exercise: the
+// two candidates are the float's top 16 bits and the pattern one above (for a positive float:
+// the next one away from zero), their values compared with x in double, where every float
+// and both candidates are exact; a tie goes to the even pattern. The pattern above the
+// largest finite bfloat16 is infinity and counts as 2^128 (IEEE's rule: from half a step past
+// the largest, round to infinity).
+std::uint16_t nearest_bfloat16(float x) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, sizeof bits);
+    const std::uint16_t low = static_cast<std::uint16_t>(bits >> 16);
+    const std::uint16_t high = static_cast<std::uint16_t>(low + 1);
+    if (std::isinf(x) || (bits & 0xffffu) == 0) return low;
+    auto value = [](std::uint16_t b) {
+        if ((b & 0x7fffu) == 0x7f80u) return std::copysign(std::ldexp(1.0, 128), (b & 0x8000u) ? -1.0 : 1.0);
+        return static_cast<double>(value_of(b));
+    };
+    const double d_low = std::abs(static_cast<double>(x) - value(low)), d_high = std::abs(value(high) - static_cast<double>(x));
+    return d_high < d_low || (d_high == d_low && (low & 1u)) ? high : low;
+}
 
 std::vector<std::uint16_t> bits_of_exact(const std::vector<float>& values) {
     std::vector<std::uint16_t> out;
@@ -112,6 +139,15 @@ TEST_CASE("a NaN stays a NaN, whatever its payload") {
         CHECK(is_nan(float_to_bfloat16(float_of(nan))));
     }
     CHECK((float_to_bfloat16(float_of(0xff800001u)) & 0x8000) == 0x8000);  // its sign kept
+    // The contract fixes the bits: the top half with the quiet bit (0x0040) set. A signalling
+    // NaN (quiet bit 0: 0x7f80 0001, 0x7fa0 1234) must come out quiet, 0x7fc0 and 0x7fe0; a
+    // quiet one keeps its top half as it is.
+    INFO("a NaN comes out as its top 16 bits | 0x0040 (the quiet bit): not another bit, not the low bit");
+    CHECK(float_to_bfloat16(float_of(0x7f800001u)) == 0x7fc0);
+    CHECK(float_to_bfloat16(float_of(0x7fa01234u)) == 0x7fe0);
+    CHECK(float_to_bfloat16(float_of(0xff800001u)) == 0xffc0);
+    CHECK(float_to_bfloat16(float_of(0x7fc00000u)) == 0x7fc0);
+    CHECK(float_to_bfloat16(float_of(0x7fd50000u)) == 0x7fd5);
 }
 
 TEST_CASE("subnormal floats round too: they are not flushed to zero") {
@@ -154,34 +190,24 @@ TEST_CASE("property: every float rounds to the nearer of the two bfloat16s aroun
     // positive float: the next one away from zero), their values compared with x in double,
     // where every float and both candidates are exact. The pattern above the largest finite
     // bfloat16 is infinity and counts as 2^128 (IEEE's rule: from half a step past the
-    // largest, round to infinity). A NaN must stay a NaN of the same sign.
+    // largest, round to infinity). A NaN must keep its top half, with the quiet bit (0x0040) set.
     attn::check_property("float_to_bfloat16 of any float is its nearest bfloat16", [] {
-        const auto hi = *rc::gen::oneOf(rc::gen::arbitrary<std::uint16_t>(),
-                                        rc::gen::element<std::uint16_t>(0x0000, 0x8000, 0x3f80, 0xbf80, 0x7f7f, 0xff7f,
-                                                                        0x7f80, 0xff80, 0x0001, 0x007f));
-        const auto lo = *rc::gen::oneOf(rc::gen::arbitrary<std::uint16_t>(),
-                                        rc::gen::element<std::uint16_t>(0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff));
+        const auto hi = attn::draw("top half", rc::gen::oneOf(rc::gen::arbitrary<std::uint16_t>(),
+                                                          rc::gen::element<std::uint16_t>(0x0000, 0x8000, 0x3f80, 0xbf80, 0x7f7f, 0xff7f,
+                                                                                          0x7f80, 0xff80, 0x7f81, 0xffa0, 0x7fc0,
+                                                                                          0x0001, 0x007f)));
+        const auto lo = attn::draw("low half", rc::gen::oneOf(rc::gen::arbitrary<std::uint16_t>(),
+                                                          rc::gen::element<std::uint16_t>(0x0000, 0x0001, 0x7fff, 0x8000, 0x8001, 0xffff)));
         const std::uint32_t bits = (static_cast<std::uint32_t>(hi) << 16) | lo;
         const float x = float_of(bits);
         const std::uint16_t got = float_to_bfloat16(x);
         if (std::isnan(x)) {
-            RC_ASSERT(is_nan(got));
-            RC_ASSERT((got & 0x8000u) == ((bits >> 16) & 0x8000u));
+            // The contract fixes a NaN's bits: its top half with the quiet bit set, so a
+            // signalling NaN (quiet bit 0) comes out quiet, its sign and payload kept.
+            RC_ASSERT(got == static_cast<std::uint16_t>((bits >> 16) | 0x0040u));
             return;
         }
-        const std::uint16_t low = static_cast<std::uint16_t>(bits >> 16);
-        const std::uint16_t high = static_cast<std::uint16_t>(low + 1);  // one step away from 0
-        auto value = [](std::uint16_t b) {
-            if ((b & 0x7fffu) == 0x7f80u) return std::copysign(std::ldexp(1.0, 128), (b & 0x8000u) ? -1.0 : 1.0);
-            return static_cast<double>(value_of(b));
-        };
-        std::uint16_t expected = low;
-        if (!std::isinf(x) && (bits & 0xffffu) != 0) {
-            const double d_low = std::abs(static_cast<double>(x) - value(low)),
-                         d_high = std::abs(value(high) - static_cast<double>(x));
-            expected = d_high < d_low || (d_high == d_low && (low & 1u)) ? high : low;
-        }
-        RC_ASSERT(got == expected);
+        RC_ASSERT(got == nearest_bfloat16(x));
     }, 2000);
 }
 
@@ -268,3 +294,110 @@ TEST_CASE("a long row: each probability is the float64 softmax rounded to bfloat
     // maximum kept in bfloat16 moves the total by ≥ 1e-2.
     CHECK(std::fabs(total - 1.0) <= 0x1p-9);
 }
+
+TEST_CASE("property: a sign flip and a power of two move a float's bfloat16 exactly, and non-finite floats keep theirs") {
+    // Any float whose exponent is within ±100 of 1 (normal, and normal after scaling): its
+    // bfloat16 of −x is its own with the sign bit flipped, and of 2^k·x (k from −8 to 8) its
+    // own with k added to the exponent field, k·0x0080 (rounding depends only on the
+    // mantissa's bits; a carry into the exponent carries the same way). NaN, +∞ and −∞:
+    // 0x7fc0 (NaN's top half with the quiet bit), 0x7f80 and 0xff80.
+    attn::check_property("float_to_bfloat16 is odd and commutes with powers of two", [] {
+        const auto mantissa = attn::draw("mantissa bits", rc::gen::inRange<std::uint32_t>(0, 1u << 23));
+        const int exponent = attn::draw("exponent", rc::gen::inRange(-100, 101));
+        const bool negative = attn::draw("negative", rc::gen::arbitrary<bool>());
+        const int k = static_cast<int>(std::lround(std::log2(attn::draw("scale", attn::family::scale()))));
+        const std::uint32_t bits = (negative ? 0x80000000u : 0u) | (static_cast<std::uint32_t>(exponent + 127) << 23) | mantissa;
+        const float x = float_of(bits);
+        const std::uint16_t b = float_to_bfloat16(x);
+        RC_ASSERT(float_to_bfloat16(-x) == static_cast<std::uint16_t>(b ^ 0x8000u));
+        RC_ASSERT(float_to_bfloat16(std::ldexp(x, k)) == static_cast<std::uint16_t>(b + k * 0x0080));
+        const float special = attn::draw("a non-finite float", attn::family::non_finite());
+        const std::uint16_t expected = std::isnan(special) ? std::uint16_t{0x7fc0} : (special > 0 ? std::uint16_t{0x7f80} : std::uint16_t{0xff80});
+        RC_ASSERT(float_to_bfloat16(special) == expected);
+    });
+}
+
+namespace {
+
+// RC_ASSERTs that p = softmax_bfloat16(scores) is, entry by entry, what rounding a float32
+// softmax to bfloat16 can give. Bound on the float32 probability p̂ against the float64 p
+// (u = 2^-24, n keys not −∞, d = s − m): s − m rounds by ≤ u·|d| (exact when the exponents
+// of s and m are within 16 of each other), which moves p by ≤ u/e absolutely (x·e^−x ≤ 1/e)
+// and l by ≤ n·u/e relatively; e^x adds 2u, l's sum γ_n, the division u: |p̂ − p| ≤ u +
+// (2n + 4)u·p; a one-pass (online) sum rescales l up to n times, 3u each, so u + (4n + 6)u·p
+// is allowed, plus 2^-149 for a p̂ among float's subnormals. Rounding to nearest is
+// monotonic, so the bfloat16 of p̂ lies between the nearest bfloat16s of the floats nearest
+// p − err and p + err (nearest_bfloat16, worked independently). A key of −∞ gets exactly 0,
+// and a row of −∞ only zeros.
+void check_softmax_row(const std::vector<std::uint16_t>& scores) {
+    const double u = std::ldexp(1.0, -24);
+    const std::vector<std::uint16_t> got = softmax_bfloat16(scores);
+    RC_ASSERT(got.size() == scores.size());
+    double m = -INFINITY, l = 0.0, n = 0.0;
+    for (std::uint16_t s : scores) m = std::max(m, static_cast<double>(value_of(s)));
+    for (std::uint16_t s : scores)
+        if (value_of(s) != -INFINITY) {
+            l += std::exp(value_of(s) - m);
+            n += 1;
+        }
+    for (std::size_t j = 0; j < scores.size(); ++j) {
+        if (m == -INFINITY || value_of(scores[j]) == -INFINITY) {
+            RC_ASSERT(got[j] == 0);
+            continue;
+        }
+        const double p = std::exp(value_of(scores[j]) - m) / l;
+        const double err = u + (4 * n + 6) * u * p + std::ldexp(1.0, -149);
+        const double lowest = value_of(nearest_bfloat16(static_cast<float>(std::max(0.0, p - err))));
+        const double highest = value_of(nearest_bfloat16(static_cast<float>(p + err)));
+        RC_ASSERT(lowest <= value_of(got[j]));
+        RC_ASSERT(value_of(got[j]) <= highest);
+    }
+}
+
+// The bfloat16 bits of a float, truncated: any bfloat16 will do as a score.
+std::uint16_t truncated(float x) {
+    std::uint32_t b;
+    std::memcpy(&b, &x, sizeof b);
+    return static_cast<std::uint16_t>(b >> 16);
+}
+
+}  // namespace
+
+TEST_CASE("property: rows of scores of any size and offset under masks of every kind give the float32 softmax, rounded once") {
+    // Rows of 1 to 8 scores (1 a quarter of the time): a common offset (0, ±1 … ±10^4) plus
+    // ±10^−6 … 10^38, truncated to bfloat16; the keys a mask hides (leading, trailing,
+    // interleaved, one key, all keys, causal) set to −∞, and sometimes the whole row.
+    // check_softmax_row's bound. A maximum started at 0 or at a finite sentinel, a sum kept
+    // in bfloat16, or a probability rounded twice falls outside it.
+    attn::check_property("softmax_bfloat16 of any row is its float32 softmax rounded to bfloat16", [] {
+        const std::size_t n = attn::draw("n (scores)", attn::family::length(8));
+        const float c = attn::draw("offset", attn::family::offset());
+        const auto drawn = attn::draw("scores (before the offset)", rc::gen::container<std::vector<float>>(n, attn::family::magnitude(-6, 38)));
+        const attn::Mask<2> mask = attn::family::mask("mask", 1, n);
+        const bool all_hidden = attn::draw("every key hidden", rc::gen::weightedOneOf<bool>({{7, rc::gen::just(false)}, {1, rc::gen::just(true)}}));
+        std::vector<std::uint16_t> scores(n);
+        for (std::size_t j = 0; j < n; ++j) scores[j] = mask(0, j) && !all_hidden ? truncated(drawn[j] + c) : 0xff80;
+        check_softmax_row(scores);
+    });
+}
+
+TEST_CASE("property: the scores in any order give the probabilities in that order") {
+    // Rows of 1 to 8 distinct scores (1/8 … 8·n in size, either sign, truncated to bfloat16)
+    // and a drawn order of them: each row, as given and reordered, within check_softmax_row's
+    // bound of the float64 softmax, which does not depend on the order (only l's sum does, by
+    // γ_n at most). A probability written to another key's place, or a maximum or sum over
+    // part of the row, shows.
+    attn::check_property("softmax_bfloat16 permutes with its scores", [] {
+        const std::size_t n = attn::draw("n (scores)", attn::family::length(8));
+        const auto values = attn::draw("scores (distinct)", attn::family::distinct(n));
+        const auto order = attn::draw("their order", attn::family::permutation(n));
+        std::vector<std::uint16_t> scores(n), moved(n);
+        for (std::size_t j = 0; j < n; ++j) {
+            scores[j] = truncated(values[j]);
+            moved[j] = truncated(values[order[j]]);
+        }
+        check_softmax_row(scores);
+        check_softmax_row(moved);
+    });
+}
+

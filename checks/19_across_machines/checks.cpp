@@ -2,15 +2,20 @@
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
 // - for log-sum-exps of any sign and size, the merge is finite, symmetric and exact to its rounding
+// - any rows, log-sum-exps of any size at any offset, distinct outputs, and sides that saw no key
+// - rows merged in any order give the same rows, bit for bit
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
+#include "attn/property.hpp"
 #include "attn/random.hpp"
 
 #include <doctest/doctest.h>
 #include <xtensor/xbuilder.hpp>
 #include <xtensor/xview.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -223,6 +228,98 @@ TEST_CASE("property: for log-sum-exps of any sign and size, the merge is finite,
             }
         }
     }
+}
+
+namespace {
+
+// RC_ASSERTs that `merged` is the merge of a and b, row by row, against float64 with the
+// bound of the property above (u = 2^-24): lse within u·|lse| + 4u, each output within
+// (u·|lse| + 8u)(|o_a| + |o_b|); a row with −∞ on both sides stays empty: lse −∞, out 0.
+void check_merge(const PartialAttention& merged, const PartialAttention& a, const PartialAttention& b) {
+    const double u = std::ldexp(1.0, -24);
+    const std::size_t rows = a.out.shape()[0], hs = a.out.shape()[1];
+    RC_ASSERT(merged.out.shape() == a.out.shape());
+    RC_ASSERT(merged.lse.size() == rows);
+    for (std::size_t i = 0; i < rows; ++i) {
+        const double la = a.lse(i), lb = b.lse(i), m = std::max(la, lb);
+        if (m == -INFINITY) {
+            RC_ASSERT(merged.lse(i) == -inf);
+            for (std::size_t d = 0; d < hs; ++d) RC_ASSERT(merged.out(i, d) == 0.0f);
+            continue;
+        }
+        const double lse = m + std::log(std::exp(la - m) + std::exp(lb - m));
+        const double wa = std::exp(la - lse), wb = std::exp(lb - lse);
+        RC_ASSERT(std::isfinite(merged.lse(i)));
+        RC_ASSERT(std::abs(merged.lse(i) - lse) <= u * std::abs(lse) + 4 * u);
+        for (std::size_t d = 0; d < hs; ++d) {
+            const double oa = a.out(i, d), ob = b.out(i, d);
+            RC_ASSERT(std::isfinite(merged.out(i, d)));
+            RC_ASSERT(std::abs(merged.out(i, d) - (wa * oa + wb * ob)) <= (u * std::abs(lse) + 8 * u) * (std::abs(oa) + std::abs(ob)));
+        }
+    }
+}
+
+}  // namespace
+
+TEST_CASE("property: any rows, log-sum-exps of any size at any offset, distinct outputs, and sides that saw no key") {
+    // 1 to 4 rows and 1 to 4 channels (1 a quarter of the time each); each side's lse a common
+    // offset c (0, ±1 … ±10^4) plus ±10^−6 … 10^30, or −∞ (a side that saw no key, an eighth
+    // of the time, on one side or both); the outputs pairwise distinct across both sides
+    // (a's taken for b's, or a row for a channel, shows). Against float64 with check_merge's
+    // bound; in either order of the sides. A merge that exponentiates a log-sum-exp itself
+    // overflows from 89 on; one guarded by a finite sentinel (m < −1e30 taken as empty)
+    // empties rows that are not.
+    attn::check_property("merge_partial of any log-sum-exps equals the float64 merge", [] {
+        const std::size_t rows = attn::draw("rows", attn::family::length(4)), hs = attn::draw("hs", attn::family::length(4));
+        const float c = attn::draw("offset", attn::family::offset());
+        const auto lse_gen = rc::gen::weightedOneOf<float>({{7, attn::family::magnitude(-6, 30)}, {1, rc::gen::just(-inf)}});
+        const auto lse_a = attn::draw("lse_a (before the offset)", rc::gen::container<std::vector<float>>(rows, lse_gen));
+        const auto lse_b = attn::draw("lse_b (before the offset)", rc::gen::container<std::vector<float>>(rows, lse_gen));
+        const auto outs = attn::draw("out_a then out_b (flat, distinct)", attn::family::distinct(2 * rows * hs));
+        PartialAttention a{xt::zeros<float>({rows, hs}), xt::zeros<float>({rows})}, b = a;
+        for (std::size_t i = 0; i < rows; ++i) {
+            a.lse(i) = lse_a[i] + c;
+            b.lse(i) = lse_b[i] + c;
+            for (std::size_t d = 0; d < hs; ++d) {
+                a.out(i, d) = outs[i * hs + d];
+                b.out(i, d) = outs[rows * hs + i * hs + d];
+            }
+        }
+        check_merge(merge_partial(a, b), a, b);
+        check_merge(merge_partial(b, a), b, a);
+    });
+}
+
+TEST_CASE("property: rows merged in any order give the same rows, bit for bit") {
+    // 1 to 6 rows of log-sum-exps ±10^−6 … 10^4 and distinct outputs, merged as given and
+    // with their rows in a drawn order: each row is merged alone, so the rows come out in
+    // that order, bit for bit. A maximum, sum or weight shared between rows moves them.
+    attn::check_property("merge_partial treats each row alone", [] {
+        const std::size_t rows = attn::draw("rows", attn::family::length(6)), hs = attn::draw("hs", attn::family::length(3));
+        const auto lse = attn::draw("lse_a then lse_b", rc::gen::container<std::vector<float>>(2 * rows, attn::family::magnitude(-6, 4)));
+        const auto outs = attn::draw("out_a then out_b (flat, distinct)", attn::family::distinct(2 * rows * hs));
+        const auto order = attn::draw("the rows' order", attn::family::permutation(rows));
+        PartialAttention a{xt::zeros<float>({rows, hs}), xt::zeros<float>({rows})}, b = a, a2 = a, b2 = a;
+        for (std::size_t i = 0; i < rows; ++i) {
+            a.lse(i) = lse[i];
+            b.lse(i) = lse[rows + i];
+            for (std::size_t d = 0; d < hs; ++d) {
+                a.out(i, d) = outs[i * hs + d];
+                b.out(i, d) = outs[rows * hs + i * hs + d];
+            }
+        }
+        for (std::size_t i = 0; i < rows; ++i) {
+            a2.lse(i) = a.lse(order[i]);
+            b2.lse(i) = b.lse(order[i]);
+            xt::row(a2.out, static_cast<long>(i)) = xt::row(a.out, static_cast<long>(order[i]));
+            xt::row(b2.out, static_cast<long>(i)) = xt::row(b.out, static_cast<long>(order[i]));
+        }
+        const PartialAttention m = merge_partial(a, b), moved = merge_partial(a2, b2);
+        for (std::size_t i = 0; i < rows; ++i) {
+            RC_ASSERT(moved.lse(i) == m.lse(order[i]));
+            for (std::size_t d = 0; d < hs; ++d) RC_ASSERT(moved.out(i, d) == m.out(order[i], d));
+        }
+    });
 }
 
 TEST_CASE("shapes that do not fit are rejected with std::invalid_argument") {

@@ -4,9 +4,11 @@
 // - for any block size and any run of new sequences, forks, appends and frees on a small pool,
 //   every sequence reads back exactly the rows written to it, every block's count is the
 //   number of tables that hold it, and no block is lost or handed out twice
+// - slot_of at any position an int holds, and every count out of range refused
 #include "exercise.hpp"
 
 #include "attn/check.hpp"
+#include "attn/families.hpp"
 #include "attn/property.hpp"
 
 #include <doctest/doctest.h>
@@ -14,6 +16,8 @@
 #include <xtensor/xview.hpp>
 
 #include <algorithm>
+#include <array>
+#include <limits>
 #include <map>
 #include <set>
 #include <stdexcept>
@@ -35,6 +39,14 @@ namespace {
 Pool fresh_pool(int n, int bt) {
     Pool p{bt, std::vector<int>(static_cast<std::size_t>(n), 0), {}};
     for (int b = n - 1; b >= 0; --b) p.free.push_back(b);
+    return p;
+}
+
+// The same pool with its free blocks handed out in the order `order` (a permutation of 0 … n − 1):
+// the next taken is block order[0], then order[1], …
+Pool fresh_pool(const std::vector<std::size_t>& order, int bt) {
+    Pool p{bt, std::vector<int>(order.size(), 0), {}};
+    for (auto b = order.rbegin(); b != order.rend(); ++b) p.free.push_back(static_cast<int>(*b));
     return p;
 }
 
@@ -187,30 +199,86 @@ TEST_CASE("gather reads the sequence's rows in position order, as worked by hand
     CHECK(gather(storage, empty).shape()[0] == 0);
 }
 
+TEST_CASE("gather copies every channel of a row, as worked by hand with three channels") {
+    // 2 blocks of 2 rows of 3 channels: row r of block b holds (10b + r, 100 + 10b + r,
+    // 200 + 10b + r). Sequence {3, {1, 0}}: positions 0 and 1 in block 1, position 2 in
+    // row 0 of block 0.
+    attn::Tensor3 storage = xt::zeros<float>({2, 2, 3});
+    for (std::size_t b = 0; b < 2; ++b)
+        for (std::size_t r = 0; r < 2; ++r)
+            for (std::size_t d = 0; d < 3; ++d) storage(b, r, d) = static_cast<float>(100 * d + 10 * b + r);
+    const attn::Tensor2 expected = {{10, 110, 210}, {11, 111, 211}, {0, 100, 200}};
+    INFO("row p of the result is all hs channels of position p's row: storage(block, offset, d) for every d");
+    CHECK_CLOSE(gather(storage, Sequence{3, {1, 0}}), expected, 0.0);
+}
+
+TEST_CASE("property: slot_of at any position an int holds, and every count out of range refused") {
+    // Positions from 0 to 2^31 − 1 (an int's range, as the contract has it) with blocks large
+    // enough that the table needs at most 4096 entries, each entry a distinct block id: the
+    // slot is {table[p / bt], p mod bt}. Then one thing out of range: block_tokens below 1
+    // (0, −1, −2, −10^6, the lowest int), a position below 0, or one at or past the table's
+    // end: std::invalid_argument.
+    attn::check_property("slot_of is the division and the remainder at any position, and refuses the rest", [] {
+        const int position = attn::draw("position", rc::gen::oneOf(rc::gen::inRange(0, 100000),
+                                                                   rc::gen::inRange(0, std::numeric_limits<int>::max())));
+        const int smallest = position / 4096 + 1;
+        const int bt = attn::draw("block_tokens (at least position / 4096 + 1)",
+                                  rc::gen::inRange(smallest, smallest + 1 + attn::draw("extra", rc::gen::inRange(0, 1000))));
+        const std::size_t blocks = static_cast<std::size_t>(position / bt) + 1 + attn::draw("blocks past it", rc::gen::inRange<std::size_t>(0, 3));
+        std::vector<int> table(blocks);
+        for (std::size_t i = 0; i < blocks; ++i) table[i] = static_cast<int>(7 * i + 3);
+        const Slot s = slot_of(table, position, bt);
+        RC_ASSERT(s.block == table[static_cast<std::size_t>(position / bt)]);
+        RC_ASSERT(s.offset == position % bt);
+        const auto below = [](const char* name, long lowest) {
+            return static_cast<int>(std::max<long>(attn::draw(name, attn::family::below(lowest)), std::numeric_limits<int>::min()));
+        };
+        bool refused = false;
+        try {
+            switch (attn::draw("what is out of range", rc::gen::inRange(0, 3))) {
+                case 0: (void)slot_of(table, position, below("block_tokens", 1)); break;
+                case 1: (void)slot_of(table, below("position", 0), bt); break;
+                default: {
+                    const long past = static_cast<long>(blocks) * bt + attn::draw("past the table by", rc::gen::inRange(0, 3));
+                    if (past > std::numeric_limits<int>::max()) return;  // no int position is past this table
+                    (void)slot_of(table, static_cast<int>(past), bt);
+                }
+            }
+        } catch (const std::invalid_argument&) {
+            refused = true;
+        }
+        RC_ASSERT(refused);
+    });
+}
+
 TEST_CASE("property: the pool stays whole and every sequence reads back its own rows") {
-    // Blocks of 1 to 4 positions, a pool of 3 to 8 blocks, up to 60 random operations: a new
-    // sequence, a fork, an append (its row holds a number never used before, written through
-    // the returned slot; copies go through the callback into the same storage), a free. A
-    // reference list of each sequence's rows is kept alongside.
+    // Blocks of 1 to 4 positions (1 a quarter of the time), a pool of 3 to 8 blocks handed
+    // out in a drawn order, rows of 2 to 4 channels, up to 60 random operations: a new
+    // sequence, a fork, an append (its row holds a number never used before times each
+    // channel's own factor, pairwise distinct, written through the returned slot; copies go
+    // through the callback into the same storage), a free. A reference list of each
+    // sequence's rows is kept alongside, and every channel of every row is compared.
     attn::check_property("slot_of, append_slot, free_sequence and gather keep a pool whole", [] {
-        const int bt = *rc::gen::inRange(1, 5);
-        const int n = *rc::gen::inRange(3, 9);
-        Pool pool = fresh_pool(n, bt);
-        attn::Tensor3 storage = xt::zeros<float>({static_cast<std::size_t>(n), static_cast<std::size_t>(bt), std::size_t{1}});
+        const int bt = static_cast<int>(attn::draw("block_tokens", attn::family::length(4)));
+        const int n = attn::draw("blocks in the pool", rc::gen::inRange(3, 9));
+        const std::size_t hs = attn::draw("hs", rc::gen::inRange<std::size_t>(2, 5));
+        const auto channel = attn::draw("each channel's factor (distinct)", attn::family::distinct(hs));
+        Pool pool = fresh_pool(attn::draw("the order blocks are handed out", attn::family::permutation(static_cast<std::size_t>(n))), bt);
+        attn::Tensor3 storage = xt::zeros<float>({static_cast<std::size_t>(n), static_cast<std::size_t>(bt), hs});
         auto copy = [&storage](int from, int to) {
             xt::view(storage, static_cast<std::size_t>(to)) = xt::view(storage, static_cast<std::size_t>(from));
         };
         std::vector<Sequence> seqs;
-        std::vector<std::vector<float>> rows;  // the reference
+        std::vector<std::vector<float>> rows;  // the reference: position p's channel d is rows[p·hs + d]
         float next = 1.0f;
-        const int ops = *rc::gen::inRange(1, 61);
+        const int ops = attn::draw("operations", rc::gen::inRange(1, 61));
         for (int op = 0; op < ops; ++op) {
-            const int kind = *rc::gen::inRange(0, 8);
+            const int kind = attn::draw("operation (0 new, 1 fork, 2 free, else append)", rc::gen::inRange(0, 8));
             if (seqs.empty() || kind == 0) {
                 seqs.emplace_back();
                 rows.emplace_back();
             } else {
-                const std::size_t i = static_cast<std::size_t>(*rc::gen::inRange<std::size_t>(0, seqs.size()));
+                const std::size_t i = attn::draw("on sequence", rc::gen::inRange<std::size_t>(0, seqs.size()));
                 if (kind == 1) {
                     seqs.push_back(fork(pool, seqs[i]));
                     rows.push_back(rows[i]);
@@ -226,8 +294,11 @@ TEST_CASE("property: the pool stays whole and every sequence reads back its own 
                         const Slot s = append_slot(pool, seqs[i], copy);
                         RC_ASSERT(s.offset == before.length % bt);
                         RC_ASSERT(seqs[i].length == before.length + 1);
-                        storage(static_cast<std::size_t>(s.block), static_cast<std::size_t>(s.offset), 0) = next;
-                        rows[i].push_back(next);
+                        for (std::size_t d = 0; d < hs; ++d) {
+                            const float value = next * channel[d];
+                            storage(static_cast<std::size_t>(s.block), static_cast<std::size_t>(s.offset), d) = value;
+                            rows[i].push_back(value);
+                        }
                         next += 1.0f;
                     } catch (const OutOfBlocks&) {
                         RC_ASSERT(free.empty());  // thrown only when the pool is empty ...
@@ -240,12 +311,13 @@ TEST_CASE("property: the pool stays whole and every sequence reads back its own 
             // every sequence reads back exactly its rows
             std::map<int, int> holders;
             for (std::size_t k = 0; k < seqs.size(); ++k) {
-                RC_ASSERT(seqs[k].length == static_cast<int>(rows[k].size()));
+                RC_ASSERT(seqs[k].length == static_cast<int>(rows[k].size() / hs));
                 RC_ASSERT(static_cast<int>(seqs[k].table.size()) == (seqs[k].length + bt - 1) / bt);
                 for (int b : seqs[k].table) ++holders[b];
                 const attn::Tensor2 g = gather(storage, seqs[k]);
-                RC_ASSERT(g.shape()[0] == rows[k].size());
-                for (std::size_t p = 0; p < rows[k].size(); ++p) RC_ASSERT(g(p, 0) == rows[k][p]);
+                RC_ASSERT(g.shape() == (std::array<std::size_t, 2>{rows[k].size() / hs, hs}));
+                for (std::size_t p = 0; p < rows[k].size() / hs; ++p)
+                    for (std::size_t d = 0; d < hs; ++d) RC_ASSERT(g(p, d) == rows[k][p * hs + d]);
             }
             // counts are the tables that hold each block; free blocks are held by none, once each
             std::set<int> free_set(pool.free.begin(), pool.free.end());

@@ -1,21 +1,28 @@
 // Checks for exercise 21: shards, and a ring's reduce-scatter and all-gather in one process.
 //
 // Properties, checked on generated inputs (the TEST_CASEs named "property: …"):
-// - for any buffer length up to 60 and 1 to 8 ranks, the reduce-scatter leaves each rank the
-//   sum of its own shard and the all-gather then gives every rank the whole sum
+// - the shards of any count past 2^31 are in order, without gap or overlap, the longer first
+// - every count of ranks below 1 and every rank outside 0 … ranks − 1 is refused
+// - for any buffer length up to 60 and 1 to 8 ranks, at any magnitude and in any order of the
+//   ranks, the reduce-scatter leaves each rank the sum of its own shard and the all-gather
+//   then gives every rank the whole sum
+// - the all-gather copies each rank's own shard, every value distinct, to every rank bit for bit
 //
 // The reference shards here are dealt out element by element (rank 0, 1, …, round again) and
 // laid end to end, and the sums are taken directly: neither reads the exercise's code. Every
 // value is a small whole number, so every sum is exact in any order and compared with ==.
 #include "exercise.hpp"
 
+#include "attn/families.hpp"
 #include "attn/property.hpp"
 
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -204,6 +211,85 @@ TEST_CASE("shard_of for every n from 0 to 60 over 1 to 8 ranks: in order, no gap
                                                                 << ": they may differ by one at most");
         }
     }
+}
+
+TEST_CASE("shard_of past 2^32 elements, as a 7-billion-parameter model's buffer is: worked by hand") {
+    // Pure arithmetic, no memory. 7 000 000 001 over 8 ranks: q = 875 000 000, and
+    // 7 000 000 001 mod 8 = 1 rank (rank 0) holds one more. 2^32 + 3 over 4: q = 2^30, the
+    // first 3 ranks hold one more. An int holds at most 2^31 − 1: n cut to int is
+    // 2 705 032 705 … or negative, and a begin or a size in int wraps.
+    INFO("compute the shards in std::size_t: n / ranks, n % ranks and rank·q all pass 2^31 here");
+    const std::size_t n = 7000000001ULL, q = 875000000ULL;
+    for (int r = 0; r < 8; ++r) {
+        CAPTURE(r);
+        const Shard s = shard_of(n, r, 8);
+        const std::size_t begin = r == 0 ? 0 : static_cast<std::size_t>(r) * q + 1, end = static_cast<std::size_t>(r + 1) * q + 1;
+        INFO("expected [" << begin << ", " << end << "), got [" << s.begin << ", " << s.end << ")");
+        CHECK(s.begin == begin);
+        CHECK(s.end == end);
+    }
+    const std::size_t m = (std::size_t{1} << 32) + 3, quarter = std::size_t{1} << 30;
+    const std::size_t bounds[5] = {0, quarter + 1, 2 * quarter + 2, 3 * quarter + 3, 4 * quarter + 3};
+    for (int r = 0; r < 4; ++r) {
+        CAPTURE(r);
+        const Shard s = shard_of(m, r, 4);
+        INFO("expected [" << bounds[r] << ", " << bounds[r + 1] << "), got [" << s.begin << ", " << s.end << ")");
+        CHECK(s.begin == bounds[r]);
+        CHECK(s.end == bounds[r + 1]);
+    }
+}
+
+TEST_CASE("property: the shards of any count past 2^31 are in order, without gap or overlap, the longer first") {
+    // n from 2^31 − 1 to 2^44 (and the edges 2^32 − 1, 2^32, 2^32 + 1, 7·10^9 + 1), over 1 to
+    // 8 ranks (1 a quarter of the time) or 9 to 4096: shard 0 begins at 0, each begins where
+    // the one before ends, the last ends at n, no size grows with the rank and no two differ
+    // by more than one. These properties alone fix the shards: sizes q + 1 for the first
+    // n mod ranks, q for the rest.
+    attn::check_property("shard_of cuts any wide count into ordered shards of sizes differing by one at most", [] {
+        const std::size_t n = attn::draw("n", attn::family::wide_count());
+        const int ranks = attn::draw("ranks", rc::gen::oneOf(rc::gen::cast<int>(attn::family::length(8)), rc::gen::inRange(9, 4097)));
+        std::size_t at = 0, previous = n, smallest = n, largest = 0;
+        for (int r = 0; r < ranks; ++r) {
+            const Shard s = shard_of(n, r, ranks);
+            if (s.begin != at || s.end < s.begin || s.size() > previous) {
+                std::ostringstream what;
+                what << "n = " << n << " over " << ranks << " ranks: rank " << r << "'s shard is [" << s.begin << ", "
+                     << s.end << "), after a shard that ends at " << at << " and holds " << previous << " elements";
+                RC_FAIL(what.str());
+            }
+            previous = s.size();
+            smallest = std::min(smallest, s.size());
+            largest = std::max(largest, s.size());
+            at = s.end;
+        }
+        RC_ASSERT(at == n);
+        RC_ASSERT(largest - smallest <= 1);
+    });
+}
+
+TEST_CASE("property: every count of ranks below 1 and every rank outside 0 … ranks − 1 is refused") {
+    // ranks below 1 (0, −1, −2, −10^6, the lowest int) with any rank, or a valid count of
+    // 1 to 8 with a rank below 0 or at or past it, for any n up to 2^44: std::invalid_argument.
+    attn::check_property("shard_of refuses ranks < 1 and ranks outside the ring", [] {
+        const std::size_t n = attn::draw("n", rc::gen::oneOf(rc::gen::inRange<std::size_t>(0, 100), attn::family::wide_count()));
+        const auto clamp = [](long v) { return static_cast<int>(std::max<long>(v, std::numeric_limits<int>::min())); };
+        int rank = 0, ranks = 0;
+        if (attn::draw("no ranks (else a rank outside them)", rc::gen::arbitrary<bool>())) {
+            ranks = clamp(attn::draw("ranks", attn::family::below(1)));
+            rank = attn::draw("rank", rc::gen::inRange(-2, 3));
+        } else {
+            ranks = static_cast<int>(attn::draw("ranks", attn::family::length(8)));
+            rank = attn::draw("rank", rc::gen::oneOf(rc::gen::cast<int>(rc::gen::map(attn::family::below(0), clamp)),
+                                                     rc::gen::inRange(ranks, ranks + 3)));
+        }
+        bool refused = false;
+        try {
+            (void)shard_of(n, rank, ranks);
+        } catch (const std::invalid_argument&) {
+            refused = true;
+        }
+        RC_ASSERT(refused);
+    });
 }
 
 TEST_CASE("shard_of refuses fewer than one rank and a rank outside 0 … ranks − 1") {
@@ -408,40 +494,71 @@ TEST_CASE("ring_reduce_scatter against the direct sum, for shards that do not di
 }
 
 TEST_CASE("property: for any length up to 60 and 1 to 8 ranks, reduce-scatter then all-gather give every rank the sum") {
-    // Whole numbers from -50 to 50: every partial sum is exact, in any order.
+    // Whole numbers from -50 to 50 times a power of two of any size (2^−20 … 2^90): every
+    // partial sum is exact, in any order. 1 to 8 ranks and 0 to 60 elements (one rank, and one
+    // element, a quarter of the time each). The ranks' buffers in a drawn order must give the
+    // same sums (addition does not care which rank holds what).
     attn::check_property("ring_reduce_scatter leaves each rank its shard's sum; ring_all_gather every rank all", [] {
-        const auto n = *rc::gen::inRange<std::size_t>(0, 61);
-        const int N = *rc::gen::inRange(1, 9);
-        const auto values = *rc::gen::container<std::vector<int>>(n * static_cast<std::size_t>(N), rc::gen::inRange(-50, 51));
-        Buffers b(static_cast<std::size_t>(N), std::vector<float>(n));
-        for (std::size_t r = 0; r < b.size(); ++r) {
-            for (std::size_t i = 0; i < n; ++i) b[r][i] = static_cast<float>(values[r * n + i]);
-        }
-        const std::vector<float> sum = direct_sum(b);
-        const std::vector<Shard> shards = dealt_shards(n, N);
-        ring_reduce_scatter(b);
-        for (std::size_t r = 0; r < b.size(); ++r) {
-            RC_ASSERT(b[r].size() == n);
-            for (std::size_t i = shards[r].begin; i < shards[r].end; ++i) {
-                if (b[r][i] != sum[i]) {
-                    std::ostringstream what;
-                    what << "after ring_reduce_scatter, rank " << r << "'s own shard [" << shards[r].begin << ", "
-                         << shards[r].end << "), element " << i << ": expected the sum " << sum[i] << ", got " << b[r][i];
-                    RC_FAIL(what.str());
+        const auto n = attn::draw("n", rc::gen::oneOf(rc::gen::just<std::size_t>(1), rc::gen::inRange<std::size_t>(0, 61)));
+        const int N = static_cast<int>(attn::draw("ranks", attn::family::length(8)));
+        const auto values = attn::draw("values / their magnitude (rank by rank)",
+                                       rc::gen::container<std::vector<int>>(n * static_cast<std::size_t>(N), rc::gen::inRange(-50, 51)));
+        const float size = attn::draw("magnitude", attn::family::magnitude(-6, 27));
+        const float power = std::ldexp(1.0f, static_cast<int>(std::lround(std::log2(std::abs(static_cast<double>(size))))));
+        const auto order = attn::draw("the ranks' order", attn::family::permutation(static_cast<std::size_t>(N)));
+        for (int pass = 0; pass < 2; ++pass) {
+            Buffers b(static_cast<std::size_t>(N), std::vector<float>(n));
+            for (std::size_t r = 0; r < b.size(); ++r) {
+                const std::size_t from = pass == 0 ? r : order[r];
+                for (std::size_t i = 0; i < n; ++i) b[r][i] = static_cast<float>(values[from * n + i]) * power;
+            }
+            const std::vector<float> sum = direct_sum(b);
+            const std::vector<Shard> shards = dealt_shards(n, N);
+            ring_reduce_scatter(b);
+            for (std::size_t r = 0; r < b.size(); ++r) {
+                RC_ASSERT(b[r].size() == n);
+                for (std::size_t i = shards[r].begin; i < shards[r].end; ++i) {
+                    if (b[r][i] != sum[i]) {
+                        std::ostringstream what;
+                        what << "after ring_reduce_scatter, rank " << r << "'s own shard [" << shards[r].begin << ", "
+                             << shards[r].end << "), element " << i << ": expected the sum " << sum[i] << ", got " << b[r][i];
+                        RC_FAIL(what.str());
+                    }
+                }
+            }
+            ring_all_gather(b);
+            for (std::size_t r = 0; r < b.size(); ++r) {
+                RC_ASSERT(b[r].size() == n);
+                for (std::size_t i = 0; i < n; ++i) {
+                    if (b[r][i] != sum[i]) {
+                        std::ostringstream what;
+                        what << "after ring_all_gather, rank " << r << "'s element " << i << ": expected the sum " << sum[i]
+                             << ", got " << b[r][i];
+                        RC_FAIL(what.str());
+                    }
                 }
             }
         }
+    });
+}
+
+TEST_CASE("property: the all-gather copies each rank's own shard, every value distinct, to every rank bit for bit") {
+    // 1 to 8 ranks, 0 to 60 elements; rank r's own shard holds values distinct from every
+    // other (a shard sent to the wrong place, or the wrong shard sent, shows), every other
+    // element NaN (what a shard never received would still hold). Afterwards every buffer
+    // holds every rank's own shard, bit for bit.
+    attn::check_property("ring_all_gather copies every own shard everywhere", [] {
+        const auto n = attn::draw("n", rc::gen::inRange<std::size_t>(0, 61));
+        const int N = static_cast<int>(attn::draw("ranks", attn::family::length(8)));
+        const auto whole = attn::draw("the gathered buffer (distinct)", attn::family::distinct(n));
+        const std::vector<Shard> shards = dealt_shards(n, N);
+        Buffers b(static_cast<std::size_t>(N), std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()));
+        for (std::size_t r = 0; r < b.size(); ++r)
+            for (std::size_t i = shards[r].begin; i < shards[r].end; ++i) b[r][i] = whole[i];
         ring_all_gather(b);
         for (std::size_t r = 0; r < b.size(); ++r) {
             RC_ASSERT(b[r].size() == n);
-            for (std::size_t i = 0; i < n; ++i) {
-                if (b[r][i] != sum[i]) {
-                    std::ostringstream what;
-                    what << "after ring_all_gather, rank " << r << "'s element " << i << ": expected the sum " << sum[i]
-                         << ", got " << b[r][i];
-                    RC_FAIL(what.str());
-                }
-            }
+            for (std::size_t i = 0; i < n; ++i) RC_ASSERT(b[r][i] == whole[i]);
         }
     });
 }
