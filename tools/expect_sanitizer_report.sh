@@ -15,6 +15,10 @@
 # thrown, which must name a line of MUTATED_SOURCE. Such a write can stay inside the buffer
 # (another row, or the one element of a length-1 axis, whose stride is 0), where no
 # AddressSanitizer would see it, and fail the checks in release without crashing.
+#
+# ERROR "libstdc++ index out of bounds" is libstdc++'s check of std::vector's and
+# std::array's operator[] (_GLIBCXX_ASSERTIONS), which aborts before AddressSanitizer would
+# see the access; the stack of the abort must name a line of MUTATED_SOURCE.
 set -u
 program=$1 source=$2 mutated=$3 error=$4
 limit=${ATTN_CHECK_TIME_LIMIT:-30}
@@ -27,7 +31,15 @@ seconds=$((SECONDS - start))
 fail() { printf '%s\n' "$output" | tail -30; echo "${source##*/checks/} (\"$mistake\"): $*"; exit 1; }
 [ $status = 124 ] || [ $status = 137 ] && fail "still running after $limit s: the checks hang"
 [ $status = 0 ] && fail "every check passed and the sanitizer reported nothing"
-if [ "$error" = "xtensor index out of bounds" ]; then
+if [ "$error" = "libstdc++ index out of bounds" ]; then
+  # An index past a std::vector's (or std::array's) end: libstdc++'s own check
+  # (_GLIBCXX_ASSERTIONS, in the sanitizer builds) aborts before the access, naming the
+  # container, and checks/support/main.cpp prints the stack where the program aborted.
+  marker='^The stack where the program aborted:' ends='test case CRASHED:'
+  grep -q "Assertion '__n < this->size()' failed" <<<"$output" || fail "no libstdc++ index assertion"
+  grep -q "$marker" <<<"$output" || fail "no stack of the abort"
+  found="libstdc++'s index check"
+elif [ "$error" = "xtensor index out of bounds" ]; then
   marker='^The stack where xtensor found an index out of bounds:' ends='is out of bounds for axis'
   grep -q "$marker" <<<"$output" || fail "no stack of xtensor's index check"
   found="xtensor's index check"

@@ -40,7 +40,7 @@ FAMILIES = [
 ]
 NAMES = [f for f, _ in FAMILIES]
 OF = {g: f for f, gens in FAMILIES for g in gens}
-UNNAMED = re.compile(r"\*\s*(rc::gen::\w+|attn::(family::)?\w+\s*\(|magnitude\s*\()")
+UNNAMED = re.compile(r"\*\s*(rc::gen::\w+|attn::(family::)?(?!draw\b)\w+\s*\(|magnitude\s*\()")
 
 
 def strip_comments(text):

@@ -14,7 +14,7 @@ test code is read, and a piece that compares floats must be run by at least one 
     the command, or an argument, of a labelled test.
 
 A body "compares floats" when it calls one of the comparison helpers (CHECK_CLOSE,
-doctest::Approx, relative_gap, check_same_run, ...) or compares a value with a tolerance
+doctest::Approx, relative_gap, compare_steps, ...) or compares a value with a tolerance
 written in scientific notation (`<= 1e-5`) or named as one (`< tol`, `<= bound`).
 
 Which program a test runs comes from ctest (its command and arguments), and which sources a
@@ -32,7 +32,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-HELPERS = (r"CHECK_CLOSE|REQUIRE_CLOSE|check::compare|Approx\b|relative_gap|check_same_run|check_losses|"
+HELPERS = (r"CHECK_CLOSE|REQUIRE_CLOSE|check::compare|Approx\b|relative_gap|compare_steps|compare_resumed|"
+           r"check_steps|check_resumed|compare_step\b|"
            r"\bdifference\(|max_abs_diff|max_relative|check_against_torch|largest_step_gap|"
            r"check_gradient_numerically|finite_difference|check_resume|isclose|allclose")
 TOLERANCE = r"(<=?|>=?)\s*\(?\s*-?[0-9.]+[eE]-[0-9]+|(<=?|>=?)\s*\w*(tol|tolerance|bound|eps|rtol|atol)\w*\b"
@@ -43,6 +44,7 @@ def strip_comments(text, script=False):
     if script:
         # Comments, and double-quoted strings (messages, and text a script feeds a program):
         # a comparison a script makes is code, or an awk program in single quotes.
+        text = re.sub(r'"""(?:.|\n)*?"""', '""', text)  # Python's docstrings
         text = re.sub(r"(?m)^\s*#.*$", "", text)
         return re.sub(r'"(?:[^"\\\n]|\\.)*"', '""', text)
     text = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), text, flags=re.S)

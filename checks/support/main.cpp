@@ -75,8 +75,14 @@ struct sigaction previous[n_signals];
 // --debug): a check stopped at the time limit then shows where it was running, so that a
 // loop that never ends names its line as a memory error does.
 extern "C" void __sanitizer_print_stack_trace() __attribute__((weak));
+// Called by a sanitizer as it ends the program after its own report (with its own stack):
+// an abort that follows one needs no second stack.
+extern "C" void __sanitizer_set_death_callback(void (*callback)(void)) __attribute__((weak));
 
 namespace {
+
+volatile sig_atomic_t sanitizer_reported = 0;
+void on_sanitizer_death() { sanitizer_reported = 1; }
 
 // Reports the running check in doctest's layout (so that tools/check_report.awk and
 // `./workbook check` read it as they read doctest's), puts back the handler that was there
@@ -115,6 +121,13 @@ void on_fatal_signal(int sig, siginfo_t* info, void*) {
         write_all(out, "The stack where the check was stopped:\n");
         __sanitizer_print_stack_trace();  // to stderr, which ./workbook check logs with stdout
         write_all(STDERR_FILENO, "(end of the stack)\n");
+    } else if (sig == SIGABRT && __sanitizer_print_stack_trace != nullptr && !sanitizer_reported) {
+        // An abort in the sanitizer builds: a failed assertion, libstdc++'s among them (an
+        // index past a std::vector's or std::array's end, _GLIBCXX_ASSERTIONS). Its message
+        // names the container; the stack names the line that indexed it.
+        write_all(out, "The stack where the program aborted:\n");
+        __sanitizer_print_stack_trace();
+        write_all(STDERR_FILENO, "(end of the stack)\n");
     }
     if (k < n_signals) sigaction(sig, &previous[k], nullptr);
     if (sent) raise(sig);  // blocked until this handler returns, then delivered again
@@ -123,6 +136,7 @@ void on_fatal_signal(int sig, siginfo_t* info, void*) {
 alignas(16) char alternate_stack[64 * 1024];  // a stack overflow still gets its report
 
 void install_crash_report() {
+    if (__sanitizer_set_death_callback != nullptr) __sanitizer_set_death_callback(on_sanitizer_death);
     stack_t stack{};
     stack.ss_sp = alternate_stack;
     stack.ss_size = sizeof alternate_stack;

@@ -1,10 +1,12 @@
-// Data parallelism over N ranks against one process: N ranks with batch B/N each give the
-// losses and weights of one process with batch B, to the rounding of the reduction order,
-// after 10 steps, with the gradients summed bucket by bucket during the backward pass (every
-// kind of bucket plan: one per block, capped, a small first bucket, one bucket; packed or in
-// place) and in one allreduce after it, with dropout and without; every rank holds the same weights,
-// bit for bit; a checkpoint written by N ranks resumes in one process, and one written by
-// one process resumes on N ranks, with the losses of a run that never stopped.
+// Data parallelism over N ranks against one process: N ranks with batch B/N each take each
+// of 10 steps as one process with batch B takes it from the ranks' checkpoint before it
+// (loss, gradient norm, AdamW's moments, weights, step count, to the rounding of one step;
+// the evaluation at the end), with the gradients summed bucket by bucket during the backward
+// pass (every kind of bucket plan: one per block, capped, a small first bucket, one bucket;
+// packed or in place) and in one allreduce after it, with dropout and without; every rank
+// holds the same weights, bit for bit; a checkpoint written by N ranks resumes in one process,
+// and one written by one process resumes on N ranks, each resumed step one process's from the
+// checkpoint before it.
 //
 // Run as `mpirun -np N data_parallel_test` (N = 1, 2, 4; CTest does).
 #include "mpi_test.hpp"
@@ -19,7 +21,6 @@
 #include <filesystem>
 #include <memory>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 using namespace attn;
@@ -89,76 +90,53 @@ int main(int argc, char** argv) {
     const TextDataset data = make_dataset(generated_text());
     check_plans(checks, Trainer(recipe(0.0f), data).model());
 
-    // Reduction-order rounding, and where its size comes from: a gradient summed in another
-    // order differs in its last bits (float32: 6e-8 relative); AdamW divides m by √v, which
-    // for parameters with tiny gradients amplifies such differences, and ten steps compound
-    // them. 1e-5 relative is 170 float32 ulps, and far below what a wrong share, a missing
-    // rank or a skipped bucket does (a relative change of 1e-2 or more after one step).
-    // Sizes (tiny recipe): B·T = 256 rows, C = 32, L = 2. A weight gradient or the loss sums
-    // 256 rows, per rank then across ranks: two orders differ by ≤ 2γ_256 ≈ 3.1e-5 of
-    // Σ|terms| at worst (u = 2^-24), and ≈ √256 u ≈ 9.5e-7 of it with random signs, 10× under
-    // 1e-5: the tolerance rests on that estimate. Through AdamW a weight moves by ≲ lr·|Δg|/|g|
-    // per step (~1e-9 at lr 1e-3), far under 1e-5 of the largest weight (~1), unless a
-    // gradient lies within its rounding of 0 and flips its update's sign (2 lr ≈ 1e-3): the
-    // check also assumes no gradient that close to 0 (exact zeros stay zero on every rank).
-    const double tolerance = 1e-5;
-
+    // Each step is compared with one process's from the same checkpoint, with the bounds of
+    // one step that training.hpp derives (a chain of sums regrouped: each rank sums its B·T/N
+    // rows, the allreduce adds the ranks' sums in another order than one process's B·T rows).
+    // A wrong share, a missing rank or a skipped bucket changes the gradients by 1e-2 or more
+    // of their scale after one step, far beyond those bounds.
+    const fs::path dir = job_folder("attn_dp_test");
     for (float dropout : {0.0f, 0.1f}) {
         const TrainConfig config = recipe(dropout);
-        Trainer single(config, data);
-        const Run reference = train(single, 10);
+        const Trainer single(config, data);
         for (const auto& [schedule, plan] : schedules_and_plans(single.model())) {
             const std::string what = std::string("dropout ") + (dropout > 0 ? "0.1" : "0") +
                                      ", gradients summed " + mpi::schedule_name(schedule) +
                                      (schedule == mpi::AllreduceSchedule::overlapped ? ", buckets " + mpi::describe(plan) : "");
-            Trainer shared(config, data);
+            Trainer shared(config, data), unsaved(config, data);
             shared.use_group(std::make_shared<mpi::DataParallel>(schedule, plan));
-            const Run run = train(shared, 10);
-            check_same_run(checks, run, reference, tolerance, what);
-            checks.check(same_on_every_rank(run.weights), what + ": every rank holds the same weights, bit for bit");
+            unsaved.use_group(std::make_shared<mpi::DataParallel>(schedule, plan));
+            check_steps(checks, compare_steps(shared, unsaved, 10, dir / "run"), what);
+            checks.check(same_on_every_rank(shared.whole_parameters()),
+                         what + ": every rank holds the same weights, bit for bit");
         }
     }
 
     // Resuming on another number of ranks: a checkpoint holds nothing of how many there were.
     const TrainConfig config = recipe(0.1f);
-    Trainer uninterrupted(config, data);
-    const Run reference = train(uninterrupted, 10);
-    const std::vector<float> later(reference.losses.begin() + 5, reference.losses.end());
-    std::string dir;
     {
-        char name[64];
-        std::snprintf(name, sizeof name, "attn_dp_test_%d", N);
-        // One folder for the job: rank 0 names it with its process id.
-        long long pid = static_cast<long long>(::getpid());
-        MPI_Bcast(&pid, 1, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
-        dir = (fs::temp_directory_path() / (std::string(name) + "_" + std::to_string(pid))).string();
-    }
-    {
-        // N ranks train 5 steps and save (rank 0 writes); every rank resumes it alone.
+        // N ranks train 5 steps and save (rank 0 writes); one process resumes from it, and
+        // each of its steps is the ranks' own.
         Trainer shared(config, data);
         shared.use_group(std::make_shared<mpi::DataParallel>());
-        train(shared, 5);
-        shared.save(dir + "/from_shared");
-        Trainer alone = Trainer::load(dir + "/from_shared", data);
-        const Run resumed = train(alone, 5);
-        check_losses(checks, resumed.losses, later, tolerance,
-                     std::to_string(N) + " ranks' checkpoint at step 5, resumed by one process: the "
-                     "losses of steps 5-9 are the uninterrupted run's");
+        take_steps(shared, 5);
+        check_resumed(checks, compare_resumed(shared, 2, dir / "from_shared"),
+                      std::to_string(N) + " ranks' checkpoint at step 5, resumed by one process: 2 steps, each "
+                      "the ranks' own step from the checkpoint before it");
     }
     {
         // One process trains 5 steps and saves; the N ranks resume it together.
         if (world.rank() == 0) {
             Trainer alone(config, data);
-            train(alone, 5);
-            alone.save(dir + "/from_one");
+            take_steps(alone, 5);
+            alone.save(dir / "from_one");
         }
         MPI_Barrier(MPI_COMM_WORLD);
-        Trainer shared = Trainer::load(dir + "/from_one", data);
+        Trainer shared = Trainer::load(dir / "from_one", data);
         shared.use_group(std::make_shared<mpi::DataParallel>());
-        const Run resumed = train(shared, 5);
-        check_losses(checks, resumed.losses, later, tolerance,
-                     "one process's checkpoint at step 5, resumed by " + std::to_string(N) +
-                         " ranks: the losses of steps 5-9 are the uninterrupted run's");
+        check_resumed(checks, compare_resumed(shared, 2, dir / "resumed", dir / "from_one"),
+                      "one process's checkpoint at step 5, resumed by " + std::to_string(N) +
+                          " ranks: 2 steps, each one process's from the checkpoint before it");
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (world.rank() == 0) fs::remove_all(dir);

@@ -6,6 +6,8 @@
 // every rank exits with the same status.
 #pragma once
 
+#include "format.hpp"
+
 #include <mpi.h>
 
 #include <cmath>
@@ -73,12 +75,6 @@ inline Difference difference(const float* a, const float* b, std::size_t n) {
         d.scale = std::max(d.scale, std::fabs(y));
     }
     return d;
-}
-
-inline std::string format(const char* fmt, double a, double b = 0.0, double c = 0.0) {
-    char buf[256];
-    std::snprintf(buf, sizeof buf, fmt, a, b, c);
-    return buf;
 }
 
 }  // namespace mpi_test

@@ -98,7 +98,7 @@ across() {
   if [ $rc -ne 0 ]; then
     echo "FAIL: $label on 2 hosts x 2 ranks exited $rc:"; tail -20 "$work/$name.log"; status=1; return
   fi
-  "$ranks_test" compare "$work/$name" "$work/alone" || status=1
+  "$ranks_test" compare "$work/$name" "$work/alone" "$corpus" "${run[@]}" "$@" || status=1
   params=$(grep -oE '[0-9]+ parameters' "$work/$name.log" | head -1 | grep -oE '^[0-9]+')
   sent=$((after - before)) least=$((10 * per * params))
   if [ "$sent" -ge "$least" ]; then

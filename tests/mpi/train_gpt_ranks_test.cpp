@@ -2,23 +2,25 @@
 //
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR options
 //       Every option `train_gpt --help` lists, each alone on a tiny run: with --ranks 2 the
-//       run must give one process's losses, gradient norms, evaluations, weights and sample
-//       (to the rounding of the reduction order), or be refused in one line before any work
-//       where the ranks do not implement the option; the base run also on 4 ranks, with
-//       the gradients summed after the backward pass, and with other gradient buckets (capped,
-//       a small first one, summed in place); each also with --ranks 2 --shard optimizer
-//       (ZeRO stage 1), --shard gradients (stage 2), --shard parameters (stage 3) and
-//       --tensor-parallel 2, the base run on 3 and 4 ranks too (tensor parallelism on the
-//       2 x 2 grid). The options come from --help: one this
-//       test's table does not know (or the reverse) fails it.
+//       run must be one process's where both are in the same state (the first step and the
+//       evaluation before it; one process's evaluation and sample from the run's last
+//       checkpoint; see "How two runs are compared" below), or be refused in one line before
+//       any work where the ranks do not implement the option; the base run also on 4 ranks,
+//       with the gradients summed after the backward pass, and with other gradient buckets
+//       (capped, a small first one, summed in place); each also with --ranks 2 --shard
+//       optimizer (ZeRO stage 1), --shard gradients (stage 2), --shard parameters (stage 3)
+//       and --tensor-parallel 2, the base run on 3 and 4 ranks too (tensor parallelism on the
+//       2 x 2 grid); the base run on every one of them also takes one step more, against one
+//       process's from its checkpoint. The options come from --help: one this test's table
+//       does not know (or the reverse) fails it.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR refusals MPIRUN
 //       Bad uses of ranks get one line on stderr and exit status 1 or 2 (under mpirun, one
 //       line from train_gpt before mpirun's own report).
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill
 //       A rank of a 4-rank run is killed (SIGKILL) after its first checkpoints: every rank
 //       stops, the job ends with one line naming the rank and the checkpoint, the checkpoint
-//       resumes on 2 ranks, and the resumed run's losses are those of a run that never
-//       stopped (on one process).
+//       resumes on 2 ranks, its first step one process's from the checkpoint, and the run goes
+//       on to its end.
 //   train_gpt_ranks_test TRAIN_GPT WORK_DIR kill-sharded
 //       The same with the optimizer's state sharded (--shard optimizer) on 4 ranks, resumed
 //       sharded on 3.
@@ -32,10 +34,15 @@
 //       SIGTERM to the launcher of a 2-rank run: every rank ends its step, the checkpoint is
 //       saved, one line, exit 0, no process left, and the run resumes from it; two signals
 //       end the job at once; the launcher killed (SIGKILL) takes mpirun and the ranks along.
-//   train_gpt_ranks_test compare RUN REFERENCE_RUN
+//   train_gpt_ranks_test compare RUN REFERENCE_RUN CORPUS [TRAIN_GPT_FLAGS...]
 //       The same comparison of two run folders (for the test across network namespaces).
+#include "step_bounds.hpp"
+
 #include "attn/checkpoint.hpp"
+#include "attn/data.hpp"
 #include "attn/npy.hpp"
+#include "attn/threads.hpp"
+#include "attn/trainer.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -65,24 +72,30 @@ using json = nlohmann::json;
 
 namespace {
 
-// Reduction-order rounding (as tests/mpi/data_parallel_test.cpp argues): losses, norms and
-// evaluations to 1e-5 relative, weights to 1e-5 of the largest weight; a wrong share of the
-// batch or a missing gradient is off by 1e-2 and more.
-constexpr double tolerance = 1e-5;
-
+// How two runs are compared. A run with ranks and one without sum the same terms in other
+// orders, and the gap grows with the steps (a gradient at rounding level can flip its AdamW
+// step): no bound holds for a whole run, so the floats are compared where both runs are in the
+// same state, with step_bounds.hpp's bounds for one pass or one step (derived there):
+//   - the first step a run takes (both start from the seed's weights or from copies of one
+//     checkpoint): its loss and gradient norm, and the evaluation made before it;
+//   - the end: one process loads the ranked run's last checkpoint here, evaluates as the
+//     ranked run's last evaluation did (one pass's bound) and samples its text (the same
+//     weights and the same code: exactly);
+//   - for the runs next_step() is given, one step more: the ranked run resumed for one step
+//     from its checkpoint against one process's step from the same checkpoint here (loss,
+//     norm, AdamW's moments, weights, step count);
+// and every other step and evaluation is logged by both, each finite.
+//
 // With 16-bit products (--precision bf16 or fp16) a product's input that lies within
 // float32's reduction-order rounding of a 16-bit rounding boundary rounds to the other
 // neighbour in one of the runs, and that element moves by a whole 16-bit step (2^-8 of it in
-// bfloat16). The option matrix (tests/cuda/train_gpt_matrix.cpp) allows the same: losses and
-// evaluations to 1e-3 relative, gradient norms to 2e-2; weights here to 1e-3 of the largest.
-// A wrong share of the batch or a missing gradient still misses them by far (1e-2 and more
-// in the loss).
-struct Bounds {
-    double values, norm, weights;
-    const char* name;
+// bfloat16): no bound on a pass follows from the order of its sums alone. Those runs' first
+// step and evaluations get the option matrix's allowance (tests/cuda/train_gpt_matrix.cpp):
+// losses and evaluations to 1e-3 relative, gradient norms to 2e-2. A wrong share of the batch
+// or a missing gradient still misses them by far (1e-2 and more in the loss).
+struct Half16 {
+    double values = 1e-3, norm = 2e-2;
 };
-constexpr Bounds float32_bounds{tolerance, tolerance, tolerance, "float32 rounding"};
-constexpr Bounds half16_bounds{1e-3, 2e-2, 1e-3, "16-bit products"};
 
 int failures = 0;
 void fail(const std::string& where, const std::string& what) {
@@ -171,12 +184,27 @@ std::string refusal_problem(const Outcome& o) {
            std::to_string(lines.size()) + " lines on stderr: " + o.err.substr(0, 600);
 }
 
-// A run's numbers: metrics.jsonl's steps and evaluations, the final weights, the sample.
+// The step of a run's checkpoint (-1: none).
+long long checkpoint_step(const fs::path& run) {
+    std::ifstream in(run / "checkpoint" / "trainer.json");
+    try {
+        return json::parse(in).at("step").get<long long>();
+    } catch (const std::exception&) {
+        return -1;
+    }
+}
+
+// A run's numbers: metrics.jsonl's steps and evaluations, the sample, and from its
+// checkpoint's trainer.json the sizes its bounds depend on.
 struct Results {
     std::map<long long, std::vector<double>> steps;  // step → loss, grad norm
     std::map<long long, std::vector<double>> evals;  // step → train loss, val loss
-    std::vector<float> weights;
     std::string sample;
+    long long checkpoint_step = -1;
+    std::size_t weights = 0;  // floats in the checkpoint
+    TrainConfig config;       // the sizes and eval_iters, from trainer.json
+    std::size_t vocab = 0;
+    bool float32 = true;
 };
 
 Results results_of(const fs::path& out) {
@@ -189,26 +217,88 @@ Results results_of(const fs::path& out) {
         if (j.contains("loss")) r.steps[step] = {j.at("loss").get<double>(), j.value("grad_norm", -1.0)};
         else r.evals[step] = {j.at("train_loss").get<double>(), j.at("val_loss").get<double>()};
     }
-    if (fs::exists(out / "checkpoint" / "config.json")) {
+    if (fs::exists(out / "checkpoint" / "trainer.json")) {
+        std::ifstream t(out / "checkpoint" / "trainer.json");
+        const json j = json::parse(t);
+        r.checkpoint_step = j.at("step").get<long long>();
+        const json& c = j.at("config");
+        r.config.n_layer = c.at("n_layer").get<int>();
+        r.config.n_head = c.at("n_head").get<int>();
+        r.config.n_embd = c.at("n_embd").get<int>();
+        r.config.block_size = c.at("block_size").get<int>();
+        r.config.batch_size = c.at("batch_size").get<int>();
+        r.config.eval_iters = c.at("eval_iters").get<std::int64_t>();
+        r.float32 = c.at("precision").get<std::string>() == "fp32";
+        std::ifstream m(out / "checkpoint" / "config.json");
+        r.vocab = json::parse(m).at("vocab_size").get<std::size_t>();
         for (const auto& entry : fs::directory_iterator(out / "checkpoint")) {
-            if (entry.path().extension() != ".npy") continue;
-            const NpyArray a = read_npy(entry.path());
-            r.weights.insert(r.weights.end(), a.data.begin(), a.data.end());
+            if (entry.path().extension() == ".npy") r.weights += read_npy(entry.path()).data.size();
         }
     }
     r.sample = read_text(out / "sample.txt");
     return r;
 }
 
-double relative(double a, double b) { return std::fabs(a - b) / std::max(std::fabs(b), 1e-30); }
+// What the runs were given that one process here must do alike: the sample's flags (train_gpt's
+// defaults where not given) and the attention.
+struct RunFlags {
+    int sample = 500;
+    float temperature = 0.8f;
+    int top_k = 0;
+    std::string prompt;
+    bool fused = false;
+};
+RunFlags flags_of(const std::vector<std::string>& args) {
+    RunFlags f;
+    for (std::size_t i = 0; i + 1 < args.size(); ++i) {
+        const std::string& a = args[i];
+        const std::string& v = args[i + 1];
+        if (a == "--sample") f.sample = std::stoi(v);
+        else if (a == "--temperature") f.temperature = std::stof(v);
+        else if (a == "--top-k") f.top_k = std::stoi(v);
+        else if (a == "--prompt") f.prompt = v;
+        else if (a == "--attention") f.fused = v == "fused";
+    }
+    return f;
+}
 
-// The problems in `got` against `expected`, over the steps both have (from `from` on).
-std::vector<std::string> compare(const Results& got, const Results& expected, long long from = 0,
-                                 const Bounds& bounds = float32_bounds) {
+// Whether `got` lies within `bound` of `expected`, relative; a line for a problem.
+std::string gap_problem(const char* what, long long step, double got, double expected, double bound) {
+    const double gap = std::fabs(got - expected);
+    if (gap <= bound * std::fabs(expected)) return "";
+    char buf[240];
+    std::snprintf(buf, sizeof buf, "%s at step %lld: %.9g, one process %.9g (%.2g of its bound %.2g relative)", what,
+                  step, got, expected, gap / (bound * std::fabs(expected)), bound);
+    return buf;
+}
+
+// The problems in the ranked run `got_dir` against one process's `expected_dir`, both started
+// at step `from` from the same state (see the top of this file). `corpus` and `flags`: for one
+// process here, from the ranked run's last checkpoint.
+std::vector<std::string> compare(const fs::path& got_dir, const fs::path& expected_dir, const fs::path& corpus,
+                                 const RunFlags& flags, long long from = 0) {
+    const Results got = results_of(got_dir), expected = results_of(expected_dir);
     std::vector<std::string> problems;
-    auto numbers = [&](const char* what, const std::map<long long, std::vector<double>>& a,
-                       const std::map<long long, std::vector<double>>& b) {
-        std::size_t compared = 0;
+    const auto add = [&](const std::string& p) {
+        if (!p.empty()) problems.push_back(p);
+    };
+    if (expected.vocab == 0 || got.vocab == 0) {
+        problems.push_back("a run without a checkpoint");
+        return problems;
+    }
+    // One pass: the loss to 2γ of its chain of sums (a mean of positive terms last), the norm
+    // to 2γ_backward and both floats' ½ulp, an evaluation to 2γ of forward + eval_iters.
+    const mpi_test::SumChains chains = mpi_test::sum_chains(expected.config, expected.vocab);
+    const double u = mpi_test::unit_roundoff;
+    const Half16 half16;
+    const double loss_bound = expected.float32 ? 2 * mpi_test::gamma_of(chains.forward) + u : half16.values;
+    const double norm_bound = expected.float32 ? 2 * mpi_test::gamma_of(chains.backward) + 2 * u : half16.norm;
+    const double eval_bound = expected.float32
+                                  ? 2 * mpi_test::gamma_of(chains.forward + double(expected.config.eval_iters)) + u
+                                  : half16.values;
+    auto logged = [&](const char* what, const std::map<long long, std::vector<double>>& a,
+                      const std::map<long long, std::vector<double>>& b) {
+        std::size_t seen = 0;
         for (const auto& [step, values] : b) {
             if (step < from) continue;
             const auto it = a.find(step);
@@ -216,38 +306,124 @@ std::vector<std::string> compare(const Results& got, const Results& expected, lo
                 problems.push_back(std::string(what) + " of step " + std::to_string(step) + " missing");
                 continue;
             }
-            ++compared;
-            for (std::size_t i = 0; i < values.size(); ++i) {
-                // A step's values are its loss and then its gradient norm.
-                const double bound = i == 1 ? bounds.norm : bounds.values;
-                if (!(relative(it->second[i], values[i]) <= bound)) {
-                    char buf[200];
-                    std::snprintf(buf, sizeof buf, "%s of step %lld: %.9g, one process %.9g (%s: %.0e)",
-                                  what, step, it->second[i], values[i], bounds.name, bound);
-                    problems.push_back(buf);
-                }
+            ++seen;
+            for (double x : it->second) {
+                if (!std::isfinite(x) && x != -1.0) problems.push_back(std::string(what) + " of step " + std::to_string(step) + " not finite");
             }
         }
-        if (compared == 0) problems.push_back(std::string("no ") + what + " to compare");
+        if (seen == 0) problems.push_back(std::string("no ") + what + " to compare");
     };
-    numbers("the step's loss and gradient norm", got.steps, expected.steps);
-    numbers("the evaluation", got.evals, expected.evals);
-    if (got.weights.size() != expected.weights.size()) {
-        problems.push_back("the checkpoint holds " + std::to_string(got.weights.size()) + " weights, one process's " +
-                           std::to_string(expected.weights.size()));
+    logged("the step's loss and gradient norm", got.steps, expected.steps);
+    logged("the evaluation", got.evals, expected.evals);
+    // The first step from the same state, and the evaluation before it.
+    const auto first = expected.steps.find(from);
+    const auto mine = got.steps.find(from);
+    if (first == expected.steps.end() || mine == got.steps.end()) {
+        problems.push_back("no step " + std::to_string(from) + " to compare");
     } else {
-        double gap = 0.0, scale = 0.0;
-        for (std::size_t i = 0; i < got.weights.size(); ++i) {
-            gap = std::max(gap, std::fabs(static_cast<double>(got.weights[i]) - expected.weights[i]));
-            scale = std::max(scale, std::fabs(static_cast<double>(expected.weights[i])));
-        }
-        if (gap > bounds.weights * std::max(scale, 1.0)) {
-            problems.push_back("the weights differ by up to " + std::to_string(gap) + " (" + bounds.name + ")");
+        add(gap_problem("the first step's loss", from, mine->second[0], first->second[0], loss_bound));
+        add(gap_problem("the first step's gradient norm", from, mine->second[1], first->second[1], norm_bound));
+    }
+    const auto e0 = expected.evals.find(from), g0 = got.evals.find(from);
+    if (e0 != expected.evals.end() && g0 != got.evals.end()) {
+        add(gap_problem("the train loss of the evaluation before the first step", from, g0->second[0], e0->second[0], eval_bound));
+        add(gap_problem("the val loss of the evaluation before the first step", from, g0->second[1], e0->second[1], eval_bound));
+    }
+    if (got.weights != expected.weights) {
+        problems.push_back("the checkpoint holds " + std::to_string(got.weights) + " weights, one process's " +
+                           std::to_string(expected.weights));
+    }
+    // The end: one process here, from the ranked run's last checkpoint.
+    std::ifstream text(corpus);
+    std::ostringstream all;
+    all << text.rdbuf();
+    Trainer one = Trainer::load(got_dir / "checkpoint", make_dataset(all.str()));
+    if (flags.fused) one.model().set_attention(AttentionKind::fused);
+    const auto last = got.evals.find(got.checkpoint_step);
+    if (last == got.evals.end()) {
+        problems.push_back("no evaluation at the checkpoint's step " + std::to_string(got.checkpoint_step));
+    } else {
+        const EvalRecord e = one.evaluate();
+        add(gap_problem("the last evaluation's train loss, against one process's from the run's checkpoint",
+                        got.checkpoint_step, last->second[0], e.train_loss, eval_bound));
+        add(gap_problem("the last evaluation's val loss, against one process's from the run's checkpoint",
+                        got.checkpoint_step, last->second[1], e.val_loss, eval_bound));
+    }
+    if (!got.sample.empty() || !expected.sample.empty()) {
+        SampleOptions s;
+        s.max_new_tokens = flags.sample;
+        s.temperature = flags.temperature;
+        s.top_k = flags.top_k;
+        s.seed = one.config().seed;
+        const std::string sample = generate_text(one.model(), one.data().vocab, flags.prompt, s) + "\n";
+        if (got.sample != sample) {
+            problems.push_back("the sample differs from one process's from the run's checkpoint: '" +
+                               got.sample.substr(0, 60) + "' against '" + sample.substr(0, 60) + "'");
         }
     }
-    if (got.sample != expected.sample) {
-        problems.push_back("the sample differs: '" + got.sample.substr(0, 60) + "' against one process's '" +
-                           expected.sample.substr(0, 60) + "'");
+    return problems;
+}
+
+// One step more of a ranked run, against one process's from the same checkpoint: the run's
+// checkpoint copied to `work`, one process's step from the copy here, then the run resumed for
+// one step by `program resume_args...` (which must name the run's folder with --resume); the
+// problems, and a line of the worst gaps.
+std::vector<std::string> next_step(const std::string& program, const fs::path& run_dir,
+                                   const std::vector<std::string>& resume_args, const fs::path& corpus,
+                                   const fs::path& work, std::string& summary) {
+    std::vector<std::string> problems;
+    fs::remove_all(work);
+    fs::create_directories(work);
+    fs::copy(run_dir / "checkpoint", work / "before", fs::copy_options::recursive);
+    std::ifstream text(corpus);
+    std::ostringstream all;
+    all << text.rdbuf();
+    const TextDataset data = make_dataset(all.str());
+    Trainer one = Trainer::load(work / "before", data);
+    // The state before the step as the files hold it: the moments, the step and AdamW's count
+    // read here, so that a load that loses them fails (one process and the run load alike).
+    mpi_test::detail::State before = mpi_test::detail::state_of(one);
+    before.m = read_npy(work / "before" / "optimizer" / "m.npy").data;
+    before.v = read_npy(work / "before" / "optimizer" / "v.npy").data;
+    {
+        std::ifstream t(work / "before" / "trainer.json");
+        const json j = json::parse(t);
+        before.step = j.at("step").get<std::int64_t>();
+        before.count = j.at("adamw_step_count").get<long>();
+    }
+    const StepRecord r = one.train_step();
+    const std::vector<float> g = one.model().gradients();  // after clipping: AdamW's input
+    const mpi_test::detail::State ref = mpi_test::detail::state_of(one);
+    std::vector<std::string> args = resume_args;
+    args.insert(args.end(), {"--max-iters", std::to_string(before.step + 1)});
+    const Outcome o = run(program, args, work / "log");
+    if (o.status != 0) {
+        problems.push_back("resumed for one step: exit " + std::to_string(o.status) + ": " + o.err.substr(0, 400));
+        return problems;
+    }
+    const Results after_run = results_of(run_dir);
+    const auto logged = after_run.steps.find(before.step);
+    if (logged == after_run.steps.end()) {
+        problems.push_back("resumed for one step: step " + std::to_string(before.step) + " not logged");
+        return problems;
+    }
+    StepRecord s;
+    s.loss = static_cast<float>(logged->second[0]);  // logged from the float: exact
+    s.grad_norm = static_cast<float>(logged->second[1]);
+    Trainer next = Trainer::load(run_dir / "checkpoint", data);
+    mpi_test::StepGaps gaps;
+    mpi_test::detail::compare_step(gaps, static_cast<int>(before.step), before, r, g, ref, s,
+                                   mpi_test::detail::state_of(next), one,
+                                   mpi_test::sum_chains(one.config(), data.vocab.size()));
+    summary = mpi_test::worst("loss", gaps.loss) + "; " + mpi_test::worst("norm", gaps.norm) + "; " +
+              mpi_test::worst("m", gaps.m) + "; " + mpi_test::worst("v", gaps.v) + "; " +
+              mpi_test::worst("weights", gaps.weights);
+    const bool ok = gaps.loss.ratio <= 1 && gaps.norm.ratio <= 1 && gaps.m.ratio <= 1 && gaps.v.ratio <= 1 &&
+                    gaps.weights.ratio <= 1 && gaps.mismatches.empty();
+    if (!ok) {
+        std::string counts;
+        for (const std::string& m : gaps.mismatches) counts += "; " + m;
+        problems.push_back("one step more, against one process's from the same checkpoint: " + summary + counts);
     }
     return problems;
 }
@@ -353,6 +529,7 @@ std::set<std::string> listed_options(const std::string& help) {
 }
 
 int test_options(const std::string& program, const fs::path& root) {
+    set_num_threads(1, "the runs' --threads 1");  // one process here computes as they do
     const Outcome help = run(program, {"--help"}, root / "help");
     const std::set<std::string> listed = listed_options(help.out);
     const std::vector<Use> table = option_table();
@@ -496,11 +673,22 @@ int test_options(const std::string& program, const fs::path& root) {
                 if (fs::exists(outs[k] / "metrics.jsonl")) fail(where, "trained where one process did not");
                 continue;
             }
-            const bool half16 = std::find(e.args.begin(), e.args.end(), "--precision") != e.args.end() &&
-                                std::find(e.args.begin(), e.args.end(), "fp32") == e.args.end();
-            for (const std::string& problem : compare(results_of(outs[k]), results_of(outs[0]), 0,
-                                                      half16 ? half16_bounds : float32_bounds)) {
+            // A resumed run starts at its checkpoint's step; the lines before it are the copy's.
+            const bool resumed = std::find(e.args.begin(), e.args.end(), "--resume") != e.args.end();
+            const long long from = resumed ? checkpoint_step(resume_source) : 0;
+            for (const std::string& problem : compare(outs[k], outs[0], corpus, flags_of(e.args), from)) {
                 fail(where, problem);
+            }
+            // The base run on every scheme: one step more, from the ranked run's checkpoint.
+            if (i == 0) {
+                std::vector<std::string> resume = {"--resume", outs[k].string(), "--sample", "0", "--threads", "1",
+                                                   "--data", corpus.string()};
+                resume.insert(resume.end(), extra[k].begin(), extra[k].end());
+                std::string summary;
+                const std::vector<std::string> problems =
+                    next_step(program, outs[k], resume, corpus, outs[k].parent_path() / "next", summary);
+                for (const std::string& problem : problems) fail(where, problem);
+                if (problems.empty()) std::cout << "ok: " << where << ": one step more is one process's from its checkpoint: " << summary << "\n";
             }
             ++compared;
         }
@@ -521,8 +709,7 @@ int test_options(const std::string& program, const fs::path& root) {
         } else if (r.status != 0) {
             fail("--batch-per-rank with --ranks 2", r.err);
         } else {
-            for (const std::string& problem :
-                 compare(results_of(dir / "ranked"), results_of(dir / "alone"), 0, float32_bounds)) {
+            for (const std::string& problem : compare(dir / "ranked", dir / "alone", corpus, flags_of(base))) {
                 fail("--batch-per-rank with --ranks 2 against --batch-size 16", problem);
             }
             ++compared;
@@ -703,15 +890,6 @@ std::vector<pid_t> children_of(pid_t parent) {
     return children;
 }
 
-long long checkpoint_step(const fs::path& run) {
-    std::ifstream in(run / "checkpoint" / "trainer.json");
-    try {
-        return json::parse(in).at("step").get<long long>();
-    } catch (const std::exception&) {
-        return -1;
-    }
-}
-
 // `scheme`: what the killed run on 4 ranks and the resumed one on `resume_ranks` add to the
 // flags: nothing (plain data parallelism), --shard optimizer|gradients|parameters (ZeRO stage
 // 1, 2 or 3) or --tensor-parallel 2 (a 2 x 2 grid, resumed on one pair).
@@ -722,14 +900,7 @@ int test_kill(const std::string& program, const fs::path& root, const std::vecto
     // nanoGPT's CPU recipe for 80 steps (seconds a run), a checkpoint every 10 steps.
     const std::vector<std::string> base = {"--recipe", "cpu", "--max-iters", "80", "--eval-interval", "10",
                                            "--eval-iters", "2", "--sample", "0", "--data", corpus.string()};
-    std::vector<std::string> args = base;
-    args.insert(args.end(), {"--out", (root / "uninterrupted").string(), "--threads", "2"});
-    const Outcome whole = run(program, args, root / "uninterrupted_log");
-    if (whole.status != 0) {
-        fail("the uninterrupted run", whole.err);
-        return 1;
-    }
-
+    std::vector<std::string> args;
     const fs::path killed = root / "killed";
     args = base;
     args.insert(args.end(), {"--out", killed.string(), "--ranks", "4"});
@@ -785,22 +956,58 @@ int test_kill(const std::string& program, const fs::path& root, const std::vecto
     }
     if (step < 20 || step % 10 != 0) fail("the checkpoint", "at step " + std::to_string(step));
 
-    // The checkpoint resumes on another number of ranks, and the run goes on as if it had
-    // never stopped.
+    // The checkpoint resumes on another number of ranks: its first step is one process's from
+    // the checkpoint (step_bounds.hpp's bounds for one step), and the run goes on to its end,
+    // every step and evaluation logged, the last evaluation one process's from its checkpoint.
     std::string again = resume_ranks + " ranks";
     for (const std::string& a : scheme) again += " " + a;
     args = {"--resume", killed.string(), "--ranks", resume_ranks, "--sample", "0", "--data", corpus.string()};
     args.insert(args.end(), scheme.begin(), scheme.end());
+    std::string summary;
+    const std::vector<std::string> first = next_step(program, killed, args, corpus, root / "next", summary);
+    for (const std::string& problem : first) fail("resumed on " + again, problem);
+    if (first.empty()) {
+        std::cout << "ok: the checkpoint of step " << step << " resumed on " << again
+                  << ": its first step is one process's from the checkpoint: " << summary << "\n";
+    }
+    args.insert(args.end(), {"--max-iters", "80"});  // the checkpoint of one step more says 21
     const Outcome resumed = run(program, args, root / "resumed_log");
     if (resumed.status != 0) {
         fail("resuming on " + again, resumed.err);
         return 1;
     }
-    const Results a = results_of(killed), b = results_of(root / "uninterrupted");
-    for (const std::string& problem : compare(a, b, step)) fail("resumed on " + again + " against one process", problem);
-    if (!failures) {
-        std::cout << "resumed at step " << step << " on " << again << ": " << a.steps.size()
-                  << " steps' losses, the evaluations and the final weights are one uninterrupted process's\n";
+    const Results a = results_of(killed);
+    const EvalRecord end = [&] {
+        Trainer one = Trainer::load(killed / "checkpoint", make_dataset(read_text(corpus)));
+        return one.evaluate();
+    }();
+    std::vector<std::string> problems;
+    for (long long t = step; t < 80; ++t) {
+        const auto it = a.steps.find(t);
+        if (it == a.steps.end() || !std::isfinite(it->second[0]) || !std::isfinite(it->second[1])) {
+            problems.push_back("step " + std::to_string(t) + " missing or not finite");
+        }
+    }
+    for (long long t = step; t <= 80; t += 10) {
+        if (!a.evals.count(t)) problems.push_back("no evaluation at step " + std::to_string(t));
+    }
+    if (a.checkpoint_step != 80) problems.push_back("the checkpoint at step " + std::to_string(a.checkpoint_step));
+    // One pass: an evaluation to 2γ of its chain of sums (step_bounds.hpp).
+    const double bound = 2 * mpi_test::gamma_of(mpi_test::sum_chains(a.config, a.vocab).forward +
+                                                 double(a.config.eval_iters)) + mpi_test::unit_roundoff;
+    if (a.evals.count(80)) {
+        const std::vector<double>& e = a.evals.at(80);
+        for (const std::string& p : {gap_problem("the last evaluation's train loss, against one process's from the run's "
+                                                  "checkpoint", 80, e[0], end.train_loss, bound),
+                                     gap_problem("the last evaluation's val loss, against one process's from the run's "
+                                                 "checkpoint", 80, e[1], end.val_loss, bound)}) {
+            if (!p.empty()) problems.push_back(p);
+        }
+    }
+    for (const std::string& problem : problems) fail("resumed on " + again, problem);
+    if (problems.empty()) {
+        std::cout << "resumed at step " << step << " on " << again << ": every step to 80 and every evaluation "
+                  << "logged, the last one process's from the run's checkpoint\n";
     }
     return failures ? 1 : 0;
 }
@@ -928,9 +1135,10 @@ int test_stop(const std::string& program, const fs::path& root) {
 }
 
 int main(int argc, char** argv) {
-    if (argc == 4 && std::string(argv[1]) == "compare") {
-        // Two run folders: the second is the reference (tests/mpi/multihost_netns.sh).
-        for (const std::string& problem : compare(results_of(argv[2]), results_of(argv[3]))) {
+    if (argc >= 5 && std::string(argv[1]) == "compare") {
+        // Two run folders, the second the reference, their corpus and the flags they were run
+        // with (tests/mpi/multihost_netns.sh).
+        for (const std::string& problem : compare(argv[2], argv[3], argv[4], flags_of({argv + 5, argv + argc}))) {
             fail(argv[2], problem);
         }
         std::cout << (failures ? "FAILED" : "the same run") << ": " << argv[2] << " against " << argv[3] << "\n";
@@ -938,7 +1146,7 @@ int main(int argc, char** argv) {
     }
     if (argc != 4 && argc != 5) {
         std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|kill-sharded-parameters|kill-tensor-parallel|stop [MPIRUN]\n"
-                     "       train_gpt_ranks_test compare RUN REFERENCE_RUN\n";
+                     "       train_gpt_ranks_test compare RUN REFERENCE_RUN CORPUS [TRAIN_GPT_FLAGS...]\n";
         return 2;
     }
     const std::string program = fs::absolute(argv[1]).string(), part = argv[3];
