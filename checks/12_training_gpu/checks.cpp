@@ -281,15 +281,21 @@ TEST_CASE("rows that are not a multiple of T, no rows at all, or negative sizes 
 TEST_CASE("property: any T up to 70 and scores of any size: each row is its float64 causal softmax") {
     // T from 1 (a quarter of the cases: one key) to 70 (lanes, warps and the boundaries
     // between them), one or two sequences of rows, scores ±(1 … 10)·10^e for e from −6 to 37
-    // (differences up to 2·10^38, still finite), hidden keys (j > i) holding anything as
-    // well; the output buffer starts as garbage. Each weight within weight_bound of the
+    // (differences up to 2·10^38, still finite); hidden keys (j > i) hold such a score, NaN,
+    // +∞ or −∞ (the contract writes 0 there whatever the score: `e^(s − m)·0` is NaN for
+    // them); the output buffer starts as garbage. Each weight within weight_bound of the
     // float64 softmax; hidden keys exactly 0.
     attn::check_property("causal_softmax equals the float64 causal softmax", [&] {
         const int T = static_cast<int>(attn::draw("T", attn::family::length(70)));
         const int heads = attn::draw("heads", rc::gen::inRange(1, 3));
         const int rows = T * heads;
-        const auto s = attn::draw("scores", rc::gen::container<std::vector<float>>(
-                                                static_cast<std::size_t>(rows) * T, attn::family::magnitude(-6, 38)));
+        const std::size_t n = static_cast<std::size_t>(rows) * T;
+        auto s = attn::draw("scores", rc::gen::container<std::vector<float>>(n, attn::family::magnitude(-6, 38)));
+        const auto hidden = attn::draw("hidden keys hold", rc::gen::container<std::vector<float>>(
+                                                               n, rc::gen::oneOf(attn::family::non_finite(),
+                                                                                 attn::family::magnitude(-6, 38))));
+        for (std::size_t k = 0; k < n; ++k)
+            if (static_cast<int>(k) % T > static_cast<int>(k) / T % T) s[k] = hidden[k];
         check_rows(run(s, rows, T), reference(s, rows, T), rows, T);
     }, 60);
 }
