@@ -22,7 +22,9 @@
 # that names the mistake; tools/expect_mutant_caught.sh).
 #
 # A mistake that writes out of bounds has a header line `sanitizer: <the error reported>`:
-# AddressSanitizer's name for it (such as heap-buffer-overflow), or `xtensor index out of
+# AddressSanitizer's name for it (such as heap-buffer-overflow), `libstdc++ index out of
+# bounds` for an index past a std::vector's end (libstdc++'s check, _GLIBCXX_ASSERTIONS,
+# aborts first), or `xtensor index out of
 # bounds` for an index past an axis that xtensor's own check finds first (the write may stay
 # inside the buffer, where only that check sees it). In the sanitizer builds (ATTN_SANITIZE,
 # presets `sanitize` and `check-debug`, both with xtensor's index checks) only those mutants

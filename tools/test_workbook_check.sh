@@ -110,3 +110,23 @@ if [ $debug_rc -ne 0 ] || [[ $said != *"still running after 5 s"*"the sanitizers
   echo "a sanitizer run of 5.5 s after a release run of 0.5 s did not say at 5 s that it was still running, and why"; exit 1
 fi
 echo "the sanitizer run's limit scales with the release run's time, and a passing exercise only too slow under the sanitizers is called that"
+
+# A sanitizer run stopped by libstdc++'s index check (_GLIBCXX_ASSERTIONS): the abort, the
+# container it names and the learner's line on the abort's stack (checks/support/main.cpp).
+cat >"$course/build-debug/check_12_exercise" <<'SH'
+#!/bin/sh
+echo "TEST CASE:  a row of one key"
+echo "/usr/include/c++/12/array:61: constexpr std::array<_Tp, _Nm>::value_type& std::array<_Tp, _Nm>::operator[](size_type) [with _Tp = long unsigned int; long unsigned int _Nm = 2; reference = long unsigned int&]: Assertion '__n < this->size()' failed." >&2
+echo "FATAL ERROR: test case CRASHED: SIGABRT - Abort (abnormal termination) signal"
+echo "The stack where the program aborted:"
+echo "    #3 0x55d0 in exercise::rope_rotate(xt::xtensor<float, 2> const&, int) exercises/15_positions/exercise.cpp:17" >&2
+echo "(end of the stack)" >&2
+kill -ABRT $$
+SH
+replay 1 0.1 0
+if [ $debug_rc -eq 0 ] || [[ $said != *"indexes past the end of a std::vector or std::array"* ]] ||
+   [[ $said != *"std::array<long unsigned int, 2>"* ]] || [[ $said != *"exercise.cpp:17"* ]]; then
+  printf '%s\n' "$said"
+  echo "an index past a std::array that libstdc++ stopped was not called that, with the container and the line"; exit 1
+fi
+echo "an index past a std::vector's or std::array's end, stopped by libstdc++, is named with its container and line"
