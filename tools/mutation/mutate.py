@@ -402,6 +402,8 @@ class Generator:
             self.binary_mutant(n, lhs, rhs, op, alt, fn, "arithmetic")
 
     def binary_mutant(self, n, lhs, rhs, op, alt, fn, operator):
+        """An operator (or a compound assignment) replaced by `alt`: in the schema, the call
+        attn_mutant::fn(id, lhs, rhs) applies one or the other."""
         tok = self.op_token(lhs, rhs, op)
         if tok is None:
             return
@@ -427,19 +429,7 @@ class Generator:
         if not (self.usable(lhs) and self.usable(rhs)) or not is_arith(lhs.type()) or not is_arith(rhs.type()):
             return
         alt, fn = alts[op]
-        tok = self.op_token(lhs, rhs, op)
-        if tok is None:
-            return
-        after = self.text(n.b, tok[0]) + alt + self.text(tok[1], n.e)
-        m = Mutant("arithmetic", self.function_of(n), n.b, n.e, squeeze(self.ntext(n)), squeeze(after),
-                   [(tok[0], tok[1], alt)])
-        if not self.add(("cmp", n.b, n.e, alt), m):
-            return
-
-        def render(inner, R, m=m):
-            return f"attn_mutant::{fn}({m.id}, {R(lhs)}, {R(rhs)})"
-
-        m.sites.append(Site(n.b, n.e, render, order=0))
+        self.binary_mutant(n, lhs, rhs, op, alt, fn, "arithmetic")
 
     def literal_alternatives(self, n):
         text = self.ntext(n)
@@ -600,13 +590,10 @@ class Generator:
                 if not self.add(("swap", a.b, a.e, b.b, b.e), m):
                     continue
 
-                def ra(inner, R, m=m, b=b):
-                    return f"(attn_mutant::on({m.id}) ? ({R(b, exclude=m.id)}) : ({inner}))"
+                def takes(other, m=m):  # this argument, or the other one when m is active
+                    return lambda inner, R: f"(attn_mutant::on({m.id}) ? ({R(other, exclude=m.id)}) : ({inner}))"
 
-                def rb(inner, R, m=m, a=a):
-                    return f"(attn_mutant::on({m.id}) ? ({R(a, exclude=m.id)}) : ({inner}))"
-
-                m.sites += [Site(a.b, a.e, ra, order=2), Site(b.b, b.e, rb, order=2)]
+                m.sites += [Site(a.b, a.e, takes(b), order=2), Site(b.b, b.e, takes(a), order=2)]
 
     STATEMENT_KINDS = ("CallExpr", "CXXMemberCallExpr", "CXXOperatorCallExpr", "BinaryOperator",
                        "CompoundAssignOperator", "UnaryOperator", "ExprWithCleanups")
@@ -725,27 +712,19 @@ class Generator:
                 break
         if func is None:
             return
+        def render_store(inner, R, m=m, fn=fn, name=name):
+            return f"({inner}, {name} = attn_mutant::{fn}({m.id}, {name}))"
+
         for d in func.walk():
-            if d.kind in ("CompoundAssignOperator", "BinaryOperator") and self.usable(d):
-                if d.kind == "BinaryOperator" and d.j.get("opcode") != "=":
-                    continue
-                lhs = strip(d.real_children()[0]) if d.real_children() else None
-                if lhs is not None and lhs.kind == "DeclRefExpr" and \
-                        lhs.j.get("referencedDecl", {}).get("id") == var_id:
-                    def render_store(inner, R, m=m, fn=fn, name=name):
-                        return f"({inner}, {name} = attn_mutant::{fn}({m.id}, {name}))"
-
-                    m.sites.append(Site(d.b, d.e, render_store, order=4))
-                    m.plain.append((d.b, d.e, f"({self.ntext(d)}, {name} = {narrow(name)})"))
-            if d.kind == "UnaryOperator" and d.j.get("opcode") in ("++", "--") and self.usable(d):
-                lhs = strip(d.real_children()[0]) if d.real_children() else None
-                if lhs is not None and lhs.kind == "DeclRefExpr" and \
-                        lhs.j.get("referencedDecl", {}).get("id") == var_id:
-                    def render_inc(inner, R, m=m, fn=fn, name=name):
-                        return f"({inner}, {name} = attn_mutant::{fn}({m.id}, {name}))"
-
-                    m.sites.append(Site(d.b, d.e, render_inc, order=4))
-                    m.plain.append((d.b, d.e, f"({self.ntext(d)}, {name} = {narrow(name)})"))
+            stores = (d.kind == "CompoundAssignOperator" or
+                      d.kind == "BinaryOperator" and d.j.get("opcode") == "=" or
+                      d.kind == "UnaryOperator" and d.j.get("opcode") in ("++", "--"))
+            if not stores or not self.usable(d) or not d.real_children():
+                continue
+            lhs = strip(d.real_children()[0])
+            if lhs is not None and lhs.kind == "DeclRefExpr" and lhs.j.get("referencedDecl", {}).get("id") == var_id:
+                m.sites.append(Site(d.b, d.e, render_store, order=4))
+                m.plain.append((d.b, d.e, f"({self.ntext(d)}, {name} = {narrow(name)})"))
 
     def wide_vars(self, n):
         """The ids of the 64-bit integer variables of n's function computed, through any
