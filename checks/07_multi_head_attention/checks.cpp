@@ -261,16 +261,8 @@ TEST_CASE("property: every head count that does not divide C, 0 included, is ref
         const std::size_t NH = attn::draw("NH", attn::family::not_dividing(C));
         attn::Rng rng(3);
         const Tensor3 x = rng.normal_tensor<3>({1, 2, C});
-        const auto refused = [](auto&& f) {
-            try {
-                f();
-            } catch (const std::invalid_argument&) {
-                return true;
-            }
-            return false;
-        };
-        RC_ASSERT(refused([&] { (void)split_heads(x, NH); }));
-        RC_ASSERT(refused([&] {
+        RC_ASSERT(attn::refused([&] { (void)split_heads(x, NH); }));
+        RC_ASSERT(attn::refused([&] {
             (void)multi_head_attention(x, rng.normal_tensor<2>({3 * C, C}), rng.normal_tensor<2>({C, C}), NH);
         }));
     });

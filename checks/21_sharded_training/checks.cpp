@@ -282,13 +282,7 @@ TEST_CASE("property: every count of ranks below 1 and every rank outside 0 … r
             rank = attn::draw("rank", rc::gen::oneOf(rc::gen::cast<int>(rc::gen::map(attn::family::below(0), clamp)),
                                                      rc::gen::inRange(ranks, ranks + 3)));
         }
-        bool refused = false;
-        try {
-            (void)shard_of(n, rank, ranks);
-        } catch (const std::invalid_argument&) {
-            refused = true;
-        }
-        RC_ASSERT(refused);
+        RC_ASSERT(attn::refused([&] { (void)shard_of(n, rank, ranks); }));
     });
 }
 

@@ -20,6 +20,7 @@
 #include <tuple>
 #include <iostream>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -47,6 +48,18 @@ T draw(std::string name, rc::Gen<T> gen) {
     return (*rc::gen::map(std::move(gen), [name = std::move(name)](T value) {
                return Named<T>{name, std::move(value)};
            })).value;
+}
+
+/// Whether `call()` refuses its input as the contracts say, with std::invalid_argument (any
+/// other exception goes on up, as a check's error).
+template <class Call>
+bool refused(Call&& call) {
+    try {
+        call();
+    } catch (const std::invalid_argument&) {
+        return true;
+    }
+    return false;
 }
 
 namespace detail {
