@@ -43,10 +43,7 @@ int Scheduler::submit(const CompletionRequest& request) {
     }
     require(o.max_new_tokens >= 1,
             "max_tokens: must be at least 1, got " + to_string(o.max_new_tokens));
-    require(std::isfinite(o.temperature) && o.temperature > 0.0f,
-            "temperature: must be positive and finite, got " + std::to_string(o.temperature));
-    require(o.top_k >= 0 && o.top_k <= cfg.vocab_size,
-            "top_k: must be in [0, " + to_string(cfg.vocab_size) + "], got " + to_string(o.top_k));
+    check_sample_options(o, cfg.vocab_size);  // "temperature: …", "top_p: …"
     // the prompt and every sampled token but the last are fed to the model: each needs a
     // position below block_size
     const int positions = n + o.max_new_tokens - 1;
@@ -195,11 +192,14 @@ std::vector<StepEvent> Scheduler::step() {
         if (r.computed < static_cast<int>(r.tokens.size())) continue;  // a prompt chunk
         const float* l = logits.data() + static_cast<std::size_t>(last_row[i]) * V;
         row.assign(l, l + V);
-        const int token = sample_token(row, r.options.temperature, r.options.top_k, r.rng);
+        const int token = sample_token(row, r.options, r.generated, r.rng);
+        std::optional<TokenLogprobs> logprobs;
+        if (r.options.top_logprobs >= 0)
+            logprobs = token_logprobs(log_softmax(row), token, r.options.top_logprobs);
         r.tokens.push_back(token);
         r.generated.push_back(token);
         const bool done = static_cast<int>(r.generated.size()) >= r.options.max_new_tokens;
-        events.push_back({id, token, done});
+        events.push_back({id, token, done, std::move(logprobs)});
         if (done) finish(id);
     }
     return events;

@@ -696,7 +696,8 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
 // ---------------------------------------------------------------------------------------
 // Sampling
 
-int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng) {
+std::vector<double> sampling_weights(const std::vector<float>& logits, float temperature, int top_k,
+                                     float top_p) {
     const int V = static_cast<int>(logits.size());
     if (V == 0) throw std::invalid_argument("sample_token: no logits");
     if (!(temperature > 0.0f) || !std::isfinite(temperature)) {
@@ -707,6 +708,9 @@ int sample_token(const std::vector<float>& logits, float temperature, int top_k,
     if (top_k < 0 || top_k > V) {
         throw std::invalid_argument("top-k must be 0 (all) or between 1 and the vocabulary size " +
                                     std::to_string(V) + ", got " + std::to_string(top_k));
+    }
+    if (!(top_p > 0.0f && top_p <= 1.0f)) {
+        throw std::invalid_argument("top-p must be in (0, 1], got " + std::to_string(top_p));
     }
     // logits / temperature; then everything below the k-th largest is dropped (-inf).
     std::vector<double> z(logits.begin(), logits.end());
@@ -724,17 +728,123 @@ int sample_token(const std::vector<float>& logits, float temperature, int top_k,
         x = (top_k > 0 && x < kth) ? 0.0 : std::exp(x - maxval);
         total += x;
     }
-    // One uniform draw in [0, total), 53 bits, then the first token whose running sum passes it.
+    if (top_p < 1.0f) {
+        // The nucleus: the most likely tokens in order until their share reaches top_p.
+        std::vector<int> order(static_cast<std::size_t>(V));
+        for (int i = 0; i < V; ++i) order[static_cast<std::size_t>(i)] = i;
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+            return z[static_cast<std::size_t>(a)] > z[static_cast<std::size_t>(b)];
+        });
+        const double reach = static_cast<double>(top_p) * total;
+        double mass = 0.0;
+        std::size_t kept = 0;
+        while (kept < order.size() && mass < reach) mass += z[static_cast<std::size_t>(order[kept++])];
+        kept = std::max<std::size_t>(kept, 1);  // the most likely token is always kept
+        for (std::size_t i = kept; i < order.size(); ++i) z[static_cast<std::size_t>(order[i])] = 0.0;
+    }
+    return z;
+}
+
+namespace {
+
+// One uniform draw in [0, total), 53 bits, then the first token whose running sum passes it.
+int draw_from_weights(const std::vector<double>& z, Rng& rng) {
+    double total = 0.0;
+    for (double x : z) total += x;
     const double u = static_cast<double>(rng.next_u64() >> 11) * 0x1.0p-53 * total;
     double running = 0.0;
     int last_possible = 0;
-    for (int i = 0; i < V; ++i) {
+    for (int i = 0; i < static_cast<int>(z.size()); ++i) {
         if (z[static_cast<std::size_t>(i)] <= 0.0) continue;
         last_possible = i;
         running += z[static_cast<std::size_t>(i)];
         if (u < running) return i;
     }
     return last_possible;  // u rounded up to total
+}
+
+}  // namespace
+
+int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng) {
+    return draw_from_weights(sampling_weights(logits, temperature, top_k, 1.0f), rng);
+}
+
+void apply_penalties(std::vector<float>& logits, const std::vector<int>& generated,
+                     float presence_penalty, float frequency_penalty) {
+    if (presence_penalty == 0.0f && frequency_penalty == 0.0f) return;
+    const int V = static_cast<int>(logits.size());
+    std::vector<int> count(logits.size(), 0);
+    for (int t : generated) {
+        if (t < 0 || t >= V)
+            throw std::invalid_argument("apply_penalties: token id " + std::to_string(t) +
+                                        " is outside [0, " + std::to_string(V) + ")");
+        ++count[static_cast<std::size_t>(t)];
+    }
+    for (std::size_t j = 0; j < logits.size(); ++j) {
+        if (count[j] == 0) continue;
+        const double penalty = static_cast<double>(frequency_penalty) * count[j] +
+                               static_cast<double>(presence_penalty);
+        logits[j] = static_cast<float>(static_cast<double>(logits[j]) - penalty);
+    }
+}
+
+void check_sample_options(const SampleOptions& o, int V) {
+    using std::to_string;
+    if (!(std::isfinite(o.temperature) && o.temperature > 0.0f))
+        throw std::invalid_argument("temperature: must be positive and finite, got " +
+                                    to_string(o.temperature));
+    if (o.top_k < 0 || o.top_k > V)
+        throw std::invalid_argument("top_k: must be in [0, " + to_string(V) + "], got " +
+                                    to_string(o.top_k));
+    if (!(o.top_p > 0.0f && o.top_p <= 1.0f))
+        throw std::invalid_argument("top_p: must be in (0, 1], got " + to_string(o.top_p));
+    if (!std::isfinite(o.presence_penalty))
+        throw std::invalid_argument("presence_penalty: must be finite");
+    if (!std::isfinite(o.frequency_penalty))
+        throw std::invalid_argument("frequency_penalty: must be finite");
+    if (o.top_logprobs < -1 || o.top_logprobs > V)
+        throw std::invalid_argument("top_logprobs: must be in [-1, " + to_string(V) + "], got " +
+                                    to_string(o.top_logprobs));
+}
+
+int sample_token(std::vector<float> logits, const SampleOptions& options,
+                 const std::vector<int>& generated, Rng& rng) {
+    check_sample_options(options, static_cast<int>(logits.size()));
+    apply_penalties(logits, generated, options.presence_penalty, options.frequency_penalty);
+    return draw_from_weights(
+        sampling_weights(logits, options.temperature, options.top_k, options.top_p), rng);
+}
+
+std::vector<double> log_softmax(const std::vector<float>& logits) {
+    if (logits.empty()) throw std::invalid_argument("log_softmax: no logits");
+    const double maxval = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (float x : logits) sum += std::exp(static_cast<double>(x) - maxval);
+    const double log_total = maxval + std::log(sum);
+    std::vector<double> out(logits.size());
+    for (std::size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<double>(logits[i]) - log_total;
+    return out;
+}
+
+TokenLogprobs token_logprobs(const std::vector<double>& log_probs, int token, int top) {
+    const int V = static_cast<int>(log_probs.size());
+    if (token < 0 || token >= V || top < 0 || top > V)
+        throw std::invalid_argument("token_logprobs: token " + std::to_string(token) + " and top " +
+                                    std::to_string(top) + " must lie in [0, " + std::to_string(V) + ")");
+    TokenLogprobs out;
+    out.logprob = log_probs[static_cast<std::size_t>(token)];
+    if (top == 0) return out;
+    std::vector<int> order(static_cast<std::size_t>(V));
+    for (int i = 0; i < V; ++i) order[static_cast<std::size_t>(i)] = i;
+    std::partial_sort(order.begin(), order.begin() + top, order.end(), [&](int a, int b) {
+        const double la = log_probs[static_cast<std::size_t>(a)], lb = log_probs[static_cast<std::size_t>(b)];
+        return la > lb || (la == lb && a < b);
+    });
+    for (int i = 0; i < top; ++i) {
+        const int id = order[static_cast<std::size_t>(i)];
+        out.top.emplace_back(id, log_probs[static_cast<std::size_t>(id)]);
+    }
+    return out;
 }
 
 std::vector<int> start_tokens(const CharVocab& vocab, int V, const std::string& prompt,

@@ -23,6 +23,7 @@
 
 #include <deque>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <vector>
 
@@ -36,7 +37,8 @@ struct QueueFull : std::runtime_error {
 /// One completion to compute: a prompt's token ids and how to sample after it.
 struct CompletionRequest {
     std::vector<int> prompt;  ///< token ids, at least one
-    SampleOptions options;    ///< max_new_tokens (≥ 1), temperature, top_k, seed
+    SampleOptions options;    ///< max_new_tokens (≥ 1), temperature, top_k, top_p, penalties,
+                              ///< top_logprobs, seed
 };
 
 /// How much a step may do.
@@ -53,6 +55,9 @@ struct StepEvent {
     int request;    ///< the id submit returned
     int token;      ///< the token sampled
     bool finished;  ///< it was the request's last: its blocks are free again
+    /// The token's log-probability and the most likely alternatives, when the request's
+    /// options ask for them (top_logprobs ≥ 0); empty otherwise, at no cost.
+    std::optional<TokenLogprobs> logprobs = {};
 };
 
 /// Counts since the scheduler was made.

@@ -382,11 +382,28 @@ private:
 };
 
 /// How to sample text from a model.
+///
+/// A token is drawn in this order: the penalties are subtracted from the logits, the logits
+/// are divided by the temperature, everything below the top_k largest is dropped, then
+/// everything outside the nucleus (top_p) is dropped, and the rest is renormalised. The
+/// log-probabilities reported (top_logprobs ≥ 0) are the model's own: the log-softmax of the
+/// raw logits, before the penalties, the temperature and the truncations, so they say what
+/// the model believes, not how the draw was shaped.
 struct SampleOptions {
     int max_new_tokens = 500;   ///< characters to generate
     float temperature = 1.0f;   ///< divides the logits; below 1 sharpens, above 1 flattens
     int top_k = 0;              ///< keep only the k most likely tokens; 0 keeps all
     std::uint64_t seed = 1337;  ///< seeds the draws
+    /// Nucleus sampling (Holtzman et al. 2020): after the temperature and top_k, keep the
+    /// smallest set of most likely tokens whose probability reaches top_p; 1 keeps all.
+    float top_p = 1.0f;
+    /// Subtracted once from the logit of every token already generated (not the prompt's).
+    float presence_penalty = 0.0f;
+    /// Subtracted from a token's logit once for every time it was generated.
+    float frequency_penalty = 0.0f;
+    /// −1: no log-probabilities; 0 or more: the sampled token's log-probability and this
+    /// many most likely alternatives with theirs (TokenLogprobs).
+    int top_logprobs = -1;
 };
 
 /// Draws one token id from logits: divide by the temperature, keep the top_k largest
@@ -399,6 +416,65 @@ struct SampleOptions {
 /// @throws std::invalid_argument for a temperature that is not positive and finite, or top_k
 /// outside 0…V
 int sample_token(const std::vector<float>& logits, float temperature, int top_k, Rng& rng);
+
+/// The unnormalised weights a draw chooses from: exp(z − max z) with z = logits / temperature
+/// for the tokens kept by top_k and then top_p, 0 for the tokens dropped. The nucleus is the
+/// smallest set of the most likely tokens (ties broken by the lower id) whose share of the
+/// top_k weights reaches top_p.
+/// @param logits (V) one position's logits
+/// @param temperature positive and finite
+/// @param top_k 0 (all) or 1…V
+/// @param top_p in (0, 1]; 1 keeps all
+/// @return (V) weights, at least one of them positive
+/// @throws std::invalid_argument for a value outside those ranges
+std::vector<double> sampling_weights(const std::vector<float>& logits, float temperature, int top_k,
+                                     float top_p);
+
+/// Subtracts OpenAI's penalties from logits: logit[j] −= frequency · count[j] + presence ·
+/// (count[j] > 0), where count[j] is how often token j occurs in `generated`.
+/// @param logits (V) changed in place
+/// @param generated the tokens generated so far (not the prompt), each in [0, V)
+/// @param presence_penalty finite
+/// @param frequency_penalty finite
+void apply_penalties(std::vector<float>& logits, const std::vector<int>& generated,
+                     float presence_penalty, float frequency_penalty);
+
+/// Draws one token with all of SampleOptions' settings: the penalties over `generated`, the
+/// temperature, top_k and top_p. With top_p 1 and no penalties it draws exactly what the
+/// four-argument sample_token draws from the same generator state.
+/// @param logits (V) one position's logits
+/// @param options temperature, top_k, top_p and the penalties (the length and seed unused)
+/// @param generated the tokens generated so far by this sequence
+/// @param rng the source of the draw
+/// @return a token id in [0, V)
+/// @throws std::invalid_argument for bad options (see check_sample_options)
+int sample_token(std::vector<float> logits, const SampleOptions& options,
+                 const std::vector<int>& generated, Rng& rng);
+
+/// Checks the sampling settings against a vocabulary of V tokens; each message starts with
+/// the field's name ("top_p: …").
+/// @throws std::invalid_argument for a temperature that is not positive and finite, top_k
+/// outside 0…V, top_p outside (0, 1], a penalty that is not finite, or top_logprobs outside
+/// −1…V
+void check_sample_options(const SampleOptions& options, int V);
+
+/// A sampled token's log-probability under the model and the most likely alternatives.
+struct TokenLogprobs {
+    double logprob = 0.0;                      ///< log p(the sampled token)
+    std::vector<std::pair<int, double>> top;   ///< (id, log p), most likely first, ties by id
+};
+
+/// log softmax(logits) in float64: z − max z − log Σ exp(z − max z).
+/// @param logits (V)
+/// @return (V) log-probabilities
+std::vector<double> log_softmax(const std::vector<float>& logits);
+
+/// The log-probability of `token` and the `top` most likely tokens' from a log_softmax.
+/// @param log_probs (V) from log_softmax
+/// @param token the id sampled
+/// @param top how many alternatives, 0…V
+/// @return the token's log-probability and `top` pairs, most likely first
+TokenLogprobs token_logprobs(const std::vector<double>& log_probs, int token, int top);
 
 /// The checks and the first tokens that every generator (uncached, cached, on the GPU)
 /// starts from, so that they fail alike and produce the same text.
