@@ -5,7 +5,8 @@
 // memory a server holds for its keys and values when each sequence reserves its whole
 // context against blocks taken as they fill; stores one prompt once for 16 continuations;
 // and runs a load of requests through the scheduler one at a time, in static batches and
-// with continuous batching, for 1 to 32 clients. Timings are printed, never checked.
+// with continuous batching, for 1 to 32 clients; then shows what the API's log-probabilities
+// and nucleus sampling do to one distribution. Timings are printed, never checked.
 // Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/kv_cache.hpp"
 #include "attn/lesson.hpp"
@@ -343,6 +344,53 @@ void measure_sharing(const GPT& model, int prompt_length, int continuations, int
     print_claim("share_same_texts", alone == shared ? "yes" : "no");
 }
 
+// What the API's sampling fields do to one next-character distribution, made up for the
+// example: eight likely characters and a long tail of 57 unlikely ones (65 in all, as the
+// Shakespeare model has). `logprobs` reports the model's own log-probabilities; top_p keeps
+// the smallest set of the most likely characters whose probability reaches p, after the
+// temperature has sharpened or flattened the distribution.
+void show_sampling(const LessonOptions& opts) {
+    print_heading("Log-probabilities and the nucleus (top_p)");
+    Section out("sampling");
+    const std::string likely = " ntsfwa'";
+    const std::vector<float> head = {2.0f, 1.2f, 0.9f, 0.5f, 0.1f, -0.3f, -0.8f, -1.5f};
+    std::vector<float> logits(65, -4.0f);
+    std::copy(head.begin(), head.end(), logits.begin());
+    out("logits: ");
+    for (std::size_t i = 0; i < head.size(); ++i) out("'%c' %.1f  ", likely[i], static_cast<double>(head[i]));
+    out("and 57 more characters at -4.0\n\n");
+    const std::vector<double> lp = log_softmax(logits);
+    const TokenLogprobs top = token_logprobs(lp, 0, 5);
+    out("the 5 most likely, as \"logprobs\": 5 reports them (log p, then p):\n");
+    for (const auto& [id, value] : top.top)
+        out("  '%c'  %7.3f  %.3f\n", likely[static_cast<std::size_t>(id)], value, std::exp(value));
+    double tail = 0.0;
+    for (std::size_t i = head.size(); i < lp.size(); ++i) tail += std::exp(lp[i]);
+    out("  the 57 others together: %.3f\n\n", tail);
+    out("%-12s %-16s %-16s %-16s\n", "temperature", "top_p 0.5", "top_p 0.9", "top_p 1");
+    std::map<std::pair<float, float>, int> kept;
+    for (const float temperature : {1.0f, 0.7f}) {
+        out("%-12.1f", static_cast<double>(temperature));
+        const std::vector<double> all = sampling_weights(logits, temperature, 0, 1.0f);
+        double total = 0.0;
+        for (double w : all) total += w;
+        for (const float p : {0.5f, 0.9f, 1.0f}) {
+            const std::vector<double> w = sampling_weights(logits, temperature, 0, p);
+            int n = 0;
+            double mass = 0.0;
+            for (double x : w) n += x > 0.0, mass += x;
+            kept[{temperature, p}] = n;
+            out(" %2d kept (%.2f)  ", n, mass / total);
+        }
+        out("\n");
+    }
+    out("(characters kept, and the probability they held before the draw renormalises them)\n");
+    out.save(opts);
+    print_claim("sampling_tail_mass", tail, 2);
+    print_claim("nucleus_t1_p09", std::to_string(kept[{1.0f, 0.9f}]));
+    print_claim("nucleus_t07_p09", std::to_string(kept[{0.7f, 0.9f}]));
+}
+
 void lesson(const LessonOptions& opts) {
     walk_the_pool(opts);
 
@@ -430,6 +478,7 @@ void lesson(const LessonOptions& opts) {
         line_plot_png(opts.figures / "lesson20_ttft_p99.png", lat,
                       "Time to first token, 99th percentile", "clients", "milliseconds");
     }
+    show_sampling(opts);
 }
 
 }  // namespace
