@@ -269,6 +269,7 @@ TEST_CASE("the scheduler applies top_p, penalties and logprobs per request as a 
         SampleOptions o;
         o.max_new_tokens = 20;
         o.seed = 500 + i;
+        o.temperature = i % 2 == 0 ? 0.7f : 1.3f;  // the log-probabilities stay the model's
         o.top_p = i % 3 == 0 ? 1.0f : 0.6f;
         o.presence_penalty = i % 2 == 0 ? 1.5f : 0.0f;
         o.frequency_penalty = i % 4 == 1 ? 0.7f : -0.3f;
