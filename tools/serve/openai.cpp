@@ -641,6 +641,111 @@ std::string sse(const json& body) {
 
 std::string sse_done() { return "data: [DONE]\n\n"; }
 
+// ---------------------------------------------------------------------------------------
+// A request's choices as they are produced
+
+namespace {
+
+// splitmix64's finaliser: seeds for the samples after the first, far apart in the stream
+std::uint64_t derived_seed(std::uint64_t seed, int sample) {
+    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(sample);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+}  // namespace
+
+Completion::Completion(const Request& request, const ServedModel& model, std::string id, std::int64_t created)
+    : request_(request), model_(model), id_(std::move(id)), created_(created) {
+    for (std::size_t p = 0; p < request_.prompts.size(); ++p) {
+        prompt_characters_.push_back(static_cast<int>(attn::utf8_characters(request_.prompt_texts[p]).size()));
+        for (int j = 0; j < request_.n; ++j) {
+            attn::CompletionRequest r{request_.prompts[p], request_.options};
+            if (j > 0) r.options.seed = derived_seed(request_.options.seed, j);
+            submissions_.push_back(std::move(r));
+            choices_.emplace_back(request_.stop, static_cast<int>(p));
+        }
+    }
+}
+
+bool Completion::finished(int choice) const { return choices_.at(static_cast<std::size_t>(choice)).done; }
+
+bool Completion::finished() const {
+    return std::all_of(choices_.begin(), choices_.end(), [](const State& s) { return s.done; });
+}
+
+std::string Completion::add(int choice, int token, const std::optional<TokenLogprobs>& logprobs, bool last) {
+    State& c = choices_.at(static_cast<std::size_t>(choice));
+    if (c.done) return {};
+    ++c.generated;
+    const std::string& piece = model_.vocab.at(token);
+    c.pending.push_back({token, logprobs.value_or(TokenLogprobs{}), piece.size()});
+    std::string released = c.scanner.push(piece);
+    if (c.scanner.stopped()) {
+        c.done = true;
+        c.finish_reason = "stop";
+    } else if (last) {
+        released += c.scanner.finish();
+        c.done = true;
+        c.finish_reason = "length";
+    }
+    // the tokens whose every byte is now released (a stop string starts on a character's
+    // first byte, so the text before it holds whole tokens)
+    Choice fresh;
+    fresh.index = choice;
+    fresh.has_logprobs = request_.options.top_logprobs >= 0;
+    fresh.text_offset = prompt_characters_[static_cast<std::size_t>(c.prompt)] + static_cast<int>(c.tokens.size());
+    c.unclaimed += released.size();
+    while (!c.pending.empty() && c.pending.front().bytes <= c.unclaimed) {
+        c.unclaimed -= c.pending.front().bytes;
+        fresh.tokens.push_back(c.pending.front().token);
+        if (fresh.has_logprobs) fresh.logprobs.push_back(c.pending.front().logprobs);
+        c.pending.pop_front();
+    }
+    if (c.done) c.pending.clear();  // past a stop string: never sent
+    c.tokens.insert(c.tokens.end(), fresh.tokens.begin(), fresh.tokens.end());
+    c.logprobs.insert(c.logprobs.end(), fresh.logprobs.begin(), fresh.logprobs.end());
+    c.text += released;
+    if (!request_.stream) return {};
+    const bool first = !c.sent;
+    if (released.empty() && !c.done && !(first && request_.endpoint == Endpoint::chat)) return {};
+    fresh.text = (first && request_.echo ? request_.prompt_texts[static_cast<std::size_t>(c.prompt)] : "") + released;
+    c.sent = true;
+    return sse(chunk_body(request_.endpoint, id_, created_, request_.model, model_.vocab, fresh, first,
+                          c.done ? c.finish_reason : ""));
+}
+
+Usage Completion::usage() const {
+    Usage u;
+    for (const auto& p : request_.prompts) u.prompt_tokens += static_cast<int>(p.size());
+    for (const State& c : choices_) u.completion_tokens += c.generated;
+    return u;
+}
+
+std::string Completion::stream_end() const {
+    std::string out;
+    if (request_.include_usage) out += sse(usage_chunk(request_.endpoint, id_, created_, request_.model, usage()));
+    return out + sse_done();
+}
+
+json Completion::body() const {
+    std::vector<Choice> list;
+    for (std::size_t i = 0; i < choices_.size(); ++i) {
+        const State& c = choices_[i];
+        Choice out;
+        out.index = static_cast<int>(i);
+        out.text = (request_.echo ? request_.prompt_texts[static_cast<std::size_t>(c.prompt)] : "") + c.text;
+        out.tokens = c.tokens;
+        out.logprobs = c.logprobs;
+        out.has_logprobs = request_.options.top_logprobs >= 0;
+        out.finish_reason = c.done ? c.finish_reason : "length";
+        out.text_offset = prompt_characters_[static_cast<std::size_t>(c.prompt)];
+        list.push_back(std::move(out));
+    }
+    return response_body(request_.endpoint, id_, created_, request_.model, model_.vocab, list, usage());
+}
+
 json model_object(const ServedModel& m) {
     return {{"id", m.name}, {"object", "model"}, {"created", m.created}, {"owned_by", "attention-from-scratch"}};
 }

@@ -1,8 +1,9 @@
 // OpenAI's completions and chat completions APIs for a character-level model, as pure
 // functions over JSON: the request bodies checked field by field into what the scheduler
 // runs, the chat template, stop strings over a stream, and the response bodies, streamed
-// chunks, model objects and error bodies the official clients read. Nothing here knows
-// about sockets; serve_gpt wires it to HTTP.
+// chunks, model objects and error bodies the official clients read, and Completion, which
+// turns the scheduler's tokens for one request into its stream or its body. Nothing here
+// knows about sockets.
 //
 // The fields and their values (OpenAI's names and limits; null is the same as absent where
 // OpenAI allows null):
@@ -28,11 +29,13 @@
 #pragma once
 
 #include "attn/data.hpp"
+#include "attn/scheduler.hpp"
 #include "attn/trainer.hpp"
 
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -182,6 +185,63 @@ json usage_chunk(Endpoint endpoint, const std::string& id, std::int64_t created,
 std::string sse(const json& body);
 /// The stream's end: `data: [DONE]\n\n`.
 std::string sse_done();
+
+/// One request's choices while the scheduler produces them: what to submit, the streamed
+/// events each token makes, and the whole body at the end. Choice c = prompt × n + sample;
+/// sample 0 runs with the request's seed (the text train_gpt --sample gives), sample j > 0
+/// with a seed derived from it. A choice ends at its last token or at a stop string (then
+/// finished(c) turns true and the server should cancel its sequence).
+class Completion {
+public:
+    /// @param request a parsed request @param model the served model
+    /// @param id the response's id @param created seconds since 1970
+    Completion(const Request& request, const ServedModel& model, std::string id, std::int64_t created);
+
+    /// One scheduler request per choice, in choice order.
+    const std::vector<attn::CompletionRequest>& submissions() const { return submissions_; }
+    int choices() const { return static_cast<int>(choices_.size()); }
+
+    /// Takes choice c's next token. @param logprobs the scheduler's, when asked for
+    /// @param last the scheduler's last token for it (max_tokens reached)
+    /// @return the server-sent events to send now (always empty when not streaming)
+    std::string add(int choice, int token, const std::optional<attn::TokenLogprobs>& logprobs, bool last);
+    bool finished(int choice) const;  ///< its last token came, or a stop string appeared
+    bool finished() const;            ///< every choice has
+    /// The stream's end: the usage chunk when include_usage, then `data: [DONE]`.
+    std::string stream_end() const;
+    /// The response of a request that was not streamed.
+    json body() const;
+    Usage usage() const;  ///< prompt tokens (each prompt once) and every token generated
+
+private:
+    struct State {
+        State(const std::vector<std::string>& stops, int prompt_index)
+            : scanner(stops), prompt(prompt_index) {}
+        StopScanner scanner;
+        int prompt;                   // which prompt
+        std::string text;             // the text released so far
+        std::vector<int> tokens;      // the tokens of that text
+        std::vector<attn::TokenLogprobs> logprobs;
+        struct Pending {
+            int token;
+            attn::TokenLogprobs logprobs;
+            std::size_t bytes;
+        };
+        std::deque<Pending> pending;  // tokens whose text is held back
+        std::size_t unclaimed = 0;    // bytes released but not yet given to a token
+        int generated = 0;
+        bool done = false, sent = false;
+        std::string finish_reason;
+    };
+
+    Request request_;
+    const ServedModel& model_;
+    std::string id_;
+    std::int64_t created_;
+    std::vector<attn::CompletionRequest> submissions_;
+    std::vector<State> choices_;
+    std::vector<int> prompt_characters_;  // per prompt: its length in characters
+};
 
 json model_object(const ServedModel& model);  ///< `/v1/models/{id}`
 json model_list(const ServedModel& model);    ///< `/v1/models`: {object: list, data: [it]}

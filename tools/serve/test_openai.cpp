@@ -477,3 +477,192 @@ TEST_CASE("responses, chunks, the usage chunk, models and errors have the shapes
     CHECK(error_body("queue full", "server_busy", "") ==
           json::parse(R"({"error": {"message": "queue full", "type": "server_busy", "param": null, "code": null}})"));
 }
+
+namespace {
+
+// The events of a stream: its JSON chunks, and whether `data: [DONE]` ended it.
+std::vector<json> events_of(const std::string& stream, bool& done) {
+    std::vector<json> out;
+    done = false;
+    std::size_t at = 0;
+    while (at < stream.size()) {
+        const std::size_t end = stream.find("\n\n", at);
+        REQUIRE(end != std::string::npos);
+        const std::string event = stream.substr(at, end - at);
+        REQUIRE(event.rfind("data: ", 0) == 0);
+        CHECK_FALSE(done);  // nothing after [DONE]
+        if (event == "data: [DONE]")
+            done = true;
+        else
+            out.push_back(json::parse(event.substr(6)));
+        at = end + 2;
+    }
+    return out;
+}
+
+}  // namespace
+
+// Requests of both endpoints with random n, prompts, stop strings, echo and logprobs; each
+// choice is fed random tokens, the choices interleaved at random, until it ends. What the
+// stream sent and what the body says must both equal a brute force over each choice's whole
+// text: cut before the first stop string to appear, the tokens of that text and their
+// log-probabilities, finish_reason "stop" or "length".
+TEST_CASE("a request's stream and its body give each choice's text up to its stop, with its tokens and usage") {
+    ServedModel m{"tiny", attn::CharVocab::from_chars("\n :abcéASITNUER"), 40, 0};
+    const std::string alphabet[] = {"a", "b", "é", "\n"};
+    attn::Rng rng(2053);
+    for (int trial = 0; trial < 600; ++trial) {
+        CAPTURE(trial);
+        const bool chat = rng.below(2) == 1;
+        json body = {{"stream", rng.below(4) != 0}, {"max_tokens", 1 + rng.below(12)}, {"n", 1 + rng.below(3)},
+                     {"seed", rng.next_u64()}};
+        if (body["stream"].get<bool>() && rng.below(2)) body["stream_options"] = {{"include_usage", true}};
+        json stops = json::array();
+        for (std::uint64_t i = rng.below(3); i > 0; --i) {
+            std::string s;
+            for (std::uint64_t k = 1 + rng.below(3); k > 0; --k) s += alphabet[rng.below(4)];
+            stops.push_back(s);
+        }
+        if (!stops.empty()) body["stop"] = stops;
+        const bool logprobs = rng.below(2) == 1;
+        if (chat) {
+            body["messages"] = {{{"role", "user"}, {"content", "ab"}}};
+            if (logprobs) body["logprobs"] = true, body["top_logprobs"] = 2;
+        } else {
+            body["prompt"] = rng.below(2) ? json("ab") : json({"a", "cab"});
+            if (logprobs) body["logprobs"] = 2;
+            else if (rng.below(2)) body["echo"] = true;
+        }
+        CAPTURE(body.dump());
+        const Request r = chat ? parse_chat(body.dump(), m) : parse_completions(body.dump(), m);
+        Completion completion(r, m, "id", 1);
+        const int choices = completion.choices();
+        REQUIRE(choices == static_cast<int>(r.prompts.size()) * r.n);
+
+        // the tokens each choice will produce, and the log-probabilities the scheduler gives
+        std::vector<std::vector<int>> produced(static_cast<std::size_t>(choices));
+        std::vector<std::vector<TokenLogprobs>> lps(static_cast<std::size_t>(choices));
+        for (int c = 0; c < choices; ++c) {
+            CHECK(completion.submissions()[static_cast<std::size_t>(c)].prompt == r.prompts[static_cast<std::size_t>(c / r.n)]);
+            for (int k = 0; k < r.options.max_new_tokens; ++k) {
+                produced[static_cast<std::size_t>(c)].push_back(m.vocab.encode(alphabet[rng.below(4)])[0]);
+                lps[static_cast<std::size_t>(c)].push_back({-0.5 * k, {{k % 15, -0.5 * k}}});
+            }
+        }
+        std::string stream;
+        std::vector<std::size_t> fed(static_cast<std::size_t>(choices), 0);
+        while (!completion.finished()) {
+            const int c = static_cast<int>(rng.below(static_cast<std::uint64_t>(choices)));
+            std::size_t& k = fed[static_cast<std::size_t>(c)];
+            if (completion.finished(c)) continue;  // the server cancels it
+            const bool last = k + 1 == produced[static_cast<std::size_t>(c)].size();
+            stream += completion.add(c, produced[static_cast<std::size_t>(c)][k],
+                                     logprobs ? std::optional<TokenLogprobs>(lps[static_cast<std::size_t>(c)][k]) : std::nullopt,
+                                     last);
+            ++k;
+        }
+        stream += r.stream ? completion.stream_end() : "";
+        CHECK(stream.empty() == !r.stream);
+
+        // the brute force
+        std::vector<std::string> want_text(static_cast<std::size_t>(choices));
+        std::vector<std::string> want_reason(static_cast<std::size_t>(choices));
+        int generated = 0;
+        for (int c = 0; c < choices; ++c) {
+            std::string whole;
+            for (int t : produced[static_cast<std::size_t>(c)]) whole += m.vocab.at(t);
+            bool found = false;
+            const std::size_t cut = reference_cut(whole, r.stop, found);
+            want_text[static_cast<std::size_t>(c)] = whole.substr(0, cut);
+            want_reason[static_cast<std::size_t>(c)] = found ? "stop" : "length";
+            generated += static_cast<int>(fed[static_cast<std::size_t>(c)]);
+            // fed up to the token that completed the stop, or all of them
+            if (!found) CHECK(fed[static_cast<std::size_t>(c)] == produced[static_cast<std::size_t>(c)].size());
+        }
+        const json whole = completion.body();
+        CHECK(whole["object"] == (chat ? "chat.completion" : "text_completion"));
+        CHECK(whole["usage"]["completion_tokens"] == generated);
+        for (int c = 0; c < choices; ++c) {
+            CAPTURE(c);
+            const json& choice = whole["choices"][static_cast<std::size_t>(c)];
+            const std::string prefix = r.echo ? r.prompt_texts[static_cast<std::size_t>(c / r.n)] : std::string();
+            const std::string text = chat ? choice["message"]["content"].get<std::string>() : choice["text"].get<std::string>();
+            CHECK(text == prefix + want_text[static_cast<std::size_t>(c)]);
+            CHECK(choice["finish_reason"] == want_reason[static_cast<std::size_t>(c)]);
+            CHECK(choice["index"] == c);
+            const std::size_t characters = attn::utf8_characters(want_text[static_cast<std::size_t>(c)]).size();
+            if (logprobs) {
+                const json& l = choice["logprobs"];
+                const json& entries = chat ? l["content"] : l["token_logprobs"];
+                REQUIRE(entries.size() == characters);
+                for (std::size_t k = 0; k < characters; ++k) {
+                    const double want = lps[static_cast<std::size_t>(c)][k].logprob;
+                    CHECK((chat ? entries[k]["logprob"] : entries[k]).get<double>() == want);
+                }
+            } else {
+                CHECK(choice["logprobs"].is_null());
+            }
+        }
+        if (!r.stream) continue;
+        bool done = false;
+        const std::vector<json> events = events_of(stream, done);
+        CHECK(done);
+        std::map<int, std::string> texts;
+        std::map<int, int> reasons, firsts;
+        std::map<int, std::vector<double>> streamed_lps;
+        for (const json& e : events) {
+            CHECK(e["id"] == "id");
+            if (e["choices"].empty()) {  // the usage chunk, last
+                CHECK(r.include_usage);
+                CHECK(&e == &events.back());
+                CHECK(e["usage"] == whole["usage"]);
+                continue;
+            }
+            const json& ch = e["choices"][0];
+            const int c = ch["index"].get<int>();
+            CHECK(reasons[c] == 0);  // nothing after a choice's finish_reason
+            if (chat) {
+                if (firsts[c]++ == 0) CHECK(ch["delta"]["role"] == "assistant");
+                else CHECK_FALSE(ch["delta"].contains("role"));
+                texts[c] += ch["delta"].value("content", "");
+            } else {
+                texts[c] += ch["text"].get<std::string>();
+            }
+            if (!ch["logprobs"].is_null())
+                for (const json& x : chat ? ch["logprobs"]["content"] : ch["logprobs"]["token_logprobs"])
+                    streamed_lps[c].push_back(chat ? x["logprob"].get<double>() : x.get<double>());
+            if (!ch["finish_reason"].is_null()) {
+                reasons[c] = 1;
+                CHECK(ch["finish_reason"] == want_reason[static_cast<std::size_t>(c)]);
+            }
+        }
+        for (int c = 0; c < choices; ++c) {
+            CAPTURE(c);
+            const std::string prefix = r.echo ? r.prompt_texts[static_cast<std::size_t>(c / r.n)] : std::string();
+            CHECK(texts[c] == prefix + want_text[static_cast<std::size_t>(c)]);
+            CHECK(reasons[c] == 1);
+            if (logprobs) {
+                std::vector<double> want;
+                for (std::size_t k = 0; k < attn::utf8_characters(want_text[static_cast<std::size_t>(c)]).size(); ++k)
+                    want.push_back(lps[static_cast<std::size_t>(c)][k].logprob);
+                CHECK(streamed_lps[c] == want);
+            }
+        }
+        CHECK(r.include_usage == (!events.empty() && events.back()["choices"].empty()));
+    }
+}
+
+TEST_CASE("the first sample of a request keeps its seed, the others get seeds of their own") {
+    const ServedModel m = shakespeare();
+    const Request r = parse_completions(R"({"prompt": ["a", "b"], "n": 3, "seed": 7})", m);
+    const Completion c(r, m, "id", 0);
+    REQUIRE(c.submissions().size() == 6);
+    std::set<std::uint64_t> seeds;
+    for (std::size_t i = 0; i < 6; ++i) {
+        CHECK(c.submissions()[i].prompt == r.prompts[i / 3]);
+        seeds.insert(c.submissions()[i].options.seed);
+    }
+    CHECK(c.submissions()[0].options.seed == 7);
+    CHECK(c.submissions()[3].options.seed == 7);
+    CHECK(seeds.size() == 3);  // each sample's seed, shared by the two prompts
+}
