@@ -854,6 +854,12 @@ std::vector<int> start_tokens(const CharVocab& vocab, int V, const std::string& 
                                     " characters, the model " + std::to_string(V));
     }
     if (options.max_new_tokens < 0) throw std::invalid_argument("the sample length must not be negative");
+    // The generators draw with the temperature and top-k alone; the serving settings are
+    // the scheduler's (Scheduler::submit), so here they are refused rather than ignored.
+    if (options.top_p != 1.0f || options.presence_penalty != 0.0f || options.frequency_penalty != 0.0f ||
+        options.top_logprobs != -1)
+        throw std::invalid_argument("top_p, the penalties and log-probabilities are applied by the "
+                                    "scheduler (attn::Scheduler), not by this generator");
     // Checked before the first forward pass, so bad options fail at once.
     {
         Rng probe(0);

@@ -351,3 +351,27 @@ TEST_CASE("the scheduler refuses a top_p, a penalty or a top_logprobs out of ran
     }
     CHECK(scheduler.idle());
 }
+
+TEST_CASE("the generators outside the scheduler refuse the settings only the scheduler applies") {
+    const CharVocab vocab = CharVocab::from_chars("\n abcdefghij");
+    GPTConfig cfg;
+    cfg.vocab_size = 12;
+    cfg.block_size = 16;
+    cfg.n_layer = 1;
+    cfg.n_head = 2;
+    cfg.n_embd = 8;
+    GPT model(cfg, 1);
+    for (int which = 0; which < 4; ++which) {
+        SampleOptions o;
+        o.max_new_tokens = 3;
+        if (which == 0) o.top_p = 0.5f;
+        if (which == 1) o.presence_penalty = 1.0f;
+        if (which == 2) o.frequency_penalty = -1.0f;
+        if (which == 3) o.top_logprobs = 0;
+        CAPTURE(which);
+        CHECK_THROWS_AS(generate_text(model, vocab, "ab", o), std::invalid_argument);
+    }
+    SampleOptions plain;
+    plain.max_new_tokens = 3;
+    CHECK(generate_text(model, vocab, "ab", plain).size() == 5);
+}

@@ -482,7 +482,8 @@ TokenLogprobs token_logprobs(const std::vector<double>& log_probs, int token, in
 /// @param vocab_size the model's V
 /// @param prompt the text to continue; empty starts from a newline (or token 0 if the
 ///        vocabulary has none)
-/// @param options checked: a non-negative length, a valid temperature and top-k
+/// @param options checked: a non-negative length, a valid temperature and top-k, and top_p,
+///        the penalties and top_logprobs left as they are (the scheduler applies those)
 /// @return the prompt's token ids
 /// @throws std::invalid_argument for a vocabulary of another size, a character outside it,
 /// or bad options (see sample_token)
