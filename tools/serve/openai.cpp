@@ -646,13 +646,9 @@ std::string sse_done() { return "data: [DONE]\n\n"; }
 
 namespace {
 
-// splitmix64's finaliser: seeds for the samples after the first, far apart in the stream
-std::uint64_t derived_seed(std::uint64_t seed, int sample) {
-    std::uint64_t z = seed + 0x9E3779B97F4A7C15ull * static_cast<std::uint64_t>(sample);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
+// Sample j of a request draws with seed + j (wrapping): the seeds the scheduler gives the n
+// continuations it forks from one prompt, so either way a request gives the same texts.
+std::uint64_t derived_seed(std::uint64_t seed, int sample) { return seed + static_cast<std::uint64_t>(sample); }
 
 }  // namespace
 

@@ -188,8 +188,8 @@ std::string sse_done();
 
 /// One request's choices while the scheduler produces them: what to submit, the streamed
 /// events each token makes, and the whole body at the end. Choice c = prompt × n + sample;
-/// sample 0 runs with the request's seed (the text train_gpt --sample gives), sample j > 0
-/// with a seed derived from it. A choice ends at its last token or at a stop string (then
+/// sample j runs with the request's seed + j (sample 0 gives the text train_gpt --sample
+/// gives). A choice ends at its last token or at a stop string (then
 /// finished(c) turns true and the server should cancel its sequence).
 class Completion {
 public:

@@ -652,7 +652,7 @@ TEST_CASE("a request's stream and its body give each choice's text up to its sto
     }
 }
 
-TEST_CASE("the first sample of a request keeps its seed, the others get seeds of their own") {
+TEST_CASE("sample j of a request draws with the request's seed + j") {
     const ServedModel m = shakespeare();
     const Request r = parse_completions(R"({"prompt": ["a", "b"], "n": 3, "seed": 7})", m);
     const Completion c(r, m, "id", 0);
@@ -662,7 +662,9 @@ TEST_CASE("the first sample of a request keeps its seed, the others get seeds of
         CHECK(c.submissions()[i].prompt == r.prompts[i / 3]);
         seeds.insert(c.submissions()[i].options.seed);
     }
-    CHECK(c.submissions()[0].options.seed == 7);
-    CHECK(c.submissions()[3].options.seed == 7);
-    CHECK(seeds.size() == 3);  // each sample's seed, shared by the two prompts
+    CHECK(seeds == std::set<std::uint64_t>{7, 8, 9});  // seed + sample, for each prompt
+    CHECK(c.submissions()[4].options.seed == 8);
+    // the seed wraps around at 2^64
+    const Request top = parse_completions(R"({"prompt": "a", "n": 2, "seed": 18446744073709551615})", m);
+    CHECK(Completion(top, m, "id", 0).submissions()[1].options.seed == 0);
 }
