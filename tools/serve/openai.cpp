@@ -148,7 +148,7 @@ void read_prompt(Request& r, const ServedModel& m, const json& value) {
             else if (value[i].is_array() && value[0].is_array())
                 add(token_ids(m, field, value[i]));
             else
-                throw bad("prompt", forms + " (the items differ in type)");
+                throw bad("prompt", forms + ", got " + quoted(value));
         }
     } else if (value.is_array()) {
         throw bad("prompt", "an empty array");
