@@ -71,9 +71,13 @@ void cache_at_scale() {
     const Model models[] = {
         {"Llama 2 7B  (L 32, 32 heads, G 32)", "llama7b", 32, 32, 32, 128, 7e9},
         {"Llama 2 70B (L 80, 64 heads, G 8)", "llama70b", 80, 64, 8, 128, 70e9},
-        {"70B with G = 64 (no grouping)", "llama70b_mha", 80, 64, 64, 128, 70e9},
+        // no grouping: every layer's key and value projections grow from G = 8 to 64 heads
+        // of hs outputs each, over C = 64·128 inputs
+        {"70B with G = 64 (no grouping)", "llama70b_mha", 80, 64, 64, 128,
+         70e9 + 80.0 * 2 * (64 - 8) * 128 * (64 * 128)},
     };
     const double T = 4096, batch = 16, bytes = 2, gib = 1024.0 * 1024 * 1024;
+    // params: the nominal sizes the models are named by (7e9, 70e9), not their exact counts
     std::printf("%-36s %14s %18s %14s\n", "model", "KiB per token", "batch 16 x 4096", "weights");
     for (const Model& m : models) {
         //! [scale]
@@ -86,6 +90,7 @@ void cache_at_scale() {
         print_claim(std::string(m.key) + "_kib_per_token", per_token / 1024, 0);
         print_claim(std::string(m.key) + "_batch_gib", batch_bytes / gib, 1);
         print_claim(std::string(m.key) + "_weights_gib", weights / gib, 1);
+        print_claim(std::string(m.key) + "_params_billion", m.params / 1e9, 1);
     }
 }
 
