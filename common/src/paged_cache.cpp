@@ -241,12 +241,13 @@ int PagedKVCache::blocks_to_add(const std::vector<int>& tokens) const {
     prefix_length(tokens, &blocks);
     const int n = static_cast<int>(tokens.size());
     const PrefixTake take = prefix_take(static_cast<int>(blocks.size()), n, Bt_);
+    const auto refs_of = [&](int i) { return refs_[static_cast<size_t>(blocks[static_cast<size_t>(i)])]; };
     int need = blocks_for(n) - take.blocks;
-    for (int i = 0; i < take.blocks; ++i) need += refs_[static_cast<size_t>(blocks[static_cast<size_t>(i)])] == 0 ? 1 : 0;
+    for (int i = 0; i < take.blocks; ++i) need += refs_of(i) == 0 ? 1 : 0;
     // the last taken block one row short (the whole prompt found): the row is written into
     // a copy of it, a registered block never being written; the block itself then returns
     // to the pool if no other sequence holds it
-    if (take.blocks * Bt_ > take.length && refs_[static_cast<size_t>(blocks[static_cast<size_t>(take.blocks) - 1])] > 0) ++need;
+    if (take.blocks * Bt_ > take.length && refs_of(take.blocks - 1) > 0) ++need;
     return need;
 }
 

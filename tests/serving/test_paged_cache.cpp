@@ -447,7 +447,9 @@ TEST_CASE("a lookup takes exactly the longest registered prefix, and its rows ar
                     lookups += n / Bt;
                     // half of the rest now, registered; the rest later
                     const Live l{seq, prompt};
-                    write_digests(cache, seq, prompt, cache.length(seq) + static_cast<int>(rng.below(static_cast<std::uint64_t>(n - cache.length(seq) + 1))));
+                    const int rest = n - cache.length(seq);
+                    write_digests(cache, seq, prompt,
+                                  cache.length(seq) + static_cast<int>(rng.below(static_cast<std::uint64_t>(rest + 1))));
                     // what the lookup predicted, once the prompt is written and before its
                     // blocks are registered (a block found equal to a registered one then
                     // returns to the pool; nothing is evicted while the pool is this large)

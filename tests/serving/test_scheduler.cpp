@@ -405,7 +405,8 @@ TEST_CASE("the prefix cache's hits and queries equal a count made from the reque
             std::vector<int> prompt = a.prompt;
             if (!prompts.empty() && rng.below(4) == 0) {  // an earlier prompt, cut to whole blocks
                 prompt = prompts[rng.below(prompts.size())];
-                prompt.resize(std::max<std::size_t>(static_cast<std::size_t>(Bt), prompt.size() / static_cast<std::size_t>(Bt) * static_cast<std::size_t>(Bt)), 1);
+                const int whole = std::max(1, static_cast<int>(prompt.size()) / Bt) * Bt;
+                prompt.resize(static_cast<std::size_t>(whole), 1);
             }
             const int n = static_cast<int>(prompt.size());
             int found = 0;

@@ -83,7 +83,8 @@ struct SchedulerStats {
 class Scheduler {
 public:
     /// @param model a causal model (its weights are read, never changed)
-    /// @param cache an empty pool of the model's sizes, used by this scheduler alone
+    /// @param cache an empty pool of the model's sizes, used by this scheduler alone (the
+    ///        blocks it has registered before are forgotten)
     /// @param options the step's limits
     /// @throws std::invalid_argument for limits that are not positive or step_tokens below
     ///         max_running
@@ -108,8 +109,10 @@ public:
     /// @return the n ids, continuation i's at index i
     /// @throws as submit; std::invalid_argument naming `n` for n outside [1, max_running]
     std::vector<int> submit(const CompletionRequest& request, int n);
-    /// Drops a request, waiting or running: its blocks return to the pool at once (a client
-    /// that went away). @return false if the id is not queued or running
+    /// Drops a request, waiting or running: the blocks no other sequence holds return to the
+    /// pool at once (a client that went away; registered ones as evictable). Cancelling the
+    /// first of a group whose prompt is still being computed hands the prompt to the next
+    /// continuation. @return false if the id is not queued or running
     bool cancel(int request);
 
     /// One step: admit, plan the rows (preempting the newest sequences while the blocks do
