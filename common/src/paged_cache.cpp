@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 
 namespace attn {
@@ -56,6 +57,8 @@ PagedKVCache::PagedKVCache(int n_layer, int n_head, int n_embd, int n_kv_head, i
     keys_.assign(n, 0.0f);
     values_.assign(n, 0.0f);
     refs_.assign(static_cast<size_t>(num_blocks_), 0);
+    reg_.assign(static_cast<size_t>(num_blocks_), Registration{});
+    lru_at_.assign(static_cast<size_t>(num_blocks_), lru_.end());
     // the free list is a stack: block 0 is taken first
     for (int b = num_blocks_ - 1; b >= 0; --b) free_.push_back(b);
 }
@@ -81,11 +84,11 @@ int PagedKVCache::sequences() const {
 int PagedKVCache::add_sequence() {
     for (size_t i = 0; i < seqs_.size(); ++i) {
         if (!seqs_[i].live) {
-            seqs_[i] = Sequence{true, 0, {}};
+            seqs_[i] = Sequence{true, 0, {}, {}};
             return static_cast<int>(i);
         }
     }
-    seqs_.push_back(Sequence{true, 0, {}});
+    seqs_.push_back(Sequence{true, 0, {}, {}});
     return static_cast<int>(seqs_.size()) - 1;
 }
 
@@ -100,20 +103,265 @@ int PagedKVCache::fork(int parent) {
 void PagedKVCache::free_sequence(int seq) {
     (void)sequence(seq, "PagedKVCache::free_sequence");
     Sequence& s = seqs_[static_cast<size_t>(seq)];
-    for (int b : s.table) release(b);
+    // the last block first: of a registered prefix, the tail is evicted before the head,
+    // which more prompts share
+    for (auto b = s.table.rbegin(); b != s.table.rend(); ++b) release(*b);
     s = Sequence{};
 }
 
 int PagedKVCache::take_block() {
-    const int b = free_.back();
-    free_.pop_back();
+    int b;
+    if (!free_.empty()) {
+        b = free_.back();
+        free_.pop_back();
+    } else {
+        // no never-registered block left: the least recently released registered one
+        b = lru_.front();
+        lru_.pop_front();
+        lru_at_[static_cast<size_t>(b)] = lru_.end();
+        unregister(b);
+        ++evictions_;
+    }
     refs_[static_cast<size_t>(b)] = 1;
     return b;
 }
 
 void PagedKVCache::release(int block) {
     int& r = refs_[static_cast<size_t>(block)];
-    if (--r == 0) free_.push_back(block);
+    if (--r > 0) return;
+    if (reg_[static_cast<size_t>(block)].registered)
+        lru_at_[static_cast<size_t>(block)] = lru_.insert(lru_.end(), block);
+    else
+        free_.push_back(block);
+}
+
+void PagedKVCache::hold(int block) {
+    const size_t b = static_cast<size_t>(block);
+    if (refs_[b] == 0) {  // evictable: out of the eviction order
+        lru_.erase(lru_at_[b]);
+        lru_at_[b] = lru_.end();
+    }
+    ++refs_[b];
+}
+
+void PagedKVCache::unregister(int block) {
+    const size_t b = static_cast<size_t>(block);
+    if (!reg_[b].registered) return;
+    const auto range = by_hash_.equal_range(reg_[b].hash);
+    for (auto it = range.first; it != range.second; ++it) {
+        if (it->second == block) {
+            by_hash_.erase(it);
+            break;
+        }
+    }
+    reg_[b] = Registration{};
+    if (lru_at_[b] != lru_.end()) {  // it was evictable: now plainly free
+        lru_.erase(lru_at_[b]);
+        lru_at_[b] = lru_.end();
+        free_.push_back(block);
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Automatic prefix caching
+
+std::uint64_t chain_block_hash(std::uint64_t previous, const int* tokens, int count) {
+    // splitmix64's finaliser: every input bit moves about half the output bits
+    const auto mix = [](std::uint64_t x) {
+        x ^= x >> 30;
+        x *= 0xbf58476d1ce4e5b9ULL;
+        x ^= x >> 27;
+        x *= 0x94d049bb133111ebULL;
+        return x ^ (x >> 31);
+    };
+    std::uint64_t h = mix(previous);
+    for (int i = 0; i < count; ++i)
+        h = mix(h ^ (static_cast<std::uint64_t>(static_cast<std::uint32_t>(tokens[i])) + 0x9e3779b97f4a7c15ULL));
+    return h;
+}
+
+bool PagedKVCache::registered(int block) const {
+    check(block >= 0 && block < num_blocks_,
+          [&] { return "PagedKVCache::registered: block " + to_string(block) + " is outside the pool"; });
+    return reg_[static_cast<size_t>(block)].registered;
+}
+
+int PagedKVCache::find_registered(std::uint64_t hash, const int* tokens, int previous) const {
+    const auto range = by_hash_.equal_range(hash);
+    for (auto it = range.first; it != range.second; ++it) {
+        const Registration& r = reg_[static_cast<size_t>(it->second)];
+        // the hash only narrows the search: the tokens and the block before decide
+        const bool same_previous =
+            r.previous == previous &&
+            (previous < 0 || r.previous_stamp == reg_[static_cast<size_t>(previous)].stamp);
+        if (same_previous && std::equal(r.tokens.begin(), r.tokens.end(), tokens)) return it->second;
+    }
+    return -1;
+}
+
+int PagedKVCache::prefix_length(const std::vector<int>& tokens, std::vector<int>* blocks) const {
+    if (!prefix_caching_) return 0;
+    const int full = static_cast<int>(tokens.size()) / Bt_;
+    std::uint64_t hash = kRootBlockHash;
+    int previous = -1, found = 0;
+    for (int i = 0; i < full; ++i) {
+        const int* t = tokens.data() + static_cast<size_t>(i) * Bt_;
+        hash = hash_(hash, t, Bt_);
+        const int b = find_registered(hash, t, previous);
+        if (b < 0) break;
+        if (blocks) blocks->push_back(b);
+        previous = b;
+        ++found;
+    }
+    return found;
+}
+
+PrefixMatch PagedKVCache::match_prefix(const std::vector<int>& tokens) const {
+    std::vector<int> blocks;
+    prefix_length(tokens, &blocks);
+    PrefixMatch m;
+    m.blocks = static_cast<int>(blocks.size());
+    for (int b : blocks) m.evictable += refs_[static_cast<size_t>(b)] == 0 ? 1 : 0;
+    return m;
+}
+
+// The registered blocks a new sequence holding `tokens` takes, and the length they give it:
+// the positions they hold, but at most n − 1 (the last token is always computed again), and
+// only the blocks that reach below that length.
+struct PrefixTake {
+    int blocks, length;
+};
+static PrefixTake prefix_take(int found, int n, int Bt) {
+    const int length = std::min(found * Bt, std::max(0, n - 1));
+    return {std::min(found, (length + Bt - 1) / Bt), length};
+}
+
+int PagedKVCache::blocks_to_add(const std::vector<int>& tokens) const {
+    std::vector<int> blocks;
+    prefix_length(tokens, &blocks);
+    const int n = static_cast<int>(tokens.size());
+    const PrefixTake take = prefix_take(static_cast<int>(blocks.size()), n, Bt_);
+    const auto refs_of = [&](int i) { return refs_[static_cast<size_t>(blocks[static_cast<size_t>(i)])]; };
+    int need = blocks_for(n) - take.blocks;
+    for (int i = 0; i < take.blocks; ++i) need += refs_of(i) == 0 ? 1 : 0;
+    // the last taken block one row short (the whole prompt found): the row is written into
+    // a copy of it, a registered block never being written; the block itself then returns
+    // to the pool if no other sequence holds it
+    if (take.blocks * Bt_ > take.length && refs_of(take.blocks - 1) > 0) ++need;
+    return need;
+}
+
+int PagedKVCache::add_sequence(const std::vector<int>& tokens) {
+    std::vector<int> blocks;
+    prefix_length(tokens, &blocks);
+    const PrefixTake take = prefix_take(static_cast<int>(blocks.size()), static_cast<int>(tokens.size()), Bt_);
+    const int seq = add_sequence();
+    Sequence& s = seqs_[static_cast<size_t>(seq)];
+    for (int i = 0; i < take.blocks; ++i) {
+        const int b = blocks[static_cast<size_t>(i)];
+        hold(b);
+        s.table.push_back(b);
+        // the hashes of whole blocks only: a block one row short is whole again once written
+        if ((i + 1) * Bt_ <= take.length) s.hashes.push_back(reg_[static_cast<size_t>(b)].hash);
+    }
+    s.length = take.length;
+    return seq;
+}
+
+void PagedKVCache::register_full_blocks(int seq, const std::vector<int>& tokens) {
+    (void)sequence(seq, "PagedKVCache::register_full_blocks");
+    Sequence& s = seqs_[static_cast<size_t>(seq)];
+    check(static_cast<int>(tokens.size()) >= s.length, [&] {
+        return "PagedKVCache::register_full_blocks: " + to_string(tokens.size()) +
+               " tokens for a sequence of length " + to_string(s.length);
+    });
+    if (!prefix_caching_) return;
+    const int full = s.length / Bt_;
+    for (int i = static_cast<int>(s.hashes.size()); i < full; ++i) {
+        const int* t = tokens.data() + static_cast<size_t>(i) * Bt_;
+        const std::uint64_t hash = hash_(i == 0 ? kRootBlockHash : s.hashes[static_cast<size_t>(i) - 1], t, Bt_);
+        s.hashes.push_back(hash);
+        int& b = s.table[static_cast<size_t>(i)];
+        if (reg_[static_cast<size_t>(b)].registered) continue;  // shared with a fork that did it
+        const int previous = i == 0 ? -1 : s.table[static_cast<size_t>(i) - 1];
+        // after an unregistered block a lookup never arrives here: no use registering
+        if (previous >= 0 && !reg_[static_cast<size_t>(previous)].registered) continue;
+        const int equal = find_registered(hash, t, previous);
+        if (equal >= 0) {
+            // computed twice (two prompts admitted before either was done): keep one
+            hold(equal);
+            release(b);
+            b = equal;
+            continue;
+        }
+        Registration& r = reg_[static_cast<size_t>(b)];
+        r.registered = true;
+        r.hash = hash;
+        r.tokens.assign(t, t + Bt_);
+        r.previous = previous;
+        r.previous_stamp = previous < 0 ? 0 : reg_[static_cast<size_t>(previous)].stamp;
+        r.stamp = next_stamp_++;
+        by_hash_.emplace(hash, b);
+    }
+}
+
+void PagedKVCache::set_prefix_caching(bool on) {
+    if (!on) {
+        for (int b = 0; b < num_blocks_; ++b) unregister(b);
+    }
+    prefix_caching_ = on;
+}
+
+void PagedKVCache::set_block_hash(BlockHash hash) {
+    require(hash != nullptr && by_hash_.empty(),
+            "PagedKVCache::set_block_hash: needs a function, and no block registered yet");
+    hash_ = hash;
+}
+
+std::string PagedKVCache::consistency_error() const {
+    std::vector<int> counted(static_cast<size_t>(num_blocks_), 0);
+    for (size_t i = 0; i < seqs_.size(); ++i) {
+        const Sequence& s = seqs_[i];
+        if (!s.live) continue;
+        if (static_cast<int>(s.table.size()) != blocks_for(s.length))
+            return "sequence " + to_string(i) + " of length " + to_string(s.length) + " has " +
+                   to_string(s.table.size()) + " blocks";
+        if (static_cast<int>(s.hashes.size()) > s.length / Bt_)
+            return "sequence " + to_string(i) + " has hashes for blocks it has not filled";
+        for (int b : s.table) ++counted[static_cast<size_t>(b)];
+    }
+    std::vector<int> places(static_cast<size_t>(num_blocks_), 0);
+    for (int b : free_) {
+        ++places[static_cast<size_t>(b)];
+        if (reg_[static_cast<size_t>(b)].registered) return "free block " + to_string(b) + " is registered";
+    }
+    for (int b : lru_) {
+        ++places[static_cast<size_t>(b)];
+        if (!reg_[static_cast<size_t>(b)].registered) return "evictable block " + to_string(b) + " is not registered";
+        if (lru_at_[static_cast<size_t>(b)] == lru_.end() || *lru_at_[static_cast<size_t>(b)] != b)
+            return "evictable block " + to_string(b) + " has lost its place";
+    }
+    for (int b = 0; b < num_blocks_; ++b) {
+        const size_t u = static_cast<size_t>(b);
+        if (refs_[u] != counted[u])
+            return "block " + to_string(b) + " has reference count " + to_string(refs_[u]) + " but " +
+                   to_string(counted[u]) + " table entries";
+        if (places[u] != (refs_[u] == 0 ? 1 : 0))
+            return "block " + to_string(b) + " with " + to_string(refs_[u]) + " references is in " +
+                   to_string(places[u]) + " of the free list and the eviction order";
+        const Registration& r = reg_[u];
+        if (!r.registered) continue;
+        if (static_cast<int>(r.tokens.size()) != Bt_)
+            return "registered block " + to_string(b) + " holds " + to_string(r.tokens.size()) + " tokens";
+        int found = 0;
+        const auto range = by_hash_.equal_range(r.hash);
+        for (auto it = range.first; it != range.second; ++it) found += it->second == b ? 1 : 0;
+        if (found != 1) return "registered block " + to_string(b) + " is under its hash " + to_string(found) + " times";
+    }
+    if (by_hash_.size() != static_cast<size_t>(std::count_if(reg_.begin(), reg_.end(),
+                                                            [](const Registration& r) { return r.registered; })))
+        return "the hash table names blocks that are not registered";
+    return "";
 }
 
 void PagedKVCache::copy_block(int from, int to) {
@@ -131,8 +379,10 @@ int PagedKVCache::blocks_needed(int seq, int tokens) const {
     check(tokens >= 0, [&] { return "PagedKVCache::blocks_needed: tokens must be ≥ 0, got " + to_string(tokens); });
     if (tokens == 0) return 0;
     const int new_blocks = blocks_for(s.length + tokens) - static_cast<int>(s.table.size());
-    // the next position lands in the last block, which is shared: it is copied first
-    const bool copy = s.length % Bt_ != 0 && refs_[static_cast<size_t>(s.table.back())] > 1;
+    // the next position lands in the last block, which is shared or registered: it is
+    // copied first
+    const size_t last = static_cast<size_t>(s.table.empty() ? 0 : s.table.back());
+    const bool copy = s.length % Bt_ != 0 && (refs_[last] > 1 || reg_[last].registered);
     return new_blocks + (copy ? 1 : 0);
 }
 
@@ -142,16 +392,17 @@ BlockSlot PagedKVCache::append_slot(int seq) {
     const int offset = s.length % Bt_;
     if (offset == 0) {
         // the position starts a new block
-        if (free_.empty())
+        if (free_blocks() == 0)
             throw OutOfBlocks("PagedKVCache::append_slot: no free block for position " +
                               to_string(s.length) + " of sequence " + to_string(seq) + " (" +
                               to_string(num_blocks_) + " blocks, all in use)");
         s.table.push_back(take_block());
     } else {
         int& last = s.table.back();
-        if (refs_[static_cast<size_t>(last)] > 1) {
-            // another sequence still reads this block: write into a copy of it
-            if (free_.empty())
+        if (refs_[static_cast<size_t>(last)] > 1 || reg_[static_cast<size_t>(last)].registered) {
+            // another sequence still reads this block, or a lookup may find it (a whole
+            // prompt found, its last row computed again): write into a copy of it
+            if (free_blocks() == 0)
                 throw OutOfBlocks("PagedKVCache::append_slot: no free block to copy the shared "
                                   "block " + to_string(last) + " of sequence " + to_string(seq) +
                                   " into before writing position " + to_string(s.length));

@@ -30,9 +30,21 @@ Scheduler::Scheduler(const GPT& model, PagedKVCache& cache, SchedulerOptions opt
                 " must be at least max_running " + to_string(options.max_running) +
                 " (every running sequence needs its row)");
     require(cache.sequences() == 0, "Scheduler: the cache must be empty");
+    // blocks registered before (by another model, perhaps) are forgotten
+    cache_.set_prefix_caching(false);
+    cache_.set_prefix_caching(options.prefix_caching);
+    evictions_before_ = cache_.evictions();
 }
 
-int Scheduler::submit(const CompletionRequest& request) {
+SchedulerStats Scheduler::stats() const {
+    SchedulerStats s = stats_;
+    s.prefix_cache_evictions = cache_.evictions() - evictions_before_;
+    return s;
+}
+
+int Scheduler::submit(const CompletionRequest& request) { return submit(request, 1).front(); }
+
+void Scheduler::validate(const CompletionRequest& request) const {
     const GPTConfig& cfg = model_.config();
     const SampleOptions& o = request.options;
     const int n = static_cast<int>(request.prompt.size());
@@ -54,29 +66,75 @@ int Scheduler::submit(const CompletionRequest& request) {
     require(cache_.blocks_for(positions) <= cache_.num_blocks(),
             "max_tokens: the request needs " + to_string(cache_.blocks_for(positions)) +
                 " blocks, the pool has " + to_string(cache_.num_blocks()));
+}
+
+std::vector<int> Scheduler::submit(const CompletionRequest& request, int n) {
+    validate(request);
+    require(n >= 1 && n <= options_.max_running,
+            "n: must be in [1, " + to_string(options_.max_running) + "] (the batch's size), got " +
+                to_string(n));
+    const int prompt = static_cast<int>(request.prompt.size());
     // admitted at once when the batch has room, else queued while the queue has room
     if (static_cast<int>(waiting_.size()) >= options_.max_waiting &&
         (!waiting_.empty() || static_cast<int>(running_.size()) >= options_.max_running ||
-         cache_.blocks_for(n) + static_cast<int>(running_.size()) > cache_.free_blocks()))
+         static_cast<int>(running_.size()) + n > options_.max_running ||
+         cache_.blocks_to_add(request.prompt) + static_cast<int>(running_.size()) + n - 1 >
+             cache_.free_blocks()))
         throw QueueFull("the queue holds its " + to_string(options_.max_waiting) +
                         " requests and the batch its " + to_string(options_.max_running) +
                         "; try again later");
-    const int id = next_id_++;
-    Request r;
-    r.tokens = request.prompt;
-    r.prompt_length = n;
-    r.options = o;
-    r.rng = Rng(o.seed);
-    requests_.emplace(id, std::move(r));
-    waiting_.push_back(id);  // ids grow: the queue stays in arrival order
+    std::vector<int> ids;
+    for (int i = 0; i < n; ++i) {
+        const int id = next_id_++;
+        Request r;
+        r.tokens = request.prompt;
+        r.prompt_length = prompt;
+        r.options = request.options;
+        r.options.seed = request.options.seed + static_cast<std::uint64_t>(i);  // wraps mod 2⁶⁴
+        r.rng = Rng(r.options.seed);
+        if (i > 0) {
+            r.forked_from = ids.front();
+            requests_.at(ids.front()).forks.push_back(id);
+        }
+        requests_.emplace(id, std::move(r));
+        ids.push_back(id);
+    }
+    waiting_.push_back(ids.front());  // ids grow: the queue stays in arrival order
     admit();
-    return id;
+    return ids;
 }
 
 bool Scheduler::cancel(int request) {
     auto it = requests_.find(request);
     if (it == requests_.end()) return false;
-    if (it->second.seq >= 0) cache_.free_sequence(it->second.seq);
+    Request& r = it->second;
+    if (r.forked_from >= 0) {
+        // a continuation not yet forked: the prompt goes on for the others
+        std::vector<int>& forks = requests_.at(r.forked_from).forks;
+        forks.erase(std::remove(forks.begin(), forks.end(), request), forks.end());
+        requests_.erase(it);
+        ++stats_.cancelled;
+        return true;
+    }
+    if (!r.forks.empty()) {
+        // the prompt of a group, still being computed: the next continuation takes it over,
+        // its place in the queue or the batch, its sequence and what is computed
+        const int heir = r.forks.front();
+        Request& h = requests_.at(heir);
+        h.seq = r.seq;
+        h.computed = r.computed;
+        h.forked_from = -1;
+        h.forks.assign(r.forks.begin() + 1, r.forks.end());
+        for (int f : h.forks) requests_.at(f).forked_from = heir;
+        std::replace(running_.begin(), running_.end(), request, heir);
+        std::replace(waiting_.begin(), waiting_.end(), request, heir);
+        std::sort(running_.begin(), running_.end());
+        std::sort(waiting_.begin(), waiting_.end());
+        requests_.erase(it);
+        ++stats_.cancelled;
+        return true;
+    }
+    if (r.seq >= 0) cache_.free_sequence(r.seq);
     running_.erase(std::remove(running_.begin(), running_.end(), request), running_.end());
     waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), request), waiting_.end());
     requests_.erase(it);
@@ -103,11 +161,18 @@ void Scheduler::admit() {
     while (!waiting_.empty() && static_cast<int>(running_.size()) < options_.max_running) {
         const int id = waiting_.front();
         Request& r = requests_.at(id);
-        const int need = cache_.blocks_for(static_cast<int>(r.tokens.size()));
-        if (need + static_cast<int>(running_.size()) > cache_.free_blocks()) break;
+        // a group needs a place for each continuation, and each a block for its first write
+        const int group = 1 + static_cast<int>(r.forks.size());
+        if (static_cast<int>(running_.size()) + group > options_.max_running) break;
+        const int need = cache_.blocks_to_add(r.tokens);  // less what is cached
+        if (need + static_cast<int>(running_.size()) + group - 1 > cache_.free_blocks()) break;
         waiting_.pop_front();
-        r.seq = cache_.add_sequence();
-        r.computed = 0;
+        if (cache_.prefix_caching()) {
+            stats_.prefix_cache_queries += static_cast<long>(r.tokens.size()) / cache_.block_tokens();
+            stats_.prefix_cache_hits += cache_.match_prefix(r.tokens).blocks;
+        }
+        r.seq = cache_.add_sequence(r.tokens);
+        r.computed = cache_.length(r.seq);  // the cached prefix is not computed again
         insert_sorted(running_, id);
     }
 }
@@ -189,18 +254,35 @@ std::vector<StepEvent> Scheduler::step() {
         const int id = plan[i].id;
         Request& r = requests_.at(id);
         r.computed += plan[i].rows;
+        cache_.register_full_blocks(r.seq, r.tokens);  // the blocks this step filled
         if (r.computed < static_cast<int>(r.tokens.size())) continue;  // a prompt chunk
         const float* l = logits.data() + static_cast<std::size_t>(last_row[i]) * V;
-        row.assign(l, l + V);
-        const int token = sample_token(row, r.options, r.generated, r.rng);
-        std::optional<TokenLogprobs> logprobs;
-        if (r.options.top_logprobs >= 0)
-            logprobs = token_logprobs(log_softmax(row), token, r.options.top_logprobs);
-        r.tokens.push_back(token);
-        r.generated.push_back(token);
-        const bool done = static_cast<int>(r.generated.size()) >= r.options.max_new_tokens;
-        events.push_back({id, token, done, std::move(logprobs)});
-        if (done) finish(id);
+        // the prompt of a group is computed: each continuation gets a fork of its sequence
+        // and samples its first token from the same logits with its own seed
+        std::vector<int> group = {id};
+        for (int f : r.forks) {
+            Request& c = requests_.at(f);
+            c.seq = cache_.fork(r.seq);
+            c.computed = r.computed;
+            c.forked_from = -1;
+            insert_sorted(running_, f);
+            group.push_back(f);
+            ++stats_.forks;
+        }
+        r.forks.clear();
+        for (int member : group) {
+            Request& m = requests_.at(member);
+            row.assign(l, l + V);
+            const int token = sample_token(row, m.options, m.generated, m.rng);
+            std::optional<TokenLogprobs> logprobs;
+            if (m.options.top_logprobs >= 0)
+                logprobs = token_logprobs(log_softmax(row), token, m.options.top_logprobs);
+            m.tokens.push_back(token);
+            m.generated.push_back(token);
+            const bool done = static_cast<int>(m.generated.size()) >= m.options.max_new_tokens;
+            events.push_back({member, token, done, std::move(logprobs)});
+            if (done) finish(member);
+        }
     }
     return events;
 }

@@ -9,6 +9,7 @@
 #include "attn/lesson.hpp"
 #include "attn/print.hpp"
 #include "attn/random.hpp"
+#include "attn/roofline.hpp"
 
 #if ATTN_HAVE_CUDA
 #include "attn/cuda/device.hpp"
@@ -187,11 +188,44 @@ void train_briefly_on_gpu() {
 }
 #endif
 
+// Occupancy: how many blocks of a launch one H100 SM holds at once, by its per-SM limits
+// (attn/roofline.hpp), for blocks of 256 threads as this lesson's softmax kernels use, with
+// more and more shared memory or registers.
+void print_occupancy() {
+    print_heading("Occupancy: blocks of 256 threads on one H100 SM (its limits, not a measurement)");
+    struct Case {
+        const char* key;
+        const char* what;
+        std::size_t shared;
+        int registers;
+    };
+    //! [occupancy]
+    const Case cases[] = {
+        {"plain", "no shared memory, 32 registers a thread", 0, 32},
+        {"shared48", "48 KiB of shared memory a block", 48 * 1024, 32},
+        {"regs128", "128 registers a thread", 0, 128},
+    };
+    //! [occupancy]
+    std::printf("%-42s %10s %10s  %s\n", "block of 256 threads", "blocks/SM", "warps", "limited by");
+    for (const Case& c : cases) {
+        roofline::Launch l;
+        l.threads_per_block = 256;
+        l.shared_bytes = c.shared;
+        l.registers_per_thread = c.registers;
+        const roofline::Occupancy o = roofline::occupancy(l);
+        std::printf("%-42s %10d %9.0f%%  %s\n", c.what, o.blocks_per_sm, 100 * o.warps_fraction,
+                    o.limited_by.c_str());
+        print_claim(std::string("occupancy_") + c.key + "_blocks", o.blocks_per_sm, 0);
+        print_claim(std::string("occupancy_") + c.key + "_warps_pct", 100 * o.warps_fraction, 0);
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     return run_lesson(argc, argv, "Lesson 12: Training on the GPU", [](const LessonOptions&) {
         print_mapping();
+        print_occupancy();
 
         GPT cpu(small_config(), 1337);
         std::vector<int> x, y;

@@ -178,6 +178,33 @@ int main(int argc, char** argv) {
                         cached_step_flops(big, T), uncached_step_flops(big, T) / cached_step_flops(big, T));
         }
 
+        print_heading("Prefill against decode: FLOPs per byte of memory read");
+        {
+            //! [intensity]
+            // This course's GPT at Llama 2 7B's widths (L 32, C 4096, V 32000), 16-bit numbers:
+            // the weights are read once per forward pass whatever its number of rows.
+            GPTConfig served;
+            served.n_layer = 32;
+            served.n_embd = 4096;
+            served.vocab_size = 32000;
+            const double L = 32, C = 4096, V = 32000, T = 1024, bytes = 2;
+            const double weight_bytes = bytes * (12 * L * C * C + C * V);
+            const double cache_bytes = bytes * 2 * L * T * C;  // the keys and values of T positions
+            // decode: one new token over a cache of T positions; reads every weight and the cache
+            const double decode = cached_step_flops(served, static_cast<int>(T)) / (weight_bytes + cache_bytes);
+            // prefill: the T positions of a prompt in one pass; reads the weights, writes the cache
+            const double prefill = uncached_step_flops(served, static_cast<int>(T)) / (weight_bytes + cache_bytes);
+            // an H100 SXM: 989.4 TFLOP/s on 16-bit tensor cores, 3.35 TB/s of memory
+            const double balance = 989.4e12 / 3.35e12;
+            //! [intensity]
+            std::printf("decode, 1 token at context %.0f:  %8.1f FLOP per byte\n", T, decode);
+            std::printf("prefill, a prompt of %.0f tokens:  %8.1f FLOP per byte\n", T, prefill);
+            std::printf("H100 SXM, 16-bit: %.1f FLOP per byte to keep its tensor cores busy\n", balance);
+            print_claim("intensity_decode", decode, 1);
+            print_claim("intensity_prefill", prefill, 0);
+            print_claim("intensity_balance", balance, 0);
+        }
+
         print_heading("Measured on the CPU");
         // One thread for every path: the comparison is then about the work per token, not
         // about how many cores happen to be free (the docs build runs lessons side by side).

@@ -71,9 +71,13 @@ void cache_at_scale() {
     const Model models[] = {
         {"Llama 2 7B  (L 32, 32 heads, G 32)", "llama7b", 32, 32, 32, 128, 7e9},
         {"Llama 2 70B (L 80, 64 heads, G 8)", "llama70b", 80, 64, 8, 128, 70e9},
-        {"70B with G = 64 (no grouping)", "llama70b_mha", 80, 64, 64, 128, 70e9},
+        // no grouping: every layer's key and value projections grow from G = 8 to 64 heads
+        // of hs outputs each, over C = 64·128 inputs
+        {"70B with G = 64 (no grouping)", "llama70b_mha", 80, 64, 64, 128,
+         70e9 + 80.0 * 2 * (64 - 8) * 128 * (64 * 128)},
     };
     const double T = 4096, batch = 16, bytes = 2, gib = 1024.0 * 1024 * 1024;
+    // params: the nominal sizes the models are named by (7e9, 70e9), not their exact counts
     std::printf("%-36s %14s %18s %14s\n", "model", "KiB per token", "batch 16 x 4096", "weights");
     for (const Model& m : models) {
         //! [scale]
@@ -86,7 +90,31 @@ void cache_at_scale() {
         print_claim(std::string(m.key) + "_kib_per_token", per_token / 1024, 0);
         print_claim(std::string(m.key) + "_batch_gib", batch_bytes / gib, 1);
         print_claim(std::string(m.key) + "_weights_gib", weights / gib, 1);
+        print_claim(std::string(m.key) + "_params_billion", m.params / 1e9, 1);
     }
+
+    // Beyond grouping: fewer bytes per number, or a smaller thing to cache.
+    std::printf("\nsmaller caches:\n");
+    //! [compressed]
+    // 70B's grouped cache with each number in 8 bits (int8 or FP8) instead of 16
+    const double int8_per_token = 2 * 80.0 * 8 * 128 * 1;
+    // DeepSeek-V2's multi-head latent attention: 60 layers, 128 heads of 128; each layer caches
+    // one latent vector of 512 numbers and one shared RoPE key of 64, from which every head's
+    // keys and values are rebuilt, instead of 2 · 128 · 128 numbers
+    const double mla_per_token = 60.0 * (512 + 64) * bytes;
+    const double mla_mha_per_token = 2 * 60.0 * 128 * 128 * bytes;
+    //! [compressed]
+    std::printf("%-36s %14.1f %14.1f GiB\n", "70B, keys and values in 8 bits", int8_per_token / 1024,
+                int8_per_token * T * batch / gib);
+    std::printf("%-36s %14.1f %14.1f GiB\n", "DeepSeek-V2, latent (MLA)", mla_per_token / 1024,
+                mla_per_token * T * batch / gib);
+    std::printf("%-36s %14.1f %14.1f GiB\n", "the same heads, no latent", mla_mha_per_token / 1024,
+                mla_mha_per_token * T * batch / gib);
+    print_claim("llama70b_int8_kib_per_token", int8_per_token / 1024, 0);
+    print_claim("llama70b_int8_batch_gib", int8_per_token * T * batch / gib, 1);
+    print_claim("mla_kib_per_token", mla_per_token / 1024, 1);
+    print_claim("mla_mha_kib_per_token", mla_mha_per_token / 1024, 0);
+    print_claim("mla_factor", mla_mha_per_token / mla_per_token, 1);
 }
 
 }  // namespace

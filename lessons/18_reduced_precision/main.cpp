@@ -350,6 +350,51 @@ void sums_in_16_bits(const LessonOptions& options) {
         }
         if (T == 64) print_claim("sum_bf16_64", 100.0 * e_l[0], 2);
     }
+    // Two ways to sum in bfloat16 without a wider accumulator, at T = 4096 on the same rows:
+    // Kahan's compensated sum (the rounding error of each addition kept in a second bfloat16
+    // number and fed back) and pairwise summation (halves summed recursively, so each term
+    // goes through about log2 T additions instead of up to T).
+    {
+        const std::size_t T = 4096;
+        double e_kahan = 0.0, e_pairwise = 0.0;
+        for (int r = 0; r < rows; ++r) {
+            Rng rng(T * 100 + static_cast<std::size_t>(r));
+            std::vector<float> s(T);
+            for (float& x : s) x = rng.normal();
+            const float m = *std::max_element(s.begin(), s.end());
+            std::vector<float> e(T);
+            double l64 = 0.0;
+            for (std::size_t j = 0; j < T; ++j) {
+                e[j] = std::exp(s[j] - m);
+                l64 += e[j];
+            }
+            //! [compensated]
+            const auto bf = [](float x) { return round_to_precision(x, Precision::bf16); };
+            float sum = 0.0f, c = 0.0f;  // Kahan: c holds what the last addition lost
+            for (float term : e) {
+                const float y = bf(term - c);
+                const float t = bf(sum + y);
+                c = bf(bf(t - sum) - y);
+                sum = t;
+            }
+            // pairwise: each level adds neighbours, every result rounded to bfloat16
+            std::vector<float> level(e.begin(), e.end());
+            for (float& x : level) x = bf(x);
+            while (level.size() > 1) {
+                std::vector<float> next((level.size() + 1) / 2);
+                for (std::size_t i = 0; i < next.size(); ++i)
+                    next[i] = 2 * i + 1 < level.size() ? bf(level[2 * i] + level[2 * i + 1]) : level[2 * i];
+                level.swap(next);
+            }
+            //! [compensated]
+            e_kahan += std::fabs(sum - l64) / l64 / rows;
+            e_pairwise += std::fabs(level[0] - l64) / l64 / rows;
+        }
+        std::printf("\nT = 4096, every operation in bfloat16: Kahan's compensated sum off by %.2e, "
+                    "pairwise summation by %.2e\n", e_kahan, e_pairwise);
+        print_claim("sum_bf16_kahan_4096", 100.0 * e_kahan, 2);
+        print_claim("sum_bf16_pairwise_4096", 100.0 * e_pairwise, 2);
+    }
     if (!options.figures.empty()) {
         line_plot_png(options.figures / "lesson18_sums.png", {line_bf16, line_fp16, line_fp32},
                       "Softmax denominator: relative error against float64", "log10 T",

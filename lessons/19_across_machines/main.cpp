@@ -755,6 +755,11 @@ SequencePoints sequence_parallel(const Launcher& launcher) {
         }
     }
     print_claim("ring_vs_ulysses_4", need(points.by_ranks[4], "bytes_ring")[0] / need(points.by_ranks[4], "bytes_ulysses")[0], 1);
+    // Ulysses' forward on 2 ranks, and the part of it that is the log-sum-exp sent back
+    // (one float per position and head): the four tensors alone would be 4·(N−1)/N·(T/N)·C.
+    print_claim("ulysses_forward_mib_2", need(points.by_ranks[2], "bytes_ulysses")[0] / MB, 2);
+    print_claim("ulysses_four_tensors_mib_2", 4 * 0.5 * 4 * T / 2 * C / MB, 2);
+    print_claim("ulysses_lse_kib_2", 4 * 0.5 * T / 2 * static_cast<double>(s.NH) / 1024, 0);
 
     print_heading("The causal work of a long sequence, shared out two ways");
     std::printf("B=1, %zu heads of %zu, T=%zu, forward; per rank: the (query, key) pairs it scores and the CPU\n"
@@ -777,6 +782,7 @@ SequencePoints sequence_parallel(const Launcher& launcher) {
             std::printf("   busiest/mean %.2f counted, %.2f measured; forward %.2f s\n", pair_ratio, cpu_ratio,
                         need(points.by_ranks[N], key + "_wall")[0]);
             print_claim("imbalance_" + std::string(order) + "_" + std::to_string(N), cpu_ratio, 2);
+            print_claim("pairs_imbalance_long_" + std::string(order) + "_" + std::to_string(N), pair_ratio, 2);
         }
     }
 

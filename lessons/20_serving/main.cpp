@@ -4,8 +4,9 @@
 // It walks a small pool of blocks through appends, a fork and a copy on write; measures the
 // memory a server holds for its keys and values when each sequence reserves its whole
 // context against blocks taken as they fill; stores one prompt once for 16 continuations;
-// and runs a load of requests through the scheduler one at a time, in static batches and
-// with continuous batching, for 1 to 32 clients; then shows what the API's log-probabilities
+// finds the system prompt 16 clients share in the cache (automatic prefix caching); runs
+// a load of requests through the scheduler one at a time, in static batches and
+// with continuous batching, for 1 to 32 clients; and shows what the API's log-probabilities
 // and nucleus sampling do to one distribution. Timings are printed, never checked.
 // Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/kv_cache.hpp"
@@ -391,6 +392,135 @@ void show_sampling(const LessonOptions& opts) {
     print_claim("nucleus_t07_p09", std::to_string(kept[{0.7f, 0.9f}]));
 }
 
+// Automatic prefix caching: `clients` users whose prompts all start with the same system
+// prompt of `system` tokens, then a question of their own; each sends its next request when
+// the last is answered. The time to the first token (in steps and in milliseconds) and the
+// blocks held, with the scheduler's prefix caching off and on.
+struct PrefixRun {
+    double ttft_steps_p50 = 0, ttft_ms_p50 = 0, blocks_held = 0;
+    long prefill_rows = 0, hits = 0, queries = 0, evictions = 0;
+    std::vector<std::vector<int>> texts;  // per request, in the order of the load
+};
+
+PrefixRun serve_with_prefix(const GPT& model, const std::vector<std::vector<int>>& prompts, int clients,
+                            int new_tokens, bool caching) {
+    const GPTConfig& cfg = model.config();
+    PagedKVCache cache(cfg, clients * ((cfg.block_size + 15) / 16), 16);
+    SchedulerOptions so;
+    so.max_running = clients;
+    so.max_waiting = clients;
+    so.step_tokens = 256;
+    so.prefix_caching = caching;
+    Scheduler scheduler(model, cache, so);
+    PrefixRun run;
+    run.texts.resize(prompts.size());
+    std::vector<std::size_t> next(static_cast<std::size_t>(clients));
+    std::vector<int> active(static_cast<std::size_t>(clients), -1);
+    for (int c = 0; c < clients; ++c) next[static_cast<std::size_t>(c)] = static_cast<std::size_t>(c);
+    struct Sent {
+        std::size_t index;
+        long step;
+        Clock::time_point at;
+        int client;
+    };
+    std::map<int, Sent> sent;  // request → what it is and when it was sent
+    std::vector<double> ttft_steps, ttft_ms;
+    double held = 0;
+    long steps = 0;
+    while (true) {
+        bool pending = false;
+        for (int c = 0; c < clients; ++c) {
+            const std::size_t u = static_cast<std::size_t>(c);
+            if (active[u] < 0 && next[u] < prompts.size()) {
+                SampleOptions o;
+                o.max_new_tokens = new_tokens;
+                o.seed = next[u];
+                active[u] = scheduler.submit({prompts[next[u]], o});
+                sent[active[u]] = {next[u], steps, Clock::now(), c};
+                next[u] += static_cast<std::size_t>(clients);
+            }
+            pending = pending || active[u] >= 0;
+        }
+        if (!pending) break;
+        const std::vector<StepEvent> events = scheduler.step();
+        ++steps;
+        held += cache.num_blocks() - cache.free_blocks();
+        const Clock::time_point now = Clock::now();
+        for (const StepEvent& e : events) {
+            const Sent& s = sent.at(e.request);
+            std::vector<int>& text = run.texts[s.index];
+            if (text.empty()) {
+                ttft_steps.push_back(static_cast<double>(steps - s.step));
+                ttft_ms.push_back(std::chrono::duration<double, std::milli>(now - s.at).count());
+            }
+            text.push_back(e.token);
+            if (e.finished) active[static_cast<std::size_t>(s.client)] = -1;
+        }
+    }
+    const SchedulerStats st = scheduler.stats();
+    run.ttft_steps_p50 = percentile(ttft_steps, 50);
+    run.ttft_ms_p50 = percentile(ttft_ms, 50);
+    run.blocks_held = held / static_cast<double>(std::max<long>(1, steps));
+    run.prefill_rows = st.prefill_rows;
+    run.hits = st.prefix_cache_hits;
+    run.queries = st.prefix_cache_queries;
+    run.evictions = st.prefix_cache_evictions;
+    return run;
+}
+
+void measure_prefix_caching(const GPT& model, int rounds, const LessonOptions& opts) {
+    print_heading("A common system prompt, found in the cache");
+    const GPTConfig& cfg = model.config();
+    const int clients = 16, system = 48, new_tokens = 8;
+    Rng rng(48);
+    std::vector<int> system_prompt(static_cast<std::size_t>(system));
+    for (int& t : system_prompt) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size)));
+    // each request: the system prompt, then a question of 1 to 8 tokens; 48 + 8 + 8 − 1 = 63
+    // positions fit the smallest context the lesson runs with, 64 (--quick)
+    std::vector<std::vector<int>> prompts;
+    for (int i = 0; i < clients * rounds; ++i) {
+        std::vector<int> p = system_prompt;
+        for (std::uint64_t k = 1 + rng.below(8); k > 0; --k) p.push_back(static_cast<int>(rng.below(static_cast<std::uint64_t>(cfg.vocab_size))));
+        prompts.push_back(p);
+    }
+    // the better (lower median time to the first token) of two runs each, alternated: the
+    // machine is shared
+    PrefixRun off = serve_with_prefix(model, prompts, clients, new_tokens, false);
+    PrefixRun on = serve_with_prefix(model, prompts, clients, new_tokens, true);
+    const PrefixRun off2 = serve_with_prefix(model, prompts, clients, new_tokens, false);
+    const PrefixRun on2 = serve_with_prefix(model, prompts, clients, new_tokens, true);
+    if (off2.ttft_ms_p50 < off.ttft_ms_p50) off = off2;
+    if (on2.ttft_ms_p50 < on.ttft_ms_p50) on = on2;
+    const double hit_rate = 100.0 * static_cast<double>(on.hits) / static_cast<double>(std::max<long>(1, on.queries));
+    const double faster = off.ttft_ms_p50 / on.ttft_ms_p50;
+    Section out("prefix");
+    out("%d clients, %d requests each: a system prompt of %d tokens, then a question of 1-8\n"
+        "tokens; %d new tokens each, blocks of 16. TTFT: from a request's submission to its first\n"
+        "token (the better of two runs); blocks held: referenced by a sequence, averaged over the\n"
+        "steps. The longest request needs %d of the context's %d positions.\n\n", clients, rounds, system,
+        new_tokens, system + 8 + new_tokens - 1, cfg.block_size);
+    out("  %-15s %15s %12s %12s %13s\n", "prefix caching", "TTFT p50 steps", "TTFT p50", "blocks held", "prefill rows");
+    out("  %-15s %15.0f %9.2f ms %12.1f %13ld\n", "off", off.ttft_steps_p50, off.ttft_ms_p50, off.blocks_held, off.prefill_rows);
+    out("  %-15s %15.0f %9.2f ms %12.1f %13ld\n", "on", on.ttft_steps_p50, on.ttft_ms_p50, on.blocks_held, on.prefill_rows);
+    out("\n  %ld of %ld full prompt blocks found in the cache (%.0f%%), %ld evicted\n", on.hits, on.queries, hit_rate, on.evictions);
+    out("  the median first token %.1fx sooner with prefix caching; the same texts: %s\n", faster,
+        on.texts == off.texts ? "yes, token for token" : "NO");
+    out.save(opts);
+    print_claim("prefix_system", std::to_string(system));
+    print_claim("prefix_clients", std::to_string(clients));
+    print_claim("prefix_ttft_off_ms", off.ttft_ms_p50, 2);
+    print_claim("prefix_ttft_on_ms", on.ttft_ms_p50, 2);
+    print_claim("prefix_ttft_off_steps", off.ttft_steps_p50, 0);
+    print_claim("prefix_ttft_on_steps", on.ttft_steps_p50, 0);
+    print_claim("prefix_blocks_off", off.blocks_held, 1);
+    print_claim("prefix_blocks_on", on.blocks_held, 1);
+    print_claim("prefix_rows_off", std::to_string(off.prefill_rows));
+    print_claim("prefix_rows_on", std::to_string(on.prefill_rows));
+    print_claim("prefix_hit_pct", hit_rate, 0);
+    print_claim("prefix_speedup", faster, 1);
+    print_claim("prefix_same_texts", on.texts == off.texts ? "yes" : "no");
+}
+
 void lesson(const LessonOptions& opts) {
     walk_the_pool(opts);
 
@@ -414,6 +544,7 @@ void lesson(const LessonOptions& opts) {
     const std::vector<Load> load = make_load(requests, cfg.vocab_size, cfg.block_size, 20);
     measure_memory(model, load, opts.quick ? 4 : 16, opts);
     measure_sharing(model, opts.quick ? 20 : 200, 16, opts.quick ? 8 : 40, opts);
+    measure_prefix_caching(model, opts.quick ? 2 : 8, opts);
 
     print_heading("Throughput and latency: one at a time, static batches, continuous batching");
     Section out("throughput");

@@ -535,7 +535,7 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     std::printf("%-7s %5s  %8s  %9s  %8s  %8s  %8s  %6s  %8s  %10s  %11s  %9s  %s\n", "scheme", "ranks", "weights",
                 "gradients", "AdamW", "state", "formula", "off by", "buffers", "unexplained", "activations",
                 "loss gap", "same");
-    double worst_gap = 0.0, worst_off = 0.0, worst_unexplained = 0.0;
+    double worst_gap = 0.0, worst_off = 0.0, worst_unexplained = 0.0, worst_unexplained_bytes = 0.0;
     bool identical = true;
     for (const Run& run : runs) {
         const double state = run.state(), expected = formula(run.scheme, run.N), extra = buffers(run.scheme, run.N);
@@ -545,6 +545,7 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         worst_gap = std::max(worst_gap, gap);
         if (run.scheme == "plain" || run.scheme == "stage1") worst_off = std::max(worst_off, std::fabs(off));
         worst_unexplained = std::max(worst_unexplained, std::fabs(unexplained) / state);
+        worst_unexplained_bytes = std::max(worst_unexplained_bytes, std::fabs(unexplained));
         identical = identical && same;
         const char* name = scheme_name(run.scheme);
         std::printf("%-7s %5d  %8.3f  %9.3f  %8.3f  %8.3f  %8.3f  %+5.1f%%  %8.3f  %8.0f B  %11.3f  %9.1e  %s\n", name,
@@ -568,6 +569,7 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     print_claim("state_worst_off_percent", 100.0 * worst_off, 1);
     print_claim("state_within_5_percent", worst_off < 0.05 ? "yes" : "no");
     print_claim("state_explained", worst_unexplained < 1e-4 ? "yes" : "no");
+    print_claim("state_unexplained_bytes", worst_unexplained_bytes, 0);
     print_claim("schemes_loss_gap", worst_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
     print_claim("schemes_identical", identical ? "yes" : "no");
 

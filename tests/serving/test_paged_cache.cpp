@@ -342,3 +342,201 @@ TEST_CASE("bad rows are refused in one line and change nothing") {
     PagedKVCache wrong(1, 2, 16, 0, 2, 4);  // one layer: another model's sizes
     CHECK_THROWS_AS(forward_paged(scratch, model, wrong, {{wrong.add_sequence(), 1, 0}}), std::invalid_argument);
 }
+
+// ---------------------------------------------------------------------------------------
+// Automatic prefix caching
+
+namespace {
+
+// The key and value written at position p: a digest of tokens 0 … p (an integer below 2²¹,
+// exact in a float), so that a block handed to a sequence whose prefix differs from the one
+// that wrote it shows in the rows it reads.
+float prefix_digest(const std::vector<int>& tokens, int p) {
+    std::uint32_t d = 0;
+    for (int i = 0; i <= p; ++i) d = (d * 31u + static_cast<std::uint32_t>(tokens[static_cast<std::size_t>(i)]) + 1u) % (1u << 21);
+    return static_cast<float>(d);
+}
+
+// Hashes a test can put in place of chain_block_hash: every block under one hash, and a hash
+// of the block's own tokens that forgets the chain. Either must cost misses only.
+std::uint64_t one_hash(std::uint64_t, const int*, int) { return 7; }
+std::uint64_t own_tokens_only(std::uint64_t, const int* tokens, int count) {
+    return chain_block_hash(kRootBlockHash, tokens, count);
+}
+
+// Writes positions length(seq) … upto − 1 of `tokens` (one layer, one head of 2).
+void write_digests(PagedKVCache& cache, int seq, const std::vector<int>& tokens, int upto) {
+    while (cache.length(seq) < upto) {
+        const float d[2] = {prefix_digest(tokens, cache.length(seq)), 0.5f};
+        cache.write(0, cache.append_slot(seq), d, d);
+    }
+}
+
+// The rows a sequence reads hold its own prefix's digests.
+bool reads_its_prefix(const PagedKVCache& cache, int seq, const std::vector<int>& tokens) {
+    for (int p = 0; p < cache.length(seq); ++p) {
+        const BlockSlot s = slot_of(cache.block_table(seq), p, cache.block_tokens());
+        if (cache.keys(0, s.block, 0)[s.offset * 2] != prefix_digest(tokens, p)) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+// Sequences come and go in random order, their prompts made of a few shared pieces over a
+// two-token alphabet, so that one block's tokens often follow different prefixes; some
+// register their blocks while half written. The test keeps its own record of every prefix
+// registered (the tokens of whole blocks written), and the longest prefix a new prompt shares
+// with one of them, in whole blocks, is what the lookup must find: no more (a block after
+// another prefix, a half-written block) and no less (the pool never evicts here). The rows
+// each sequence reads must hold its own prefix's digests, under the default hash, a hash
+// that forgets the chain and a hash under which every block collides.
+TEST_CASE("a lookup takes exactly the longest registered prefix, and its rows are that prefix's, under any hash") {
+    const std::vector<std::pair<const char*, BlockHash>> hashes = {
+        {"chain", chain_block_hash}, {"own tokens only", own_tokens_only}, {"one hash", one_hash}};
+    for (const auto& [hash_name, hash] : hashes) {
+        for (const int Bt : {1, 3, 4}) {
+            const std::string name = hash_name;
+            CAPTURE(name);
+            CAPTURE(Bt);
+            PagedKVCache cache(1, 1, 2, 0, 600, Bt);
+            cache.set_block_hash(hash);
+            Rng rng(static_cast<std::uint64_t>(Bt) * 7 + name.size());
+            std::vector<std::vector<int>> pieces(3);
+            for (auto& piece : pieces) {
+                piece.resize(rng.below(9));
+                for (int& t : piece) t = static_cast<int>(rng.below(2));
+            }
+            struct Live {
+                int seq;
+                std::vector<int> tokens;
+            };
+            std::vector<Live> live;
+            std::vector<std::vector<int>> registered;  // whole blocks written, per registration
+            long hits = 0, lookups = 0;
+            auto register_blocks = [&](const Live& l) {
+                cache.register_full_blocks(l.seq, l.tokens);
+                const int whole = cache.length(l.seq) / Bt * Bt;
+                registered.emplace_back(l.tokens.begin(), l.tokens.begin() + whole);
+            };
+            for (int op = 0; op < 400; ++op) {
+                const std::uint64_t kind = rng.below(3);
+                if (kind == 0 || live.empty()) {
+                    // a new prompt: a piece, another piece, a few random tokens
+                    std::vector<int> prompt = pieces[rng.below(3)];
+                    const std::vector<int>& second = pieces[rng.below(3)];
+                    prompt.insert(prompt.end(), second.begin(), second.end());
+                    for (std::uint64_t i = rng.below(4); i > 0; --i) prompt.push_back(static_cast<int>(rng.below(2)));
+                    if (prompt.empty()) prompt.push_back(1);
+                    const int n = static_cast<int>(prompt.size());
+                    int want = 0;  // the longest registered prefix, in whole blocks
+                    for (const auto& r : registered) {
+                        int k = 0;
+                        while ((k + 1) * Bt <= std::min<int>(n, static_cast<int>(r.size())) &&
+                               std::equal(prompt.begin() + k * Bt, prompt.begin() + (k + 1) * Bt, r.begin() + k * Bt))
+                            ++k;
+                        want = std::max(want, k);
+                    }
+                    CHECK(cache.match_prefix(prompt).blocks == want);
+                    const int predicted = cache.blocks_to_add(prompt);
+                    const int free_before = cache.free_blocks();
+                    const int seq = cache.add_sequence(prompt);
+                    CHECK(cache.length(seq) == std::min(want * Bt, n - 1));
+                    CHECK(reads_its_prefix(cache, seq, prompt));
+                    hits += want;
+                    lookups += n / Bt;
+                    // half of the rest now, registered; the rest later
+                    const Live l{seq, prompt};
+                    const int rest = n - cache.length(seq);
+                    write_digests(cache, seq, prompt,
+                                  cache.length(seq) + static_cast<int>(rng.below(static_cast<std::uint64_t>(rest + 1))));
+                    // what the lookup predicted, once the prompt is written and before its
+                    // blocks are registered (a block found equal to a registered one then
+                    // returns to the pool; nothing is evicted while the pool is this large)
+                    if (cache.length(seq) == n) CHECK(free_before - cache.free_blocks() == predicted);
+                    register_blocks(l);
+                    live.push_back(l);
+                } else if (kind == 1) {
+                    // a live sequence grows: the rest of its prompt, then a few tokens more
+                    Live& l = live[rng.below(live.size())];
+                    for (std::uint64_t i = rng.below(5); i > 0; --i) l.tokens.push_back(static_cast<int>(rng.below(2)));
+                    write_digests(cache, l.seq, l.tokens, static_cast<int>(l.tokens.size()));
+                    register_blocks(l);
+                    CHECK(reads_its_prefix(cache, l.seq, l.tokens));
+                } else {
+                    const std::size_t i = rng.below(live.size());
+                    CHECK(reads_its_prefix(cache, live[i].seq, live[i].tokens));
+                    cache.free_sequence(live[i].seq);
+                    live.erase(live.begin() + static_cast<long>(i));
+                }
+                REQUIRE(cache.consistency_error() == "");
+            }
+            MESSAGE(name << ", Bt " << Bt << ": " << hits << " of " << lookups << " blocks found");
+            CHECK(hits > lookups / 4);  // the pieces made prefixes worth finding
+            for (const Live& l : live) cache.free_sequence(l.seq);
+            CHECK(cache.free_blocks() == 600);
+            CHECK(cache.evictions() == 0);
+            REQUIRE(cache.consistency_error() == "");
+        }
+    }
+}
+
+// Sequences of two whole blocks each, with prompts of their own, are freed in a random order:
+// their blocks join the eviction order last block first, sequence by sequence. A prompt found
+// again takes its blocks out of the order; new blocks come from the never-registered ones
+// first, then from the front of the order, and a prompt whose tail was evicted is found up to
+// the block before it.
+TEST_CASE("evictable blocks are evicted least recently released first, after the never-registered ones") {
+    Rng rng(17);
+    for (int round = 0; round < 30; ++round) {
+        CAPTURE(round);
+        const int Bt = 2, n_seq = 4 + static_cast<int>(rng.below(3)), spare = static_cast<int>(rng.below(4));
+        PagedKVCache cache(1, 1, 2, 0, 2 * n_seq + spare, Bt);
+        std::vector<std::vector<int>> prompts;
+        std::vector<int> seqs;
+        for (int i = 0; i < n_seq; ++i) {
+            prompts.push_back({i, 1, 2, 3});  // two blocks; the first token tells them apart
+            seqs.push_back(cache.add_sequence(prompts.back()));
+            write_digests(cache, seqs.back(), prompts.back(), 4);
+            cache.register_full_blocks(seqs.back(), prompts.back());
+        }
+        std::vector<int> order(static_cast<std::size_t>(n_seq));
+        for (int i = 0; i < n_seq; ++i) order[static_cast<std::size_t>(i)] = i;
+        for (int i = n_seq - 1; i > 0; --i) std::swap(order[static_cast<std::size_t>(i)], order[rng.below(static_cast<std::uint64_t>(i + 1))]);
+        std::vector<int> want;  // the eviction order, built by hand
+        std::vector<std::vector<int>> tables(static_cast<std::size_t>(n_seq));
+        for (int i : order) {
+            const std::vector<int> table = cache.block_table(seqs[static_cast<std::size_t>(i)]);
+            tables[static_cast<std::size_t>(i)] = table;
+            want.push_back(table[1]);
+            want.push_back(table[0]);
+            cache.free_sequence(seqs[static_cast<std::size_t>(i)]);
+        }
+        CHECK(cache.eviction_order() == want);
+        CHECK(cache.free_blocks() == 2 * n_seq + spare);
+        // one prompt found again: its two blocks leave the order
+        const int again = static_cast<int>(rng.below(static_cast<std::uint64_t>(n_seq)));
+        const int held = cache.add_sequence(prompts[static_cast<std::size_t>(again)]);
+        const std::vector<int> kept = cache.block_table(held);
+        REQUIRE(kept.size() == 2);
+        want.erase(std::remove_if(want.begin(), want.end(), [&](int b) { return b == kept[0] || b == kept[1]; }), want.end());
+        CHECK(cache.eviction_order() == want);
+        // a new sequence takes m blocks: the spare ones first, then the order's front
+        const int m = static_cast<int>(rng.below(static_cast<std::uint64_t>(cache.free_blocks() + 1)));
+        const int fresh = cache.add_sequence();
+        const std::vector<int> other(static_cast<std::size_t>(m * Bt), 9);
+        write_digests(cache, fresh, other, m * Bt);
+        const int evicted = std::max(0, m - spare);
+        CHECK(cache.evictions() == evicted);
+        for (std::size_t k = 0; k < want.size(); ++k) CHECK(cache.registered(want[k]) == (static_cast<int>(k) >= evicted));
+        const std::set<int> gone(want.begin(), want.begin() + evicted);
+        for (int i = 0; i < n_seq; ++i) {
+            if (i == again) continue;
+            CAPTURE(i);
+            const std::vector<int>& t = tables[static_cast<std::size_t>(i)];
+            const int found = gone.count(t[0]) ? 0 : gone.count(t[1]) ? 1 : 2;
+            CHECK(cache.match_prefix(prompts[static_cast<std::size_t>(i)]).blocks == found);
+        }
+        REQUIRE(cache.consistency_error() == "");
+    }
+}

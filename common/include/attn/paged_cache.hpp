@@ -12,6 +12,18 @@
 /// (a common prompt stored once), and a sequence about to write into a block that another
 /// still reads first copies it (copy on write).
 ///
+/// Automatic prefix caching (vLLM's APC; Kwon et al. 2023): a full block whose keys and
+/// values are computed can be registered under a chain hash of its tokens and of the hash
+/// of the block before it, so that equal hashes stand for equal whole prefixes. A new
+/// sequence whose prompt starts with registered blocks takes them (reference count + 1)
+/// and computes only the positions after them. Keys and values at position p of a causal
+/// model depend on tokens 0 … p and on p alone, so a block computed for one sequence holds
+/// what any other sequence with the same prefix would compute. A hash is never trusted on
+/// its own: a hit also compares the block's token ids and the block it follows, so a
+/// collision costs a miss, never another prompt's keys. A registered block that no sequence
+/// references stays registered, evictable: allocation takes never-registered free blocks
+/// first, then evicts the least recently released registered one.
+///
 /// Axis letters as in gpt_layers.hpp: `L` layers, `NH` heads, `G` key/value heads, `hs` head
 /// size, `C = NH·hs`; `Bt` = block_tokens.
 #pragma once
@@ -20,7 +32,11 @@
 #include "attn/kv_cache.hpp"
 
 #include <cstddef>
+#include <cstdint>
+#include <list>
 #include <stdexcept>
+#include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace attn {
@@ -44,6 +60,21 @@ struct BlockSlot {
 /// @throws std::invalid_argument for a position the table does not reach
 BlockSlot slot_of(const std::vector<int>& table, int position, int block_tokens);
 
+/// The chain hash of one full block: a function of the hash of the block before it (for
+/// the first block, kRootBlockHash) and of the block's `count` token ids.
+using BlockHash = std::uint64_t (*)(std::uint64_t previous, const int* tokens, int count);
+/// The `previous` hash of a sequence's first block.
+inline constexpr std::uint64_t kRootBlockHash = 0x243f6a8885a308d3ULL;
+/// The default chain hash: splitmix64's finaliser applied after folding in each token.
+std::uint64_t chain_block_hash(std::uint64_t previous, const int* tokens, int count);
+
+/// What a prompt's lookup found among the registered blocks.
+struct PrefixMatch {
+    int blocks = 0;     ///< leading full blocks of the prompt that are registered
+    int evictable = 0;  ///< of those, the ones no sequence references now (taking them
+                        ///< takes them out of the pool)
+};
+
 /// The pool of blocks and the block tables of the sequences that use it.
 ///
 /// Storage is (L, num_blocks, G, Bt, hs) for keys and again for values: one layer's rows of
@@ -64,22 +95,71 @@ public:
 
     /// A new, empty sequence. @return its id (ids of freed sequences are reused)
     int add_sequence();
+    /// A new sequence that starts with the registered blocks of `tokens`' longest cached
+    /// prefix (lookup from the first block on, stopping at the first miss): their reference
+    /// counts go up and the sequence's length is the positions they hold, but at most
+    /// tokens.size() − 1, so that the last token is always computed again (its logits give
+    /// the next token). When that leaves the last taken block one row short, the row is
+    /// written into a copy of the block: a registered block is never written (copy on
+    /// write), so that the blocks registered after it stay reachable.
+    /// Nothing is looked up when prefix caching is off. @param tokens the sequence's tokens
+    /// @return the new sequence's id
+    int add_sequence(const std::vector<int>& tokens);
+    /// The lookup add_sequence(tokens) would make, changing nothing. @param tokens token ids
+    PrefixMatch match_prefix(const std::vector<int>& tokens) const;
+    /// Blocks that add_sequence(tokens) and computing the rest of `tokens` take from the pool:
+    /// new blocks, the evictable registered blocks it takes, and a copy of the last block
+    /// when the whole of `tokens` is found.
+    int blocks_to_add(const std::vector<int>& tokens) const;
+    /// Registers the sequence's full blocks whose keys and values are now written (those
+    /// below length(seq)) under their chain hashes. A block equal to one already registered
+    /// (same tokens after the same registered block) is replaced in the sequence's table by
+    /// that one, and returns to the pool. Nothing happens when prefix caching is off.
+    /// @param seq a live sequence @param tokens its tokens, at least length(seq) of them: the
+    ///        ones whose keys and values were written at positions 0, 1, …
+    void register_full_blocks(int seq, const std::vector<int>& tokens);
+    /// Turns prefix caching on or off (on by default). Turning it off forgets every
+    /// registered block. @param on whether full blocks are registered and looked up
+    void set_prefix_caching(bool on);
+    bool prefix_caching() const { return prefix_caching_; }  ///< whether it is on
+    /// Replaces the chain hash (the default is chain_block_hash); only while no block is
+    /// registered. A hash that collides often costs misses, never wrong keys: a lookup also
+    /// compares the tokens and the block before. @param hash the function
+    void set_block_hash(BlockHash hash);
+    /// Registered blocks taken out of the pool to be reused for other positions.
+    long evictions() const { return evictions_; }
+    /// Registered blocks, referenced or evictable.
+    int cached_blocks() const { return static_cast<int>(by_hash_.size()); }
+    /// Whether `block` is registered under a chain hash. @param block in [0, num_blocks)
+    bool registered(int block) const;
+    /// The evictable blocks, the next one evicted first.
+    std::vector<int> eviction_order() const { return {lru_.begin(), lru_.end()}; }
+    /// The first broken invariant of the pool, or "" when all hold: every block's reference
+    /// count is the number of table entries naming it; a block is free, evictable or
+    /// referenced, exactly one of them; the evictable blocks are the registered ones with no
+    /// reference; every registered block is found under its hash with a full block's tokens;
+    /// no sequence's table is longer than its length needs.
+    std::string consistency_error() const;
+
     /// A new sequence holding the same positions as `parent`, in the same blocks: their
     /// reference counts go up, nothing is copied until one of the two writes into a shared
     /// block. @param parent a live sequence @return the new sequence's id
     int fork(int parent);
     /// Ends a sequence: each of its blocks loses one reference, and a block no sequence
-    /// references returns to the pool. @param seq a live sequence
+    /// references returns to the pool: at the end of the eviction order when it is
+    /// registered, last block first (a prefix's tail is evicted before its head).
+    /// @param seq a live sequence
     void free_sequence(int seq);
 
     /// Makes room for the sequence's next position, length(seq), and returns its slot: a
     /// new block when the position starts one; a private copy of the last block (every layer's
-    /// rows) when that block is shared with another sequence. The length grows by one.
+    /// rows) when that block is shared with another sequence or registered. The length grows
+    /// by one.
     /// @param seq a live sequence
     /// @throws OutOfBlocks when a block is needed and none is free (nothing changes)
     BlockSlot append_slot(int seq);
     /// Blocks that appending `tokens` more positions to `seq` would take from the pool
-    /// (new blocks, and a copy of a shared last block). @param seq a live sequence
+    /// (new blocks, and a copy of a shared or registered last block). @param seq a live sequence
     /// @param tokens ≥ 0
     int blocks_needed(int seq, int tokens) const;
     /// Blocks a new sequence of `tokens` positions takes. @param tokens ≥ 0
@@ -106,10 +186,11 @@ public:
     /// The live sequences.
     int sequences() const;
 
-    int free_blocks() const { return static_cast<int>(free_.size()); }  ///< blocks in the pool
+    /// Blocks in the pool: never registered ones and evictable registered ones.
+    int free_blocks() const { return static_cast<int>(free_.size() + lru_.size()); }
     int num_blocks() const { return num_blocks_; }                     ///< the pool's size
     int block_tokens() const { return Bt_; }                           ///< Bt
-    /// Sequences that reference a block (0: free). @param block in [0, num_blocks)
+    /// Sequences that reference a block (0: free or evictable). @param block in [0, num_blocks)
     int ref_count(int block) const;
     /// Bytes of keys and values in one block: 2·L·G·Bt·hs·sizeof(float).
     std::size_t bytes_per_block() const;
@@ -126,6 +207,18 @@ private:
         bool live = false;
         int length = 0;
         std::vector<int> table;
+        std::vector<std::uint64_t> hashes;  // chain hashes of the leading full blocks written
+    };
+    // A registered block: its chain hash, tokens, and the registered block before it, named
+    // by index and stamp (a block registered again gets a new stamp, so an entry that
+    // followed its old contents never matches).
+    struct Registration {
+        bool registered = false;
+        std::uint64_t hash = 0;
+        std::vector<int> tokens;
+        int previous = -1;  // -1: the first block of a sequence
+        long previous_stamp = 0;
+        long stamp = 0;
     };
     /// @endcond
     const Sequence& sequence(int seq, const char* who) const;
@@ -133,12 +226,24 @@ private:
     int take_block();
     void release(int block);
     void copy_block(int from, int to);
+    int find_registered(std::uint64_t hash, const int* tokens, int previous) const;
+    void unregister(int block);
+    void hold(int block);  // one more reference, out of the eviction order if it was there
+    int prefix_length(const std::vector<int>& tokens, std::vector<int>* blocks) const;
 
     int L_, NH_, G_, hs_, num_blocks_, Bt_;
     std::vector<float> keys_, values_;  // (L, num_blocks, G, Bt, hs)
     std::vector<int> refs_;             // (num_blocks)
-    std::vector<int> free_;             // free blocks, the next one taken last
+    std::vector<int> free_;             // never-registered free blocks, the next one taken last
     std::vector<Sequence> seqs_;
+    bool prefix_caching_ = true;
+    BlockHash hash_ = chain_block_hash;
+    std::vector<Registration> reg_;                     // (num_blocks)
+    std::unordered_multimap<std::uint64_t, int> by_hash_;  // chain hash → registered block
+    std::list<int> lru_;                                // evictable blocks, oldest first
+    std::vector<std::list<int>::iterator> lru_at_;      // (num_blocks) a block's place in lru_
+    long next_stamp_ = 1;
+    long evictions_ = 0;
 };
 
 /// Attention of one query per head over positions first … pos of one sequence in a paged

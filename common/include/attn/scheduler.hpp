@@ -14,6 +14,15 @@
 /// the tokens it already produced (vLLM's recompute preemption). Admission is first come,
 /// first served and preemption takes the newest, so the oldest request always advances: no
 /// request starves.
+///
+/// With prefix caching (on by default), a request starts from the cache's registered blocks
+/// of its prompt's longest cached prefix (PagedKVCache::add_sequence(tokens)) and computes
+/// only the positions after them; after every step the full blocks just written are
+/// registered. This is exact for every model forward_paged runs: it is causal, so keys and
+/// values at position p depend on tokens 0 … p alone (learned positions, RoPE and ALiBi all
+/// depend on p itself, which a shared prefix shares; a sliding window only narrows which of
+/// tokens 0 … p a layer reads; dropout is off in evaluation). submit(request, n) samples n
+/// continuations of one prompt, computed once and forked when it is done.
 #pragma once
 
 #include "attn/gpt.hpp"
@@ -48,6 +57,7 @@ struct SchedulerOptions {
                            ///< (QueueFull)
     int step_tokens = 64;  ///< rows of one forward pass (decode rows first, then prefill
                            ///< chunks); at least max_running
+    bool prefix_caching = true;  ///< reuse the cache's registered blocks of a prompt's prefix
 };
 
 /// What one step produced for one request.
@@ -68,13 +78,18 @@ struct SchedulerStats {
     long preemptions = 0;   ///< sequences sent back to the queue for want of blocks
     long finished = 0;      ///< requests completed
     long cancelled = 0;     ///< requests cancelled
+    long forks = 0;         ///< continuations forked from a computed prompt (submit with n > 1)
+    long prefix_cache_queries = 0;    ///< full prompt blocks looked up at admission
+    long prefix_cache_hits = 0;       ///< of those, found registered and reused
+    long prefix_cache_evictions = 0;  ///< registered blocks evicted to make room
 };
 
 /// Continuous batching over a paged cache.
 class Scheduler {
 public:
     /// @param model a causal model (its weights are read, never changed)
-    /// @param cache an empty pool of the model's sizes, used by this scheduler alone
+    /// @param cache an empty pool of the model's sizes, used by this scheduler alone (the
+    ///        blocks it has registered before are forgotten)
     /// @param options the step's limits
     /// @throws std::invalid_argument for limits that are not positive or step_tokens below
     ///         max_running
@@ -88,8 +103,21 @@ public:
     ///         the model's context (block_size + 1 tokens: the last one is never fed back),
     ///         or more blocks than the whole pool has; QueueFull when the queue is full
     int submit(const CompletionRequest& request);
-    /// Drops a request, waiting or running: its blocks return to the pool at once (a client
-    /// that went away). @return false if the id is not queued or running
+    /// Takes n continuations of one prompt: the prompt is queued and computed once, and when
+    /// it is, its sequence is forked n − 1 times (the blocks shared, a partial last block
+    /// copied on the first write). Continuation i (0 … n − 1) samples with the seed
+    /// request.options.seed + i (mod 2⁶⁴), so its tokens are those of a request of that seed
+    /// alone. Each continuation has its own id: cancelling one leaves the others; a
+    /// continuation preempted later is recomputed on its own.
+    /// @param request the prompt and the sampling options @param n continuations, in
+    ///        [1, max_running] (the group is admitted when the batch has room for all n)
+    /// @return the n ids, continuation i's at index i
+    /// @throws as submit; std::invalid_argument naming `n` for n outside [1, max_running]
+    std::vector<int> submit(const CompletionRequest& request, int n);
+    /// Drops a request, waiting or running: the blocks no other sequence holds return to the
+    /// pool at once (a client that went away; registered ones as evictable). Cancelling the
+    /// first of a group whose prompt is still being computed hands the prompt to the next
+    /// continuation. @return false if the id is not queued or running
     bool cancel(int request);
 
     /// One step: admit, plan the rows (preempting the newest sequences while the blocks do
@@ -103,7 +131,7 @@ public:
     /// The running requests' ids, oldest first.
     const std::vector<int>& running_requests() const { return running_; }
     int waiting() const { return static_cast<int>(waiting_.size()); }  ///< requests queued
-    const SchedulerStats& stats() const { return stats_; }             ///< counts so far
+    SchedulerStats stats() const;  ///< counts so far
     /// The tokens a request has produced so far. @param request a queued or running id
     const std::vector<int>& generated(int request) const;
     /// The cache's sequence of a running request, or −1 when it waits.
@@ -119,8 +147,11 @@ private:
         Rng rng;
         int seq = -1;       // the cache's sequence while running
         int computed = 0;   // positions whose keys and values are in the cache
+        std::vector<int> forks;  // continuations to fork when the prompt is computed
+        int forked_from = -1;    // a continuation not yet forked: the request it waits on
     };
     /// @endcond
+    void validate(const CompletionRequest& request) const;
     void admit();
     void preempt(int request);
     void finish(int request);
@@ -133,6 +164,7 @@ private:
     std::vector<int> running_;  // admission order, oldest first
     int next_id_ = 0;
     SchedulerStats stats_;
+    long evictions_before_ = 0;  // the cache's count when this scheduler took it
     DecodeScratch scratch_;
 };
 
