@@ -375,3 +375,61 @@ TEST_CASE("the generators outside the scheduler refuse the settings only the sch
     plain.max_new_tokens = 3;
     CHECK(generate_text(model, vocab, "ab", plain).size() == 5);
 }
+
+// The forked continuations of submit(request, n) draw with seed + i, each counting its own
+// tokens for the penalties: they must give the tokens of n requests submitted alone. The
+// logits of the two runs differ by the batch's ~1e-6 (see above), hence 2e-4 on the
+// log-probabilities.
+TEST_CASE("forked continuations apply top_p, penalties and logprobs as requests alone do") {
+    const CharVocab vocab = CharVocab::from_chars("\n abcdefghij");
+    GPTConfig cfg;
+    cfg.vocab_size = 12;
+    cfg.block_size = 48;
+    cfg.n_layer = 2;
+    cfg.n_head = 2;
+    cfg.n_embd = 16;
+    GPT model = sharp_model(cfg, 83);
+    model.train(false);
+    SampleOptions o;
+    o.max_new_tokens = 16;
+    o.seed = 40;
+    o.temperature = 1.2f;
+    o.top_p = 0.8f;
+    o.presence_penalty = 0.9f;
+    o.frequency_penalty = 0.4f;
+    o.top_logprobs = 3;
+    const std::vector<int> prompt = vocab.encode("abc abc ab");
+    auto run = [&](bool forked) {
+        PagedKVCache cache(cfg, 64, 4);
+        Scheduler scheduler(model, cache);
+        std::vector<int> ids;
+        if (forked) {
+            ids = scheduler.submit({prompt, o}, 3);
+        } else {
+            for (int i = 0; i < 3; ++i) {
+                SampleOptions alone = o;
+                alone.seed = o.seed + static_cast<std::uint64_t>(i);
+                ids.push_back(scheduler.submit({prompt, alone}));
+            }
+        }
+        std::map<int, std::vector<StepEvent>> events;
+        for (int step = 0; step < 1000 && !scheduler.idle(); ++step)
+            for (StepEvent& e : scheduler.step()) events[e.request].push_back(std::move(e));
+        std::vector<std::vector<StepEvent>> out;
+        for (int id : ids) out.push_back(events[id]);
+        return out;
+    };
+    const auto forked = run(true), alone = run(false);
+    for (std::size_t i = 0; i < 3; ++i) {
+        CAPTURE(i);
+        REQUIRE(forked[i].size() == alone[i].size());
+        for (std::size_t k = 0; k < forked[i].size(); ++k) {
+            CHECK(forked[i][k].token == alone[i][k].token);
+            REQUIRE(forked[i][k].logprobs.has_value());
+            REQUIRE(alone[i][k].logprobs.has_value());
+            CHECK(std::fabs(forked[i][k].logprobs->logprob - alone[i][k].logprobs->logprob) < 2e-4);
+            CHECK(forked[i][k].logprobs->top.size() == 3);
+        }
+    }
+    CHECK(forked[0].size() == 16);
+}
