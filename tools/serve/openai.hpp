@@ -201,6 +201,7 @@ public:
     const std::vector<attn::CompletionRequest>& submissions() const { return submissions_; }
     int choices() const { return static_cast<int>(choices_.size()); }
     bool streaming() const { return request_.stream; }  ///< answered with server-sent events
+    int samples() const { return request_.n; }          ///< choices per prompt
 
     /// Takes choice c's next token. @param logprobs the scheduler's, when asked for
     /// @param last the scheduler's last token for it (max_tokens reached)
