@@ -13,7 +13,10 @@
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
-// stderr and a non-zero exit status; with ranks, one line for the whole job.
+// stderr and a non-zero exit status; with ranks, one line for the whole job. A rank that
+// fails mid-run (an error anywhere, in the passes' threads too), is killed, or freezes (no
+// step ends within --collective-timeout, 300 s by default) ends the job in one line that
+// names the rank and the checkpoint to go on from with --resume.
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/fault.hpp"
@@ -156,6 +159,25 @@ GPT with_flags(GPT model, const Flags& f) {
 }
 
 // A size in megabytes from 0 to a million (the bucket caps).
+// --collective-timeout's seconds: 0 (no watchdog) or a positive, finite number.
+CLI::Validator timeout_seconds() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            std::size_t used = 0;
+            double seconds = -1.0;
+            try {
+                seconds = std::stod(value, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != value.size() || used == 0 || !(seconds >= 0.0 && seconds <= 1e9)) {
+                return "expected seconds from 0 (wait for ever) to 1e9, got '" + value + "'";
+            }
+            return "";
+        },
+        "SECONDS");
+}
+
 CLI::Validator megabytes() {
     return CLI::Validator(
         [](std::string& value) -> std::string {
@@ -1037,7 +1059,7 @@ int main(int argc, char** argv) {
                    "gone quiet, which would keep the others waiting for ever) ends the job in one line "
                    "naming the ranks that did not arrive, and the checkpoint to resume from "
                    "(default 300; 0: wait for ever)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(timeout_seconds());
     app.add_flag("--bucket-view", f.bucket_view,
                  "with ranks: sum the gradients in place, range by range, instead of copying each "
                  "bucket into a buffer and the sum back (DDP's gradient_as_bucket_view)");

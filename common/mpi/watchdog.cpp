@@ -104,10 +104,19 @@ void Watchdog::run() {
         }
         const double still = seconds_between(moved, now);
         if (!reported && still > timeout_) {
+            // The ranks gone quiet; if none, the live ranks furthest behind (a rank waiting
+            // for a quiet one may itself be a step behind another that has passed it).
             std::vector<int> late;
+            long long least = mine, most = mine;
             for (int r = 0; r < size_; ++r) {
                 const auto i = static_cast<std::size_t>(r);
-                if (r != rank_ && (theirs[i] < mine || seconds_between(seen[i], now) > timeout_ / 2)) late.push_back(r);
+                if (r == rank_) continue;
+                if (seconds_between(seen[i], now) > timeout_ / 2) late.push_back(r);
+                least = std::min(least, theirs[i]);
+                most = std::max(most, theirs[i]);
+            }
+            for (int r = 0; late.empty() && least < most && r < size_; ++r) {
+                if ((r == rank_ ? mine : theirs[static_cast<std::size_t>(r)]) == least) late.push_back(r);
             }
             // The lowest rank that arrived reports; the others only if it has not ended the
             // job after the grace period.

@@ -26,9 +26,10 @@ namespace attn::mpi {
 /// main thread, which may sit inside a blocking collective call all the while; it needs
 /// MPI_THREAD_MULTIPLE, which Open MPI gives (attn::mpi::World asks for it). When this
 /// rank's progress has not moved for `timeout` seconds, the ranks that did not arrive are
-/// those whose progress is behind this rank's, or whose last sign of life is older than
-/// half the timeout (a frozen process sends none: SIGSTOP, a machine that hangs). The lowest
-/// rank not among them reports; the others wait a grace period more, in case it cannot.
+/// those whose last sign of life is older than half the timeout (a frozen process sends
+/// none: SIGSTOP, a machine that hangs), or, when every rank is alive, those whose progress
+/// is furthest behind (a rank stuck outside the collective calls). The lowest rank not
+/// among them reports; the others wait a grace period more, in case it cannot.
 class Watchdog {
 public:
     /// Starts watching. Every rank of MPI_COMM_WORLD makes one at the same point (it
