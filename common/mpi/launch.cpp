@@ -221,10 +221,9 @@ LaunchResult run_ranks(const std::string& program, const std::vector<std::string
         // end of buffer in file …/orte/util/show_help.c at line 507" (or "Out of resource",
         // "had inadequate space") instead of the framed "MPI_ABORT was invoked on rank N"; it
         // happens at random, with or without this file's options. The rank that aborted has
-        // said why in its own line.
+        // said why in its own line (failed_rank stays −1: the status tells a rank's error).
         if (line.find("] ORTE_ERROR_LOG: ") != std::string::npos &&
             line.find("show_help.c at line ") != std::string::npos && line.size() < 200) {
-            result.garbled_abort = true;
             return;
         }
         if (is_frame(line)) {

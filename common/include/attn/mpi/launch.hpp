@@ -31,10 +31,6 @@ struct LaunchResult {
     /// its own line.
     int signal = 0;
     std::string output;    ///< the ranks' standard output, when captured
-    /// Whether mpirun's report of a rank's MPI_Abort arrived garbled (and was left out):
-    /// a rank ended the job with an error, and said why itself, but mpirun could not say
-    /// which (failed_rank stays −1).
-    bool garbled_abort = false;
 };
 
 /// The mpirun this build found (Open MPI's), as a path.
