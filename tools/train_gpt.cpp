@@ -13,9 +13,13 @@
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
-// stderr and a non-zero exit status; with ranks, one line for the whole job.
+// stderr and a non-zero exit status; with ranks, one line for the whole job. A rank that
+// fails mid-run (an error anywhere, in the passes' threads too), is killed, or freezes (no
+// step ends within --collective-timeout, 300 s by default) ends the job in one line that
+// names the rank and the checkpoint to go on from with --resume.
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
+#include "attn/fault.hpp"
 #include "attn/run_control.hpp"
 #include "attn/threads.hpp"
 #include "attn/trainer.hpp"
@@ -28,6 +32,7 @@
 #include "attn/mpi/data_parallel.hpp"
 #include "attn/mpi/launch.hpp"
 #include "attn/mpi/tensor_parallel.hpp"
+#include "attn/mpi/watchdog.hpp"
 #include "attn/mpi/world.hpp"
 #include "attn/mpi/zero.hpp"
 #endif
@@ -90,7 +95,11 @@ struct Flags {
     int tensor_parallel = 0; // --tensor-parallel N: every block split over N ranks (0: none)
     std::optional<double> bucket_cap_mb, first_bucket_mb;  // --bucket-cap-mb, --first-bucket-mb
     bool bucket_view = false;                               // --bucket-view
+    std::optional<double> collective_timeout;  // --collective-timeout S (not given: 300 s with ranks)
 };
+
+// With ranks, a step that has not ended after this many seconds ends the job (--collective-timeout).
+constexpr double default_collective_timeout = 300.0;
 
 // This process's place in a data-parallel job: rank 0 of 1 when it trains alone.
 struct Job {
@@ -150,6 +159,25 @@ GPT with_flags(GPT model, const Flags& f) {
 }
 
 // A size in megabytes from 0 to a million (the bucket caps).
+// --collective-timeout's seconds: 0 (no watchdog) or a positive, finite number.
+CLI::Validator timeout_seconds() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            std::size_t used = 0;
+            double seconds = -1.0;
+            try {
+                seconds = std::stod(value, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != value.size() || used == 0 || !(seconds >= 0.0 && seconds <= 1e9)) {
+                return "expected seconds from 0 (wait for ever) to 1e9, got '" + value + "'";
+            }
+            return "";
+        },
+        "SECONDS");
+}
+
 CLI::Validator megabytes() {
     return CLI::Validator(
         [](std::string& value) -> std::string {
@@ -417,11 +445,20 @@ void check_rank_options(const Flags& f, const Job& job) {
             throw std::invalid_argument("--tensor-parallel " + std::to_string(f.tensor_parallel) + " does not divide the " +
                                         std::to_string(job.size) + " ranks into groups that split the model");
         }
+        if (f.attention == "fused") {
+            throw std::invalid_argument("--attention fused with --tensor-parallel: the tensor-parallel blocks "
+                                        "call the materialised attention only (their (B, heads, T, T) weights "
+                                        "stored); leave out --attention fused");
+        }
         if (!f.shard.empty() || !f.allreduce.empty() || bucket_options || f.batch_per_rank) {
             throw std::invalid_argument("--tensor-parallel sums the copies' gradients in one allreduce of its own: "
                                         "--shard, --allreduce, --bucket-cap-mb, --first-bucket-mb, --bucket-view and "
                                         "--batch-per-rank are plain data parallelism's");
         }
+    }
+    if (f.collective_timeout && !job.parallel() && f.ranks == 0) {
+        throw std::invalid_argument("--collective-timeout bounds how long ranks wait for each other: it "
+                                    "needs --ranks N or a start by mpirun");
     }
     if (f.first_bucket_mb && !f.bucket_cap_mb) {
         throw std::invalid_argument("--first-bucket-mb sets the first bucket apart from the others: "
@@ -611,6 +648,11 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
         join_tensor_parallel(f, job, setup);
         return;
     }
+    if (!f.shard.empty() && job.size == 1) {
+        std::cerr << "train_gpt: note: --shard " << f.shard << " on one rank has no other rank to share with: "
+                  << "it keeps the whole training state, as without --shard"
+                  << (f.shard == "parameters" ? ", and two blocks' weight buffers besides" : "") << "\n";
+    }
     {
         const std::string schedule_name = f.allreduce.empty() ? "overlapped" : f.allreduce;
         const mpi::AllreduceSchedule schedule = mpi::parse_schedule(schedule_name);
@@ -662,6 +704,30 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
 }
 #endif
 
+#if ATTN_HAVE_MPI
+// Only a job of ranks can end with a rank killed and the checkpoint in question (below).
+
+// Where a run's checkpoint is: the one --resume goes on from, or the one --out will hold.
+fs::path run_checkpoint(const Flags& f) {
+    return !f.resume.empty() ? checkpoint_of(f.resume) : f.out / "checkpoint";
+}
+
+// What a killed job left: its last checkpoint, whole (written atomically) or not yet written.
+std::string checkpoint_left(const Flags& f) {
+    const fs::path dir = run_checkpoint(f);
+    const fs::path run = dir.filename() == "checkpoint" ? dir.parent_path() : dir;
+    std::ifstream in(dir / "trainer.json");
+    try {
+        const nlohmann::json j = nlohmann::json::parse(in);
+        return "the last checkpoint, " + dir.string() + " (step " +
+               std::to_string(j.at("step").get<long long>()) + "), is intact: go on with --resume " +
+               run.string();
+    } catch (const std::exception&) {
+        return "no checkpoint had been written in " + dir.string();
+    }
+}
+#endif
+
 // The work itself, once every rank has set up without an error.
 int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
     Trainer* const trainer = &*setup.trainer;
@@ -703,8 +769,33 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
     options.log = &std::cout;
     options.progress = simulated ? nullptr : &std::cerr;  // its line shows tokens/s
     options.progress_is_terminal = ::isatty(2);
-    options.stop_requested = [&stop] { return stop.requested(); };
+    options.stop_requested = [&stop, &job] {
+        fault_point("step", job.rank);  // ATTN_FAULT=step:rank:n, for the checks (attn/fault.hpp)
+        return stop.requested();
+    };
+#if ATTN_HAVE_MPI
+    // With ranks, a step that does not end within --collective-timeout (a rank frozen or
+    // gone quiet) ends the job in one line that names the ranks that did not arrive.
+    const double timeout = f.collective_timeout.value_or(default_collective_timeout);
+    std::optional<mpi::Watchdog> watchdog;
+    if (job.world && job.size > 1 && timeout > 0) {
+        watchdog.emplace(timeout, [&f, &job](const std::string& why) {
+            std::cout.flush();
+            std::cerr << "train_gpt: error: rank " << job.rank << ": " << why << "; " << checkpoint_left(f)
+                      << "\n";
+            mpi::abort_job(exit_error);
+        });
+        options.stop_requested = [&stop, &job, &watchdog] {
+            watchdog->progress();
+            fault_point("step", job.rank);
+            return stop.requested();
+        };
+    }
+#endif
     const RunSummary summary = run_training(*trainer, options);
+#if ATTN_HAVE_MPI
+    if (watchdog) watchdog->stop();
+#endif
     if (summary.stopped) {
         std::cout << "stopped at step " << trainer->step() << ": checkpoint saved in "
                   << (out / "checkpoint").string() << "; go on with --resume " << out.string() << "\n";
@@ -764,29 +855,6 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
     return 0;
 }
 
-#if ATTN_HAVE_MPI
-// Only a job of ranks can end with a rank killed and the checkpoint in question (below).
-
-// Where a run's checkpoint is: the one --resume goes on from, or the one --out will hold.
-fs::path run_checkpoint(const Flags& f) {
-    return !f.resume.empty() ? checkpoint_of(f.resume) : f.out / "checkpoint";
-}
-
-// What a killed job left: its last checkpoint, whole (written atomically) or not yet written.
-std::string checkpoint_left(const Flags& f) {
-    const fs::path dir = run_checkpoint(f);
-    const fs::path run = dir.filename() == "checkpoint" ? dir.parent_path() : dir;
-    std::ifstream in(dir / "trainer.json");
-    try {
-        const nlohmann::json j = nlohmann::json::parse(in);
-        return "the last checkpoint, " + dir.string() + " (step " +
-               std::to_string(j.at("step").get<long long>()) + "), is intact: go on with --resume " +
-               run.string();
-    } catch (const std::exception&) {
-        return "no checkpoint had been written in " + dir.string();
-    }
-}
-#endif
 
 // --ranks N: this program again, as N ranks under mpirun on this machine. Each rank makes
 // the checks below too; made here first, a mistake costs no start of mpirun. A rank that
@@ -807,7 +875,9 @@ int launch_ranks(const Flags& f, int argc, char** argv) {
     const mpi::LaunchResult result =
         mpi::run_ranks(mpi::this_program(), std::vector<std::string>(argv + 1, argv + argc), options);
     if (result.status == 0) return 0;
-    if (result.signal == 0 && result.failed_rank < 0 && result.status < 128) return result.status;
+    // A rank that ended the job with an error (MPI_Abort) has said why, and where to go on
+    // from, in its own line; one killed cannot, so this process does.
+    if (result.signal == 0 && result.status < 128) return result.status;
     std::cerr << "train_gpt: " << mpi::describe_end(result, f.ranks) << "; " << checkpoint_left(f)
               << "\n";
     return exit_error;
@@ -984,6 +1054,12 @@ int main(int argc, char** argv) {
                    "with --bucket-cap-mb: the first bucket's size, smaller so that the first sum "
                    "starts early (DDP: 1 MiB then 25 MiB)")
         ->check(megabytes());
+    app.add_option("--collective-timeout", f.collective_timeout,
+                   "with ranks: a training step that has not ended after S seconds (a rank frozen or "
+                   "gone quiet, which would keep the others waiting for ever) ends the job in one line "
+                   "naming the ranks that did not arrive, and the checkpoint to resume from "
+                   "(default 300; 0: wait for ever)")
+        ->check(timeout_seconds());
     app.add_flag("--bucket-view", f.bucket_view,
                  "with ranks: sum the gradients in place, range by range, instead of copying each "
                  "bucket into a buffer and the sum back (DDP's gradient_as_bucket_view)");
@@ -1041,12 +1117,16 @@ int main(int argc, char** argv) {
 #endif
     } catch (const std::exception& e) {
         std::cout.flush();
-        std::cerr << "train_gpt: error: "
-                  << (job.size > 1 ? "rank " + std::to_string(job.rank) + ": " : "") << e.what() << "\n";
 #if ATTN_HAVE_MPI
-        // The other ranks may be waiting for this one in a collective call: end them all.
-        if (job.size > 1) mpi::abort_job(exit_error);
+        // The other ranks may be waiting for this one in a collective call: end them all,
+        // in one line that says where the run can go on from.
+        if (job.size > 1) {
+            std::cerr << "train_gpt: error: rank " << job.rank << ": " << e.what() << "; " << checkpoint_left(f)
+                      << "\n";
+            mpi::abort_job(exit_error);
+        }
 #endif
+        std::cerr << "train_gpt: error: " << e.what() << "\n";
         return exit_error;
     }
 }

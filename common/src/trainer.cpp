@@ -384,6 +384,10 @@ float Trainer::cpu_loss(std::uint64_t dropout_seed) {
     model_.seed_dropout(dropout_seed);
     model_.train(true);
     const int B = config_.batch_size, T = config_.block_size;
+    // The backward pass divides by the whole batch's positions, B·T, in every process (not
+    // by its own b·T, then weighted by b/B): the gradients entering the products are one
+    // process's, whatever the shares, so that rounding them (mixed precision) rounds alike.
+    model_.set_whole_batch(group_ ? B : 0);
     if (!group_) return model_.forward(x_.data(), y_.data(), B, T);
     // This process's sequences of the batch, and the whole batch's mean loss: the processes'
     // means weighted by their shares.
@@ -395,10 +399,9 @@ float Trainer::cpu_loss(std::uint64_t dropout_seed) {
 
 bool Trainer::cpu_backward(float loss_scale, StepRecord& record) {
     model_.zero_grad();
-    if (group_) {
-        const auto [b0, b1] = batch_share(config_.batch_size, group_->rank(), group_->size());
-        group_->begin_gradients(model_, static_cast<double>(b1 - b0) / config_.batch_size);
-    }
+    // Each process's gradients are its part of the whole batch's mean already (cpu_loss):
+    // the group sums them as they are.
+    if (group_) group_->begin_gradients(model_, 1.0);
     const RoundingCounts before = model_.gradient_rounding();
     model_.backward(loss_scale);
     if (group_) group_->finish_gradients(model_);  // the whole batch's, in every process

@@ -15,6 +15,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 #include <utility>
@@ -290,6 +291,15 @@ public:
     /// one process with the whole batch would. 0 (the default) for a batch of its own.
     /// @param first_sequence the index of this batch's first sequence in the whole batch
     void set_batch_offset(int first_sequence);
+    /// The number of sequences of the whole batch whose mean loss the following backward
+    /// passes differentiate: each position's gradient is divided by `sequences`·T, the
+    /// positions of the whole batch, instead of this batch's B·T. Processes that share a
+    /// batch (data parallelism) then hold parts of the whole batch's mean gradient whose sum
+    /// is the gradient, with the values entering the products the same as one process's
+    /// (under mixed precision a factor B/b applied after the pass would round them
+    /// differently). 0 (the default): this batch's own mean.
+    /// @param sequences the whole batch's sequences, at least this batch's B, or 0
+    void set_whole_batch(int sequences);
     /// The gradient buckets in the order backward() completes them: block L−1, …, block 0,
     /// then the embeddings and ln_f (the tied `wte` collects gradient at both ends of the
     /// pass, so it is complete only at the end). Together they hold every parameter once.
@@ -434,6 +444,13 @@ private:
     std::vector<float> source_rest_;              // the embeddings' and ln_f's
     ParameterTensors source_params_[2];           // pointers into buffer i and the rest (a block's as block 0's)
     int batch_offset_ = 0;                         // set_batch_offset()
+    int whole_batch_ = 0;                          // set_whole_batch()
+    // The first error of a parallel region's master thread (the weight source's wait, the
+    // gradient sink or hook), rethrown once the region ends: an exception may not leave an
+    // OpenMP region (it would end the process), and the other threads wait at its barriers.
+    std::exception_ptr master_error_;
+    template <class Work> void on_master(Work work);  // runs work on the master thread, catching
+    void rethrow_master_error();
     int B_ = 0, T_ = 0;
     bool training_ = true;
     bool has_targets_ = false;

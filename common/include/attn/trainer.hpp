@@ -175,8 +175,11 @@ public:
     /// The number of processes.
     virtual int size() const = 0;
     /// Called before a backward pass whose gradients are this process's share of the
-    /// batch: `share` is its positions over the whole batch's, so that the sum over the
-    /// processes of share × gradient is the whole batch's mean gradient. The group may
+    /// batch: the sum over the processes of share × gradient is the whole batch's mean
+    /// gradient. The Trainer passes 1: its backward passes divide by the whole batch's
+    /// positions already (GPT::set_whole_batch), which keeps mixed-precision runs on any
+    /// number of processes one process's; a caller whose passes take their own batch's mean
+    /// passes its positions over the whole batch's. The group may
     /// install a hook on the model (GPT::set_gradient_ready_hook) to start summing buckets
     /// while the pass goes on. @param model the model @param share this process's part
     virtual void begin_gradients(GPT& model, double share) = 0;

@@ -319,11 +319,10 @@ void GPT::fetch_block(int layer, int next) {
     // fill: one thread waits for this block's weights and starts the next one's while the
     // others wait; then all of them compute this block as the next one's arrive.
 #pragma omp barrier
-#pragma omp master
-    {
+    on_master([&] {
         if (source_.wait) source_.wait(config_.n_layer - 1 - layer);
         if (next >= 0 && next < config_.n_layer) start_block(next);
-    }
+    });
 #pragma omp barrier
 }
 //! [prefetch]
@@ -356,6 +355,36 @@ void GPT::set_batch_offset(int first_sequence) {
     require(first_sequence >= 0, "GPT::set_batch_offset: the first sequence's index must not be "
                                  "negative, got " + std::to_string(first_sequence));
     batch_offset_ = first_sequence;
+}
+
+void GPT::set_whole_batch(int sequences) {
+    require(sequences >= 0, "GPT::set_whole_batch: the whole batch's sequences must not be negative, got " +
+                                std::to_string(sequences));
+    whole_batch_ = sequences;
+}
+
+// Called by every thread of a parallel region: the master runs `work` unless an earlier
+// call failed (what it would do, a collective call included, no longer matters: the pass
+// ends in an error), keeping the first error for rethrow_master_error().
+template <class Work>
+void GPT::on_master(Work work) {
+#pragma omp master
+    {
+        if (!master_error_) {
+            try {
+                work();
+            } catch (...) {
+                master_error_ = std::current_exception();
+            }
+        }
+    }
+}
+
+void GPT::rethrow_master_error() {
+    if (!master_error_) return;
+    std::exception_ptr error = master_error_;
+    master_error_ = nullptr;
+    std::rethrow_exception(error);
 }
 
 MemoryUse GPT::memory_use() const {
@@ -537,6 +566,7 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
             for (int l = 0; l < L; ++l) fetch(l);  // every barrier, with nothing to compute
         }
     }
+    rethrow_master_error();  // a weight gather's, from fetch_block
 
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
     // the mean over every position, summed in order whatever the slices were
@@ -720,8 +750,7 @@ void GPT::backward(float loss_scale) {
                 }
             }
 #pragma omp barrier
-#pragma omp master
-            gradient_ready_(L - 1 - l);
+            on_master([&] { gradient_ready_(L - 1 - l); });
         };
         const std::function<void(int)>* hook = gradient_ready_ ? &layer_done : nullptr;
         if (id == 0) {
@@ -751,6 +780,7 @@ void GPT::backward(float loss_scale) {
             }
         }
     }
+    rethrow_master_error();  // the gradient hook's
     if (gradient_ready_) gradient_ready_(L);  // the embeddings and ln_f
 }
 
@@ -788,8 +818,7 @@ void GPT::backward_to_sink() {
             for (std::ptrdiff_t i = 0; i < n; ++i) {
                 for (int s = 1; s < team; ++s) sum[i] += sink_blocks_[static_cast<size_t>(s)][i];
             }
-#pragma omp master
-            sink_(L - 1 - l, sum);
+            on_master([&] { sink_(L - 1 - l, sum); });
 #pragma omp barrier
             std::fill(own, own + block_floats_, 0.0f);
         };
@@ -811,6 +840,7 @@ void GPT::backward_to_sink() {
             for (int s = 1; s < team; ++s) sum[i] += sink_rests_[static_cast<size_t>(s)][i];
         }
     }
+    rethrow_master_error();  // the sink's, or a weight gather's from fetch_block
     sink_(L, sink_rests_[0].data());  // the embeddings and ln_f
 }
 
@@ -859,7 +889,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     // loss = mean cross-entropy(softmax(logits), targets), the mean over the whole batch
     clear(dlogits, static_cast<size_t>(N) * V);
     crossentropy_backward(dlogits, a.probs.data() + row0 * V, targets_.data() + row0, B, T, V,
-                          static_cast<int>(BT));
+                          whole_batch_ > 0 ? whole_batch_ * T : static_cast<int>(BT));
     // loss_scale · loss: every gradient below is loss_scale times larger
     if (loss_scale_ != 1.0f) {
         for (size_t i = 0; i < static_cast<size_t>(N) * V; ++i) dlogits[i] *= loss_scale_;
