@@ -9,12 +9,9 @@
 
 #include <doctest/doctest.h>
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 
 using namespace attn;
@@ -47,19 +44,6 @@ TrainConfig recipe(int B, int N, float dropout, Precision precision = Precision:
     return c;
 }
 
-// `from`, a checkpoint of a run of N micro-batches of B, as the checkpoint of the same run
-// taking one batch of N·B a step (the same weights, moments, step and batch source), in `to`.
-void as_one_batch(const fs::path& from, const fs::path& to) {
-    fs::remove_all(to);
-    fs::copy(from, to, fs::copy_options::recursive);
-    nlohmann::json j;
-    std::ifstream(to / "trainer.json") >> j;
-    nlohmann::json& c = j.at("config");
-    c["batch_size"] = c.at("batch_size").get<int>() * c.at("grad_accum").get<int>();
-    c["grad_accum"] = 1;
-    std::ofstream(to / "trainer.json") << j.dump(2);
-}
-
 // The largest gap of the accumulated clipped gradients `acc` against the one batch's `g`
 // relative to its bound (as step_bounds.hpp's Δ): the unclipped gradients differ by at most
 // 2γ_backward of their magnitudes, taken as the largest gradient's; clipping scales each side
@@ -89,20 +73,14 @@ struct Gaps {
 Gaps compare_with_one_batch(Trainer& scheme, int steps, const fs::path& dir) {
     fs::create_directories(dir);
     Gaps gaps;
-    // The large batch's chains (its sum over N·B·T rows is longer than the micro-batches' B·T
-    // rows and then N more), and two more roundings on the accumulated side: the loss's 1/N
-    // on the logits' gradients (the one batch divides once, by N·B·T) and each micro-batch's
-    // float loss before their mean.
-    TrainConfig large = scheme.config();
-    large.batch_size *= large.grad_accum;
-    mpi_test::SumChains chains = mpi_test::sum_chains(large, scheme.data().vocab.size());
-    chains.forward += 2;
-    chains.backward += 2;
+    // One batch of N·B's chains, two terms longer (step_bounds.hpp's sum_chains).
+    const mpi_test::SumChains chains = mpi_test::sum_chains(scheme.config(), scheme.data().vocab.size());
+    const int large_batch = scheme.config().batch_size * scheme.config().grad_accum;
     for (int t = 0; t < steps; ++t) {
         scheme.save(dir / "scheme");
-        as_one_batch(dir / "scheme", dir / "one");
+        mpi_test::as_one_batch(dir / "scheme", dir / "one");
         Trainer one = Trainer::load(dir / "one", scheme.data());
-        REQUIRE(one.config().batch_size == large.batch_size);
+        REQUIRE(one.config().batch_size == large_batch);
         const mpi_test::detail::State before = mpi_test::detail::state_of(one);
         const StepRecord r = one.train_step();
         const std::vector<float> g = one.model().gradients();  // after clipping
