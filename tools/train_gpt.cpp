@@ -972,7 +972,8 @@ int main(int argc, char** argv) {
                    "CPU model); on several machines start train_gpt with mpirun instead")
         ->check(whole_number_at_least(1));
     app.add_option("--batch-size", f.batch_size,
-                   "sequences per step (default: the recipe's; with ranks, shared by them)")
+                   "sequences per step, per micro-batch with --grad-accum (default: the recipe's; with "
+                   "ranks, shared by them)")
         ->check(whole_number_at_least(1))
         ->excludes(resume);
     app.add_option("--grad-accum", f.grad_accum,

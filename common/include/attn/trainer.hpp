@@ -99,7 +99,7 @@ struct TrainConfig {
 /// One training step's numbers.
 struct StepRecord {
     std::int64_t step = 0;   ///< 0-based
-    float loss = 0.0f;       ///< the training batch's mean cross-entropy
+    float loss = 0.0f;       ///< the training batch's mean cross-entropy (over its micro-batches)
     double lr = 0.0;         ///< the learning rate used
     float grad_norm = 0.0f;  ///< the gradient norm before clipping (not finite when skipped)
     /// With loss scaling: the step's gradients held an infinity or a NaN, so no update was
@@ -107,7 +107,7 @@ struct StepRecord {
     bool skipped = false;
     double loss_scale = 1.0;  ///< the factor the loss was multiplied by (1 without scaling)
     /// Mixed precision: gradient values rounded where they entered the products in this
-    /// step's backward pass, and how many of them were flushed to zero (GPT::gradient_rounding)
+    /// step's backward passes, and how many of them were flushed to zero (GPT::gradient_rounding)
     std::uint64_t rounded_gradients = 0;
     std::uint64_t flushed_gradients = 0;    ///< see rounded_gradients
     std::uint64_t subnormal_gradients = 0;  ///< of rounded_gradients, made subnormal
