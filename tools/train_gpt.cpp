@@ -5,6 +5,7 @@
 //   train_gpt --resume out                     go on from out/checkpoint
 //   train_gpt --init DIR --dump-grads grads    one step's gradients, to compare with PyTorch
 //   train_gpt --recipe shakespeare --device cuda   nanoGPT's GPU recipe
+//   train_gpt --grad-accum 4                   4 batches a step, their gradients added (one update)
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
 //   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
 //   train_gpt --ranks 4 --shard gradients      ... and its shard of the gradients too (ZeRO 2)
@@ -90,6 +91,7 @@ struct Flags {
     int ranks = 0;           // --ranks N: start N processes under mpirun (0: not given)
     std::optional<int> batch_size;  // --batch-size: sequences per step (not given: the recipe's)
     bool batch_per_rank = false;    // --batch-per-rank: that batch on each rank, not shared
+    int grad_accum = 0;             // --grad-accum N: micro-batches per step (0: not given, one)
     std::string allreduce;   // how the ranks sum their gradients (empty: not given)
     std::string shard;       // --shard optimizer|gradients|parameters: ZeRO stage 1, 2 or 3 (empty: plain data parallelism)
     int tensor_parallel = 0; // --tensor-parallel N: every block split over N ranks (0: none)
@@ -228,14 +230,14 @@ int bench(Trainer& trainer, int steps) {
     const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / steps;
     std::sort(ms.begin(), ms.end());  // the median: one step delayed by another process moves it least
     const double median = steps % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-    const double tokens = static_cast<double>(c.batch_size) * c.block_size * 1e3 / median;
+    const double tokens = static_cast<double>(c.grad_accum) * c.batch_size * c.block_size * 1e3 / median;
     std::printf("bench: recipe %s (%d layers, %d heads, %d channels, block %d, vocabulary %d, "
-                "bias %s, dropout %g), B=%d, T=%d, %d steps: %.1f ms/step (median; mean %.1f), "
-                "%.0f tokens/s\n",
+                "bias %s, dropout %g), B=%d, T=%d, %d micro-batch%s a step, %d steps: %.1f ms/step "
+                "(median; mean %.1f), %.0f tokens/s\n",
                 c.recipe.c_str(), c.n_layer, c.n_head, c.n_embd, c.block_size,
                 trainer.model().config().vocab_size, c.bias ? "on" : "off",
-                static_cast<double>(c.dropout), c.batch_size, c.block_size, steps, median, mean,
-                tokens);
+                static_cast<double>(c.dropout), c.batch_size, c.block_size, c.grad_accum,
+                c.grad_accum == 1 ? "" : "es", steps, median, mean, tokens);
     return 0;
 }
 
@@ -325,6 +327,10 @@ std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model, b
         if (speaks) std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
         return std::string("cpu");
     };
+    if (f.grad_accum > 1) {
+        return fall_back("--grad-accum " + std::to_string(f.grad_accum) + ": gradient accumulation adds the "
+                         "micro-batches' gradients in the CPU model (the GPU's backward pass clips at once)");
+    }
     if (f.precision != "fp32") {
         return fall_back("--precision " + f.precision + ": mixed-precision training runs on the "
                          "CPU model only (the GPU model computes in float32)");
@@ -389,6 +395,7 @@ TrainConfig planned_config(const Flags& f, int ranks) {
     TrainConfig config = TrainConfig::named(f.recipe);
     if (f.batch_size) config.batch_size = *f.batch_size;
     if (f.batch_per_rank) config.batch_size *= ranks;
+    if (f.grad_accum) config.grad_accum = f.grad_accum;
     if (f.max_iters) {
         config.max_iters = *f.max_iters;
         config.lr_decay_iters = std::min(config.lr_decay_iters, *f.max_iters);
@@ -472,6 +479,18 @@ void check_rank_options(const Flags& f, const Job& job) {
     if (job.parallel() && !f.dump_grads.empty()) {
         throw std::invalid_argument("--dump-grads writes one process's gradients: run it without "
                                     "mpirun");
+    }
+    if (f.grad_accum > 1 && (f.shard == "gradients" || f.shard == "parameters" || f.tensor_parallel > 0)) {
+        throw std::invalid_argument("--grad-accum adds the micro-batches' gradients in each rank's whole gradient "
+                                    "buffer before one sum, and " +
+                                    (f.tensor_parallel > 0 ? "--tensor-parallel clips each pass's gradients at once"
+                                                           : "--shard " + f.shard + " hands each block's to the ring as "
+                                                             "the backward pass finishes it") +
+                                    ": plain data parallelism or --shard optimizer");
+    }
+    if (f.grad_accum > 1 && !f.dump_grads.empty()) {
+        throw std::invalid_argument("--dump-grads writes one batch's gradients, and --grad-accum makes a step of "
+                                    "several: give one or the other");
     }
     if (job.started_by_mpirun && f.ranks > 0 && f.ranks != job.size) {
         throw std::invalid_argument("--ranks " + std::to_string(f.ranks) + " in a job that mpirun "
@@ -761,6 +780,7 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
                   : std::string("products in ") + precision_name(c.precision) +
                         (trainer->scales_loss() ? " with loss scaling" : "") + "; ")
               << "batch " << c.batch_size
+              << (c.grad_accum == 1 ? "" : " x " + std::to_string(c.grad_accum) + " micro-batches a step (gradients added, one update)")
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
     StopRequest stop;
@@ -819,7 +839,7 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
         const double n = static_cast<double>(summary.steps.size());
         std::printf("training steps alone: %.1f ms/step, %.0f tokens/s (the rest: evaluation and "
                     "checkpoints)\n",
-                    1e3 * summary.step_seconds / n, n * c.batch_size * c.block_size / summary.step_seconds);
+                    1e3 * summary.step_seconds / n, n * c.grad_accum * c.batch_size * c.block_size / summary.step_seconds);
     }
     if (setup.report_group) setup.report_group();
     if (c.precision != Precision::fp32) {
@@ -1022,9 +1042,17 @@ int main(int argc, char** argv) {
                    "CPU model); on several machines start train_gpt with mpirun instead")
         ->check(whole_number_at_least(1));
     app.add_option("--batch-size", f.batch_size,
-                   "sequences per step (default: the recipe's; with ranks, shared by them)")
+                   "sequences per step, per micro-batch with --grad-accum (default: the recipe's; with "
+                   "ranks, shared by them)")
         ->check(whole_number_at_least(1))
         ->excludes(resume);
+    app.add_option("--grad-accum", f.grad_accum,
+                   "N micro-batches of the batch a step, their gradients added before one clipping and "
+                   "update: one process's step on a batch N times larger, with one batch's activations "
+                   "(nanoGPT's gradient_accumulation_steps; with ranks summed once, after the last, as "
+                   "DDP's no_sync; the CPU model; lesson 19)")
+        ->check(whole_number_at_least(1))
+        ->excludes(resume);  // a resumed run keeps its checkpoint's
     app.add_flag("--batch-per-rank", f.batch_per_rank,
                  "with ranks: each rank trains on a whole batch of its own, so the step's batch is "
                  "the ranks times it (torchrun's habit) instead of one batch shared by them")

@@ -178,6 +178,8 @@ void DataParallel::finish_gradients(GPT& model) {
         }
     }
     timing_.exposed_seconds = MPI_Wtime() - backward_end;
+    ++gradient_sums_;
+    allreduce_calls_ += timing_.allreduce_calls;
 }
 
 double DataParallel::sum(double value) {

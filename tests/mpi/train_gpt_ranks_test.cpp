@@ -238,6 +238,7 @@ Results results_of(const fs::path& out) {
         r.config.n_embd = c.at("n_embd").get<int>();
         r.config.block_size = c.at("block_size").get<int>();
         r.config.batch_size = c.at("batch_size").get<int>();
+        r.config.grad_accum = c.value("grad_accum", 1);
         r.config.eval_iters = c.at("eval_iters").get<std::int64_t>();
         r.float32 = c.at("precision").get<std::string>() == "fp32";
         std::ifstream m(out / "checkpoint" / "config.json");
@@ -497,6 +498,7 @@ std::vector<Use> option_table() {
         {"--collective-timeout", Role::axis, {}, "every ranked run here has its default; a frozen rank in the "
                                                  "freeze part, refused without ranks"},
         {"--batch-size", Role::varied, {"6"}, ""},
+        {"--grad-accum", Role::varied, {"2"}, ""},
         {"--recipe", Role::varied, {"cpu"}, "shakespeare not tried: its 10.7M parameters take seconds a step"},
         {"--resume", Role::varied, {resume_value}, ""},
         {"--init", Role::varied, {init_value}, ""},
@@ -769,6 +771,9 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"--shard gradients with fp16's loss scaling", {"--ranks", "2", "--shard", "gradients", "--precision", "fp16"}},
         {"--shard parameters without ranks", {"--shard", "parameters"}},
         {"--shard parameters with mixed precision", {"--ranks", "2", "--shard", "parameters", "--precision", "bf16"}},
+        {"--grad-accum with --shard gradients", {"--ranks", "2", "--shard", "gradients", "--grad-accum", "2"}},
+        {"--grad-accum with --shard parameters", {"--ranks", "2", "--shard", "parameters", "--grad-accum", "2"}},
+        {"--grad-accum with --tensor-parallel", {"--ranks", "2", "--tensor-parallel", "2", "--grad-accum", "2"}},
         {"--tensor-parallel without ranks", {"--tensor-parallel", "2"}},
         {"--tensor-parallel that does not divide the ranks", {"--ranks", "3", "--tensor-parallel", "2"}},
         {"--tensor-parallel with heads that do not divide", {"--ranks", "4", "--tensor-parallel", "4"}},
