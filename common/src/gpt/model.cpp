@@ -948,6 +948,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         const size_t at = l * BTC + row0 * C;  // block l's output, residual3[l], at the slice
         const float* residual =
             l == 0 ? a.encoded.data() + row0 * C : a.residual3.data() + at - BTC;
+        //! [recompute]
         // Activation checkpointing: what the forward pass did not keep, computed again as it
         // computed it (the same functions on the same inputs, the same dropout masks), into
         // the one block's buffers, before block l's backward pass reads it.
@@ -965,6 +966,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
                               config_.causal, config_.scaled_attention,
                               alibi_slopes_.empty() ? nullptr : alibi_slopes_.data(), G, config_.window);
         }
+        //! [recompute]
         const float* ln1 = k.ln1;
         const float* qkv = k.qkv;
         const float* atty = k.atty;
