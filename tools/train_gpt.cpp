@@ -4,6 +4,7 @@
 //   train_gpt --recipe tiny --max-iters 50     a run of seconds
 //   train_gpt --resume out                     go on from out/checkpoint
 //   train_gpt --init DIR --dump-grads grads    one step's gradients, to compare with PyTorch
+//   train_gpt --recompute blocks               keep only each block's input, recompute the rest
 //   train_gpt --recipe shakespeare --device cuda   nanoGPT's GPU recipe
 //   train_gpt --grad-accum 4                   4 batches a step, their gradients added (one update)
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
@@ -79,6 +80,7 @@ struct Flags {
     bool tf32 = false;
     std::string attention = "materialised";
     std::string precision = "fp32";
+    std::string recompute = "none";  // --recompute: what the backward pass computes again
     bool no_causal_mask = false;
     std::string position;  // empty: the recipe's (learned)
     bool no_attention_scale = false;
@@ -335,6 +337,10 @@ std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model, b
         return fall_back("--precision " + f.precision + ": mixed-precision training runs on the "
                          "CPU model only (the GPU model computes in float32)");
     }
+    if (f.recompute != "none") {
+        return fall_back("--recompute " + f.recompute + ": activation checkpointing is the CPU "
+                         "model's (the GPU model keeps every activation)");
+    }
     if (f.bench > 0 && f.device == "sim") {
         throw std::invalid_argument("--bench with --device sim: the CUDA simulator checks the GPU "
                                     "code, it does not time it");
@@ -412,6 +418,7 @@ TrainConfig planned_config(const Flags& f, int ranks) {
     if (f.kv_heads != 0) config.n_kv_head = f.kv_heads;
     if (f.window != 0) config.window = f.window;
     config.precision = parse_precision(f.precision);
+    config.recompute = parse_recompute(f.recompute);
     config.validate();
     return config;
 }
@@ -779,6 +786,7 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
               << (c.precision == Precision::fp32 ? ""
                   : std::string("products in ") + precision_name(c.precision) +
                         (trainer->scales_loss() ? " with loss scaling" : "") + "; ")
+              << (c.recompute == Recompute::none ? "" : std::string("recompute ") + recompute_name(c.recompute) + "; ")
               << "batch " << c.batch_size
               << (c.grad_accum == 1 ? "" : " x " + std::to_string(c.grad_accum) + " micro-batches a step (gradients added, one update)")
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
@@ -1028,6 +1036,14 @@ int main(int argc, char** argv) {
                    "18; fp16 with dynamic loss scaling); on the CPU only")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
         ->excludes(resume);  // a resumed run keeps its checkpoint's precision
+    app.add_option("--recompute", f.recompute,
+                   "none (the default: every activation kept), attention (the attention weights "
+                   "recomputed in the backward pass, Megatron's selective recomputation) or blocks "
+                   "(only each block's input kept, its forward pass run again before its backward "
+                   "pass, Chen et al. 2016): less memory, the same gradients bit for bit; on the "
+                   "CPU only (lesson 21)")
+        ->check(CLI::IsMember({"none", "attention", "blocks"}))
+        ->excludes(resume);  // a resumed run keeps its checkpoint's
     app.add_option("--bench", f.bench, "time N training steps (no evaluation, no files) and exit")
         ->check(whole_number_at_least(1))
         ->excludes(dump_grads);  // each ends the program: one of them would be ignored

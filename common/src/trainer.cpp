@@ -146,7 +146,8 @@ json config_to_json(const TrainConfig& c) {
             {"seed", c.seed},
             {"precision", precision_name(c.precision)},
             {"loss_scaling", c.loss_scaling},
-            {"initial_loss_scale", c.initial_loss_scale}};
+            {"initial_loss_scale", c.initial_loss_scale},
+            {"recompute", recompute_name(c.recompute)}};
 }
 
 template <class T>
@@ -205,6 +206,13 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
     }
     c.loss_scaling = j.contains("loss_scaling") ? field<bool>(j, "loss_scaling", file) : true;
     if (j.contains("initial_loss_scale")) c.initial_loss_scale = field<double>(j, "initial_loss_scale", file);
+    if (j.contains("recompute")) {  // optional: none
+        try {
+            c.recompute = parse_recompute(field<std::string>(j, "recompute", file));
+        } catch (const std::invalid_argument& e) {
+            throw CheckpointError(file.string() + ": " + e.what());
+        }
+    }
     try {
         c.validate();
     } catch (const std::invalid_argument& e) {
@@ -284,6 +292,7 @@ void Trainer::finish_setup(bool from_weights) {
     optimizer_.beta2 = config_.beta2;
     optimizer_.weight_decay = config_.weight_decay;
     model_.set_precision(config_.precision);
+    model_.set_recompute(config_.recompute);
     scaler_.scale = config_.initial_loss_scale;  // Trainer::load then restores the run's
     model_.train(true);
 }
@@ -507,6 +516,10 @@ void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
         throw std::invalid_argument(std::string("mixed precision (") +
                                     precision_name(config_.precision) +
                                     ") trains on the CPU only: the GPU model computes in float32");
+    }
+    if (device && config_.recompute != Recompute::none) {
+        throw std::invalid_argument(std::string("recomputation (") + recompute_name(config_.recompute) +
+                                    ") is the CPU model's: a device keeps every activation");
     }
     sync_from_device();
     device_ = std::move(device);

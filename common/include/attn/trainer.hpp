@@ -76,6 +76,9 @@ struct TrainConfig {
     bool loss_scaling = true;
     /// The loss scale a run starts from (PyTorch's GradScaler: 2^16); LossScaler adjusts it.
     double initial_loss_scale = 65536.0;
+    /// What the backward pass computes again instead of keeping it (GPT::set_recompute,
+    /// lesson 21): the same steps, bit for bit, with less memory; the CPU model only.
+    Recompute recompute = Recompute::none;
 
     /// A named recipe: "cpu" (nanoGPT's CPU recipe for tiny shakespeare: 4 layers, 4 heads,
     /// 128 channels, block 64, batch 12, 2000 steps) or "tiny" (2 layers, 32 channels,
