@@ -2,7 +2,7 @@
 """serve_gpt's connection handling, measured: a benchmark, not a test (it checks nothing).
 
 usage: serve_goals.py --serve SERVE_GPT --checkpoint RUN_OR_CHECKPOINT [--idle 1000]
-                      [--slow 100] [--clients 128] [--requests 2]
+                      [--slow 100] [--clients 128] [--requests 2] [--step-ms 10]
 
 Starts its own servers on free ports of 127.0.0.1 (each part needs a fresh one, and the
 last is stopped with SIGTERM) and prints one table:
@@ -87,6 +87,9 @@ def main():
     parser.add_argument("--slow", type=int, default=100)
     parser.add_argument("--clients", type=int, default=128)
     parser.add_argument("--requests", type=int, default=2)
+    parser.add_argument("--step-ms", type=int, default=10,
+                        help="the streaming part's serve_gpt --step-ms: each step at least this long, "
+                             "as a larger model's would be, so that the queue fills")
     a = parser.parse_args()
     rows = []  # (what, value)
 
@@ -133,7 +136,7 @@ def main():
     stop.set()
 
     # many streaming clients at once
-    s = Server(a.serve, a.checkpoint)
+    s = Server(a.serve, a.checkpoint, "--step-ms", str(a.step_ms))
     c = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
     c.request("GET", "/health")
     context = json.loads(c.getresponse().read())["context"]
@@ -176,7 +179,7 @@ def main():
     for t in threads:
         t.join()
     firsts = [t for t in served if t is not None]
-    rows.append((f"{a.clients} streaming clients x {a.requests}: served / 503 / failed",
+    rows.append((f"{a.clients} streaming clients x {a.requests} (--step-ms {a.step_ms}): served / 503 / failed",
                  f"{len(served)} / {len(refused)} / {len(failures)}"))
     rows.append(("  time to the 503, p50 / p99 ms", f"{ms(percentile(refused, 0.5))} / {ms(percentile(refused, 0.99))}"
                  if refused else "none refused"))
