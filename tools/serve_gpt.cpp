@@ -649,9 +649,9 @@ void Session::on_header(beast::error_code ec) {
     if (ec == http::error::header_limit)
         return fail(431, "the request's header is over the limit of " + std::to_string(server_.flags.max_header) +
                              " bytes", "header", true);
-    if (ec == http::error::body_limit) {  // the Content-Length is past it
-        const auto length = parser_->content_length();
-        return fail(413, "body: " + (length ? std::to_string(*length) + " bytes" : std::string("too long")) +
+    if (ec == http::error::body_limit) {  // the Content-Length is past it (the header is not done)
+        const std::string length(parser_->get()[http::field::content_length]);
+        return fail(413, "body: " + (length.empty() ? std::string("too long") : length + " bytes") +
                              ", over the limit of " + std::to_string(server_.flags.max_body), "body", true);
     }
     if (ec == beast::error::timeout) ++server_.timeouts_total;
@@ -927,9 +927,10 @@ void Session::finish() {
     read_request();
 }
 
-// Closing after an answer: the sending side first, then what the client still sends is
-// read and dropped for a moment, so that the kernel does not reset the connection (and
-// lose the answer) over unread bytes.
+// Closing after an answer: the sending side first, then what the client still sends (a body
+// refused as too long, say) is read and dropped, up to 64 times --max-body and within
+// --body-timeout, so that the kernel does not reset the connection over unread bytes and
+// lose the answer before the client has read it.
 void Session::linger() {
     end_work();
     beast::error_code ignored;
@@ -944,11 +945,12 @@ void Session::linger() {
 
 void Session::discard() {
     if (closed_) return;
+    if (discarded_ == 0) stream_.expires_after(timeout(server_.flags.body_timeout));  // for all of it
     buffer_.consume(buffer_.size());
-    stream_.expires_after(std::chrono::seconds(1));
-    stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
-        self->discarded_ += n;
-        if (ec || self->discarded_ > (1u << 20)) return self->close();
+    stream_.async_read_some(buffer_.prepare(64 * 1024), [self = shared_from_this()](beast::error_code ec,
+                                                                                     std::size_t n) {
+        self->discarded_ += n + 1;  // + 1: nonzero from the first read on
+        if (ec || self->discarded_ > 64 * self->server_.flags.max_body) return self->close();
         self->discard();
     });
 }
