@@ -242,6 +242,37 @@ def _():
     check(rc == 0 and "stopped" in out, f"SIGTERM while {count} connections trickle: exit 0 ({rc})")
 
 
+@part("a slow body, an idle kept-alive connection, Expect: 100-continue")
+def _():
+    s = Server(*LIMITS)
+    body = json.dumps({"prompt": "ROMEO:", "max_tokens": 2}).encode()
+    head = (f"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1:{s.port}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n").encode()
+    k = socket.create_connection(("127.0.0.1", s.port))
+    cut = rng.randrange(0, len(body))
+    k.sendall(head + b"\r\n" + body[:cut])  # and the rest never comes
+    check(closed_by_server(k, LIVE), f"a body stopped after {cut} of {len(body)} bytes: closed after the body timeout")
+    k.close()
+    k = socket.create_connection(("127.0.0.1", s.port))
+    k.sendall(head + b"\r\n" + body)
+    status, headers, _ = read_answer(k)
+    check(status == 200 and headers.get("connection", "").lower() != "close", f"a kept-alive request: 200 ({status})")
+    check(closed_by_server(k, LIVE), "then, with no next request, the connection is closed after the idle timeout")
+    k.close()
+    k = socket.create_connection(("127.0.0.1", s.port))
+    k.sendall(head + b"Expect: 100-continue\r\n\r\n")
+    k.settimeout(LIVE)
+    interim = k.recv(4096)
+    k.sendall(body)
+    status, _, answer = read_answer(k)
+    k.close()
+    check(interim.startswith(b"HTTP/1.1 100") and status == 200 and json.loads(answer)["usage"]["completion_tokens"] == 2,
+          f"Expect: 100-continue gets 100, then the body is read and answered 200 ({interim[:20]!r}, {status})")
+    m = s.metrics()
+    check(m["serve_timeouts_total"] == 2, f"the metrics count the two timeouts ({m['serve_timeouts_total']:.0f})")
+    s.stop()
+
+
 @part("a taken port")
 def _():
     s = Server()
