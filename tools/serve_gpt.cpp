@@ -1215,7 +1215,9 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0.001, 3600.0));
     app.add_option("--allow-origin", f.allow_origins,
                    "a web page's origin that may call the server (CORS), e.g. http://127.0.0.1:8080, or "
-                   "null for a page opened from a file; repeatable (none: requests with an Origin get 403)");
+                   "null for a page opened from a file; repeatable (none: requests with an Origin get 403)")
+        ->expected(1)
+        ->check([](const std::string& origin) { return origin.empty() ? std::string("an empty origin") : std::string(); });
     const auto check = [&] {
         if (f.step_tokens < f.max_running)
             throw CLI::ValidationError("--step-tokens", "must be at least --max-running (" +

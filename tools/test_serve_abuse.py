@@ -507,6 +507,20 @@ def _():
         print("promtool not installed: its rules were checked above")
 
 
+@part("bad limits")
+def _():
+    for args, what in [(["--max-connections", "0"], "no connections"),
+                       (["--max-connections", str(10 ** 6)], "more connections than file descriptors"),
+                       (["--header-timeout", "0"], "a zero header timeout"),
+                       (["--idle-timeout", "-1"], "a negative idle timeout"),
+                       (["--allow-origin"], "--allow-origin without an origin"),
+                       (["--allow-origin", ""], "an empty origin")]:
+        p = subprocess.run([SERVE, RUN, "--port", "0", *args], capture_output=True, text=True, timeout=LIVE)
+        lines = p.stderr.strip().splitlines()
+        check(p.returncode != 0 and len(lines) == 1 and lines[0].startswith("serve_gpt: "),
+              f"{what}: one line and a non-zero exit ({p.returncode}: {p.stderr.strip()[:100]})")
+
+
 if failures:
     print(f"{len(failures)} failed")
     sys.exit(1)
