@@ -213,16 +213,13 @@ def slow_loris(port, stop, count):
                 time.sleep(0.3)
         except OSError:
             closed[i] = True  # the server closed it
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(count)]  # never outlive the test
     for t in threads:
         t.start()
     return threads, closed
 
 
-@part("slow-loris headers")
-def _():
-    s = Server(*LIMITS)
-    stop = threading.Event()
+def slow_loris_part(s, stop):
     count = rng.randrange(12, 24)
     threads, closed = slow_loris(s.port, stop, count)
     time.sleep(0.5)
@@ -240,6 +237,16 @@ def _():
     for t in threads + threads2:
         t.join()
     check(rc == 0 and "stopped" in out, f"SIGTERM while {count} connections trickle: exit 0 ({rc})")
+
+
+@part("slow-loris headers")
+def _():
+    s = Server(*LIMITS)
+    stop = threading.Event()
+    try:
+        slow_loris_part(s, stop)
+    finally:
+        stop.set()
 
 
 @part("a slow body, an idle kept-alive connection, Expect: 100-continue")
