@@ -115,14 +115,15 @@ json error_body(const std::string& message, const std::string& type, const std::
                        {"param", param.empty() ? json(nullptr) : json(param)}, {"code", nullptr}}}};
 }
 
-// A completion's id: 96 random bits, so that ids do not repeat across restarts of the server.
+// A completion's id: 96 random bits from the system's entropy source (std::random_device,
+// /dev/urandom on Linux), so that ids do not repeat across restarts of the server.
 std::string completion_id() {
-    static std::mt19937_64 bits{std::random_device{}() ^ (std::uint64_t{std::random_device{}()} << 32)};
+    static std::random_device entropy;
     static std::mutex m;
     std::lock_guard<std::mutex> lock(m);
     char out[32];
-    std::snprintf(out, sizeof out, "cmpl-%08x%016llx", static_cast<unsigned>(bits() >> 32),
-                  static_cast<unsigned long long>(bits()));
+    std::snprintf(out, sizeof out, "cmpl-%08x%08x%08x", static_cast<unsigned>(entropy()),
+                  static_cast<unsigned>(entropy()), static_cast<unsigned>(entropy()));
     return out;
 }
 
