@@ -151,7 +151,7 @@ for t in threads:
 check(all(t[0] == 200 and t[2] for t in together), "16 concurrent streams all end with [DONE]")
 check([t[1] for t in together] == alone, "16 concurrent clients get the texts they get alone")
 m = s.metrics()
-check(m["serve_kv_blocks_free"] == m["serve_kv_blocks_total"] and m["serve_running_sequences"] == 0,
+check(m["serve_kv_blocks_free"] == m["serve_kv_blocks_capacity"] and m["serve_running_sequences"] == 0,
       "after them the pool is whole and nothing runs")
 
 # --- bad input: 400 naming the field, and the server goes on --------------------------------
@@ -237,8 +237,8 @@ while time.time() < deadline:
     if m["serve_running_sequences"] == 0 and m["serve_waiting_requests"] == 0:
         break
     time.sleep(0.1)
-check(m["serve_kv_blocks_free"] == m["serve_kv_blocks_total"] and m["serve_running_sequences"] == 0,
-      f"after 200 disconnects the pool is whole ({m['serve_kv_blocks_free']:.0f} of {m['serve_kv_blocks_total']:.0f} free)")
+check(m["serve_kv_blocks_free"] == m["serve_kv_blocks_capacity"] and m["serve_running_sequences"] == 0,
+      f"after 200 disconnects the pool is whole ({m['serve_kv_blocks_free']:.0f} of {m['serve_kv_blocks_capacity']:.0f} free)")
 check(m["serve_disconnects_total"] == 200, f"all 200 were ended early, not run to the end ({m['serve_disconnects_total']:.0f})")
 check(m["serve_tokens_total"] < 200 * 26, f"and their tokens were not all computed ({m['serve_tokens_total']:.0f} of 5200)")
 s.stop()

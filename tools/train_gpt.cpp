@@ -4,7 +4,9 @@
 //   train_gpt --recipe tiny --max-iters 50     a run of seconds
 //   train_gpt --resume out                     go on from out/checkpoint
 //   train_gpt --init DIR --dump-grads grads    one step's gradients, to compare with PyTorch
+//   train_gpt --recompute blocks               keep only each block's input, recompute the rest
 //   train_gpt --recipe shakespeare --device cuda   nanoGPT's GPU recipe
+//   train_gpt --grad-accum 4                   4 batches a step, their gradients added (one update)
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
 //   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
 //   train_gpt --ranks 4 --shard gradients      ... and its shard of the gradients too (ZeRO 2)
@@ -13,9 +15,13 @@
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
-// stderr and a non-zero exit status; with ranks, one line for the whole job.
+// stderr and a non-zero exit status; with ranks, one line for the whole job. A rank that
+// fails mid-run (an error anywhere, in the passes' threads too), is killed, or freezes (no
+// step ends within --collective-timeout, 300 s by default) ends the job in one line that
+// names the rank and the checkpoint to go on from with --resume.
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
+#include "attn/fault.hpp"
 #include "attn/run_control.hpp"
 #include "attn/threads.hpp"
 #include "attn/trainer.hpp"
@@ -28,6 +34,7 @@
 #include "attn/mpi/data_parallel.hpp"
 #include "attn/mpi/launch.hpp"
 #include "attn/mpi/tensor_parallel.hpp"
+#include "attn/mpi/watchdog.hpp"
 #include "attn/mpi/world.hpp"
 #include "attn/mpi/zero.hpp"
 #endif
@@ -73,6 +80,7 @@ struct Flags {
     bool tf32 = false;
     std::string attention = "materialised";
     std::string precision = "fp32";
+    std::string recompute = "none";  // --recompute: what the backward pass computes again
     bool no_causal_mask = false;
     std::string position;  // empty: the recipe's (learned)
     bool no_attention_scale = false;
@@ -85,12 +93,17 @@ struct Flags {
     int ranks = 0;           // --ranks N: start N processes under mpirun (0: not given)
     std::optional<int> batch_size;  // --batch-size: sequences per step (not given: the recipe's)
     bool batch_per_rank = false;    // --batch-per-rank: that batch on each rank, not shared
+    int grad_accum = 0;             // --grad-accum N: micro-batches per step (0: not given, one)
     std::string allreduce;   // how the ranks sum their gradients (empty: not given)
     std::string shard;       // --shard optimizer|gradients|parameters: ZeRO stage 1, 2 or 3 (empty: plain data parallelism)
     int tensor_parallel = 0; // --tensor-parallel N: every block split over N ranks (0: none)
     std::optional<double> bucket_cap_mb, first_bucket_mb;  // --bucket-cap-mb, --first-bucket-mb
     bool bucket_view = false;                               // --bucket-view
+    std::optional<double> collective_timeout;  // --collective-timeout S (not given: 300 s with ranks)
 };
+
+// With ranks, a step that has not ended after this many seconds ends the job (--collective-timeout).
+constexpr double default_collective_timeout = 300.0;
 
 // This process's place in a data-parallel job: rank 0 of 1 when it trains alone.
 struct Job {
@@ -150,6 +163,25 @@ GPT with_flags(GPT model, const Flags& f) {
 }
 
 // A size in megabytes from 0 to a million (the bucket caps).
+// --collective-timeout's seconds: 0 (no watchdog) or a positive, finite number.
+CLI::Validator timeout_seconds() {
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            std::size_t used = 0;
+            double seconds = -1.0;
+            try {
+                seconds = std::stod(value, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != value.size() || used == 0 || !(seconds >= 0.0 && seconds <= 1e9)) {
+                return "expected seconds from 0 (wait for ever) to 1e9, got '" + value + "'";
+            }
+            return "";
+        },
+        "SECONDS");
+}
+
 CLI::Validator megabytes() {
     return CLI::Validator(
         [](std::string& value) -> std::string {
@@ -200,14 +232,14 @@ int bench(Trainer& trainer, int steps) {
     const double mean = std::accumulate(ms.begin(), ms.end(), 0.0) / steps;
     std::sort(ms.begin(), ms.end());  // the median: one step delayed by another process moves it least
     const double median = steps % 2 ? ms[ms.size() / 2] : 0.5 * (ms[ms.size() / 2 - 1] + ms[ms.size() / 2]);
-    const double tokens = static_cast<double>(c.batch_size) * c.block_size * 1e3 / median;
+    const double tokens = static_cast<double>(c.grad_accum) * c.batch_size * c.block_size * 1e3 / median;
     std::printf("bench: recipe %s (%d layers, %d heads, %d channels, block %d, vocabulary %d, "
-                "bias %s, dropout %g), B=%d, T=%d, %d steps: %.1f ms/step (median; mean %.1f), "
-                "%.0f tokens/s\n",
+                "bias %s, dropout %g), B=%d, T=%d, %d micro-batch%s a step, %d steps: %.1f ms/step "
+                "(median; mean %.1f), %.0f tokens/s\n",
                 c.recipe.c_str(), c.n_layer, c.n_head, c.n_embd, c.block_size,
                 trainer.model().config().vocab_size, c.bias ? "on" : "off",
-                static_cast<double>(c.dropout), c.batch_size, c.block_size, steps, median, mean,
-                tokens);
+                static_cast<double>(c.dropout), c.batch_size, c.block_size, c.grad_accum,
+                c.grad_accum == 1 ? "" : "es", steps, median, mean, tokens);
     return 0;
 }
 
@@ -297,9 +329,17 @@ std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model, b
         if (speaks) std::cerr << "train_gpt: --device auto: " << why << "; training on the CPU\n";
         return std::string("cpu");
     };
+    if (f.grad_accum > 1) {
+        return fall_back("--grad-accum " + std::to_string(f.grad_accum) + ": gradient accumulation adds the "
+                         "micro-batches' gradients in the CPU model (the GPU's backward pass clips at once)");
+    }
     if (f.precision != "fp32") {
         return fall_back("--precision " + f.precision + ": mixed-precision training runs on the "
                          "CPU model only (the GPU model computes in float32)");
+    }
+    if (f.recompute != "none") {
+        return fall_back("--recompute " + f.recompute + ": activation checkpointing is the CPU "
+                         "model's (the GPU model keeps every activation)");
     }
     if (f.bench > 0 && f.device == "sim") {
         throw std::invalid_argument("--bench with --device sim: the CUDA simulator checks the GPU "
@@ -361,6 +401,7 @@ TrainConfig planned_config(const Flags& f, int ranks) {
     TrainConfig config = TrainConfig::named(f.recipe);
     if (f.batch_size) config.batch_size = *f.batch_size;
     if (f.batch_per_rank) config.batch_size *= ranks;
+    if (f.grad_accum) config.grad_accum = f.grad_accum;
     if (f.max_iters) {
         config.max_iters = *f.max_iters;
         config.lr_decay_iters = std::min(config.lr_decay_iters, *f.max_iters);
@@ -377,6 +418,7 @@ TrainConfig planned_config(const Flags& f, int ranks) {
     if (f.kv_heads != 0) config.n_kv_head = f.kv_heads;
     if (f.window != 0) config.window = f.window;
     config.precision = parse_precision(f.precision);
+    config.recompute = parse_recompute(f.recompute);
     config.validate();
     return config;
 }
@@ -417,11 +459,20 @@ void check_rank_options(const Flags& f, const Job& job) {
             throw std::invalid_argument("--tensor-parallel " + std::to_string(f.tensor_parallel) + " does not divide the " +
                                         std::to_string(job.size) + " ranks into groups that split the model");
         }
+        if (f.attention == "fused") {
+            throw std::invalid_argument("--attention fused with --tensor-parallel: the tensor-parallel blocks "
+                                        "call the materialised attention only (their (B, heads, T, T) weights "
+                                        "stored); leave out --attention fused");
+        }
         if (!f.shard.empty() || !f.allreduce.empty() || bucket_options || f.batch_per_rank) {
             throw std::invalid_argument("--tensor-parallel sums the copies' gradients in one allreduce of its own: "
                                         "--shard, --allreduce, --bucket-cap-mb, --first-bucket-mb, --bucket-view and "
                                         "--batch-per-rank are plain data parallelism's");
         }
+    }
+    if (f.collective_timeout && !job.parallel() && f.ranks == 0) {
+        throw std::invalid_argument("--collective-timeout bounds how long ranks wait for each other: it "
+                                    "needs --ranks N or a start by mpirun");
     }
     if (f.first_bucket_mb && !f.bucket_cap_mb) {
         throw std::invalid_argument("--first-bucket-mb sets the first bucket apart from the others: "
@@ -435,6 +486,18 @@ void check_rank_options(const Flags& f, const Job& job) {
     if (job.parallel() && !f.dump_grads.empty()) {
         throw std::invalid_argument("--dump-grads writes one process's gradients: run it without "
                                     "mpirun");
+    }
+    if (f.grad_accum > 1 && (f.shard == "gradients" || f.shard == "parameters" || f.tensor_parallel > 0)) {
+        throw std::invalid_argument("--grad-accum adds the micro-batches' gradients in each rank's whole gradient "
+                                    "buffer before one sum, and " +
+                                    (f.tensor_parallel > 0 ? "--tensor-parallel clips each pass's gradients at once"
+                                                           : "--shard " + f.shard + " hands each block's to the ring as "
+                                                             "the backward pass finishes it") +
+                                    ": plain data parallelism or --shard optimizer");
+    }
+    if (f.grad_accum > 1 && !f.dump_grads.empty()) {
+        throw std::invalid_argument("--dump-grads writes one batch's gradients, and --grad-accum makes a step of "
+                                    "several: give one or the other");
     }
     if (job.started_by_mpirun && f.ranks > 0 && f.ranks != job.size) {
         throw std::invalid_argument("--ranks " + std::to_string(f.ranks) + " in a job that mpirun "
@@ -611,6 +674,11 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
         join_tensor_parallel(f, job, setup);
         return;
     }
+    if (!f.shard.empty() && job.size == 1) {
+        std::cerr << "train_gpt: note: --shard " << f.shard << " on one rank has no other rank to share with: "
+                  << "it keeps the whole training state, as without --shard"
+                  << (f.shard == "parameters" ? ", and two blocks' weight buffers besides" : "") << "\n";
+    }
     {
         const std::string schedule_name = f.allreduce.empty() ? "overlapped" : f.allreduce;
         const mpi::AllreduceSchedule schedule = mpi::parse_schedule(schedule_name);
@@ -662,6 +730,30 @@ void join_group(const Flags& f, const Job& job, Setup& setup) {
 }
 #endif
 
+#if ATTN_HAVE_MPI
+// Only a job of ranks can end with a rank killed and the checkpoint in question (below).
+
+// Where a run's checkpoint is: the one --resume goes on from, or the one --out will hold.
+fs::path run_checkpoint(const Flags& f) {
+    return !f.resume.empty() ? checkpoint_of(f.resume) : f.out / "checkpoint";
+}
+
+// What a killed job left: its last checkpoint, whole (written atomically) or not yet written.
+std::string checkpoint_left(const Flags& f) {
+    const fs::path dir = run_checkpoint(f);
+    const fs::path run = dir.filename() == "checkpoint" ? dir.parent_path() : dir;
+    std::ifstream in(dir / "trainer.json");
+    try {
+        const nlohmann::json j = nlohmann::json::parse(in);
+        return "the last checkpoint, " + dir.string() + " (step " +
+               std::to_string(j.at("step").get<long long>()) + "), is intact: go on with --resume " +
+               run.string();
+    } catch (const std::exception&) {
+        return "no checkpoint had been written in " + dir.string();
+    }
+}
+#endif
+
 // The work itself, once every rank has set up without an error.
 int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
     Trainer* const trainer = &*setup.trainer;
@@ -694,7 +786,9 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
               << (c.precision == Precision::fp32 ? ""
                   : std::string("products in ") + precision_name(c.precision) +
                         (trainer->scales_loss() ? " with loss scaling" : "") + "; ")
+              << (c.recompute == Recompute::none ? "" : std::string("recompute ") + recompute_name(c.recompute) + "; ")
               << "batch " << c.batch_size
+              << (c.grad_accum == 1 ? "" : " x " + std::to_string(c.grad_accum) + " micro-batches a step (gradients added, one update)")
               << ", " << c.max_iters << " steps (recipe " << c.recipe << ")\n";
 
     StopRequest stop;
@@ -703,8 +797,33 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
     options.log = &std::cout;
     options.progress = simulated ? nullptr : &std::cerr;  // its line shows tokens/s
     options.progress_is_terminal = ::isatty(2);
-    options.stop_requested = [&stop] { return stop.requested(); };
+    options.stop_requested = [&stop, &job] {
+        fault_point("step", job.rank);  // ATTN_FAULT=step:rank:n, for the checks (attn/fault.hpp)
+        return stop.requested();
+    };
+#if ATTN_HAVE_MPI
+    // With ranks, a step that does not end within --collective-timeout (a rank frozen or
+    // gone quiet) ends the job in one line that names the ranks that did not arrive.
+    const double timeout = f.collective_timeout.value_or(default_collective_timeout);
+    std::optional<mpi::Watchdog> watchdog;
+    if (job.world && job.size > 1 && timeout > 0) {
+        watchdog.emplace(timeout, [&f, &job](const std::string& why) {
+            std::cout.flush();
+            std::cerr << "train_gpt: error: rank " << job.rank << ": " << why << "; " << checkpoint_left(f)
+                      << "\n";
+            mpi::abort_job(exit_error);
+        });
+        options.stop_requested = [&stop, &job, &watchdog] {
+            watchdog->progress();
+            fault_point("step", job.rank);
+            return stop.requested();
+        };
+    }
+#endif
     const RunSummary summary = run_training(*trainer, options);
+#if ATTN_HAVE_MPI
+    if (watchdog) watchdog->stop();
+#endif
     if (summary.stopped) {
         std::cout << "stopped at step " << trainer->step() << ": checkpoint saved in "
                   << (out / "checkpoint").string() << "; go on with --resume " << out.string() << "\n";
@@ -728,7 +847,7 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
         const double n = static_cast<double>(summary.steps.size());
         std::printf("training steps alone: %.1f ms/step, %.0f tokens/s (the rest: evaluation and "
                     "checkpoints)\n",
-                    1e3 * summary.step_seconds / n, n * c.batch_size * c.block_size / summary.step_seconds);
+                    1e3 * summary.step_seconds / n, n * c.grad_accum * c.batch_size * c.block_size / summary.step_seconds);
     }
     if (setup.report_group) setup.report_group();
     if (c.precision != Precision::fp32) {
@@ -764,29 +883,6 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
     return 0;
 }
 
-#if ATTN_HAVE_MPI
-// Only a job of ranks can end with a rank killed and the checkpoint in question (below).
-
-// Where a run's checkpoint is: the one --resume goes on from, or the one --out will hold.
-fs::path run_checkpoint(const Flags& f) {
-    return !f.resume.empty() ? checkpoint_of(f.resume) : f.out / "checkpoint";
-}
-
-// What a killed job left: its last checkpoint, whole (written atomically) or not yet written.
-std::string checkpoint_left(const Flags& f) {
-    const fs::path dir = run_checkpoint(f);
-    const fs::path run = dir.filename() == "checkpoint" ? dir.parent_path() : dir;
-    std::ifstream in(dir / "trainer.json");
-    try {
-        const nlohmann::json j = nlohmann::json::parse(in);
-        return "the last checkpoint, " + dir.string() + " (step " +
-               std::to_string(j.at("step").get<long long>()) + "), is intact: go on with --resume " +
-               run.string();
-    } catch (const std::exception&) {
-        return "no checkpoint had been written in " + dir.string();
-    }
-}
-#endif
 
 // --ranks N: this program again, as N ranks under mpirun on this machine. Each rank makes
 // the checks below too; made here first, a mistake costs no start of mpirun. A rank that
@@ -807,7 +903,9 @@ int launch_ranks(const Flags& f, int argc, char** argv) {
     const mpi::LaunchResult result =
         mpi::run_ranks(mpi::this_program(), std::vector<std::string>(argv + 1, argv + argc), options);
     if (result.status == 0) return 0;
-    if (result.signal == 0 && result.failed_rank < 0 && result.status < 128) return result.status;
+    // A rank that ended the job with an error (MPI_Abort) has said why, and where to go on
+    // from, in its own line; one killed cannot, so this process does.
+    if (result.signal == 0 && result.status < 128) return result.status;
     std::cerr << "train_gpt: " << mpi::describe_end(result, f.ranks) << "; " << checkpoint_left(f)
               << "\n";
     return exit_error;
@@ -938,6 +1036,14 @@ int main(int argc, char** argv) {
                    "18; fp16 with dynamic loss scaling); on the CPU only")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
         ->excludes(resume);  // a resumed run keeps its checkpoint's precision
+    app.add_option("--recompute", f.recompute,
+                   "none (the default: every activation kept), attention (the attention weights "
+                   "recomputed in the backward pass, Megatron's selective recomputation) or blocks "
+                   "(only each block's input kept, its forward pass run again before its backward "
+                   "pass, Chen et al. 2016): less memory, the same gradients bit for bit; on the "
+                   "CPU only (lesson 21)")
+        ->check(CLI::IsMember({"none", "attention", "blocks"}))
+        ->excludes(resume);  // a resumed run keeps its checkpoint's
     app.add_option("--bench", f.bench, "time N training steps (no evaluation, no files) and exit")
         ->check(whole_number_at_least(1))
         ->excludes(dump_grads);  // each ends the program: one of them would be ignored
@@ -952,9 +1058,17 @@ int main(int argc, char** argv) {
                    "CPU model); on several machines start train_gpt with mpirun instead")
         ->check(whole_number_at_least(1));
     app.add_option("--batch-size", f.batch_size,
-                   "sequences per step (default: the recipe's; with ranks, shared by them)")
+                   "sequences per step, per micro-batch with --grad-accum (default: the recipe's; with "
+                   "ranks, shared by them)")
         ->check(whole_number_at_least(1))
         ->excludes(resume);
+    app.add_option("--grad-accum", f.grad_accum,
+                   "N micro-batches of the batch a step, their gradients added before one clipping and "
+                   "update: one process's step on a batch N times larger, with one batch's activations "
+                   "(nanoGPT's gradient_accumulation_steps; with ranks summed once, after the last, as "
+                   "DDP's no_sync; the CPU model; lesson 19)")
+        ->check(whole_number_at_least(1))
+        ->excludes(resume);  // a resumed run keeps its checkpoint's
     app.add_flag("--batch-per-rank", f.batch_per_rank,
                  "with ranks: each rank trains on a whole batch of its own, so the step's batch is "
                  "the ranks times it (torchrun's habit) instead of one batch shared by them")
@@ -984,6 +1098,12 @@ int main(int argc, char** argv) {
                    "with --bucket-cap-mb: the first bucket's size, smaller so that the first sum "
                    "starts early (DDP: 1 MiB then 25 MiB)")
         ->check(megabytes());
+    app.add_option("--collective-timeout", f.collective_timeout,
+                   "with ranks: a training step that has not ended after S seconds (a rank frozen or "
+                   "gone quiet, which would keep the others waiting for ever) ends the job in one line "
+                   "naming the ranks that did not arrive, and the checkpoint to resume from "
+                   "(default 300; 0: wait for ever)")
+        ->check(timeout_seconds());
     app.add_flag("--bucket-view", f.bucket_view,
                  "with ranks: sum the gradients in place, range by range, instead of copying each "
                  "bucket into a buffer and the sum back (DDP's gradient_as_bucket_view)");
@@ -1041,12 +1161,16 @@ int main(int argc, char** argv) {
 #endif
     } catch (const std::exception& e) {
         std::cout.flush();
-        std::cerr << "train_gpt: error: "
-                  << (job.size > 1 ? "rank " + std::to_string(job.rank) + ": " : "") << e.what() << "\n";
 #if ATTN_HAVE_MPI
-        // The other ranks may be waiting for this one in a collective call: end them all.
-        if (job.size > 1) mpi::abort_job(exit_error);
+        // The other ranks may be waiting for this one in a collective call: end them all,
+        // in one line that says where the run can go on from.
+        if (job.size > 1) {
+            std::cerr << "train_gpt: error: rank " << job.rank << ": " << e.what() << "; " << checkpoint_left(f)
+                      << "\n";
+            mpi::abort_job(exit_error);
+        }
 #endif
+        std::cerr << "train_gpt: error: " << e.what() << "\n";
         return exit_error;
     }
 }

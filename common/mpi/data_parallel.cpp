@@ -1,6 +1,7 @@
 // Data parallelism over MPI: gradient buckets summed while the backward pass runs.
 #include "attn/mpi/data_parallel.hpp"
 
+#include "attn/fault.hpp"
 #include "attn/gpt.hpp"
 
 #include <algorithm>
@@ -102,6 +103,7 @@ void DataParallel::begin_gradients(GPT& model, double share) {
     requests_.clear();
     started_ = 0;
     model.set_gradient_ready_hook([this, &model](int block) {
+        fault_point("bucket", rank());
         // A bucket's sum starts when the backward pass has finished its last block.
         if (started_ >= plan_buckets_.size() || plan_buckets_[started_].last != block) return;
         std::vector<float> none;
@@ -176,6 +178,8 @@ void DataParallel::finish_gradients(GPT& model) {
         }
     }
     timing_.exposed_seconds = MPI_Wtime() - backward_end;
+    ++gradient_sums_;
+    allreduce_calls_ += timing_.allreduce_calls;
 }
 
 double DataParallel::sum(double value) {

@@ -3,6 +3,7 @@
 // MPI_Sendrecv that count what they send.
 #include "attn/mpi/zero.hpp"
 
+#include "attn/fault.hpp"
 #include "attn/gpt.hpp"
 
 #include <algorithm>
@@ -220,6 +221,7 @@ void ShardedGradients::begin_gradients(GPT& model, double share) {
 
 //! [stage2]
 void ShardedGradients::take(const GPT& model, int bucket, float* gradients) {
+    fault_point("take", rank());
     const std::vector<GradientBucket>& buckets = model.gradient_buckets();
     const std::size_t n = buckets[static_cast<std::size_t>(bucket)].size;
     for (std::size_t i = 0; i < n; ++i) gradients[i] *= share_;  // this rank's part of the mean
@@ -441,6 +443,9 @@ private:
             std::size_t sent = 0;
             std::exception_ptr error;
             try {
+                int rank = 0;
+                MPI_Comm_rank(comm_, &rank);
+                fault_point("gather", rank);
                 sent = ring_all_gather(r.data, r.n, comm_);
             } catch (...) {
                 error = std::current_exception();

@@ -79,6 +79,8 @@ void TrainConfig::validate() const {
         if (!ok) throw std::invalid_argument(what);
     };
     check(batch_size >= 1, "batch_size must be at least 1, got " + std::to_string(batch_size));
+    check(grad_accum >= 1 && grad_accum <= 65536,
+          "grad_accum must be between 1 and 65536, got " + std::to_string(grad_accum));
     check(max_iters >= 1, "max_iters must be at least 1, got " + std::to_string(max_iters));
     check(std::isfinite(learning_rate) && learning_rate >= 0,
           "learning_rate must be finite and not negative");
@@ -129,6 +131,7 @@ json config_to_json(const TrainConfig& c) {
             {"n_kv_head", c.n_kv_head},
             {"window", c.window},
             {"batch_size", c.batch_size},
+            {"grad_accum", c.grad_accum},
             {"max_iters", c.max_iters},
             {"learning_rate", c.learning_rate},
             {"min_lr", c.min_lr},
@@ -143,7 +146,8 @@ json config_to_json(const TrainConfig& c) {
             {"seed", c.seed},
             {"precision", precision_name(c.precision)},
             {"loss_scaling", c.loss_scaling},
-            {"initial_loss_scale", c.initial_loss_scale}};
+            {"initial_loss_scale", c.initial_loss_scale},
+            {"recompute", recompute_name(c.recompute)}};
 }
 
 template <class T>
@@ -180,6 +184,7 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
     c.n_kv_head = j.contains("n_kv_head") ? field<int>(j, "n_kv_head", file) : 0;
     c.window = j.contains("window") ? field<int>(j, "window", file) : 0;
     c.batch_size = field<int>(j, "batch_size", file);
+    c.grad_accum = j.contains("grad_accum") ? field<int>(j, "grad_accum", file) : 1;  // optional: one batch a step
     c.max_iters = field<std::int64_t>(j, "max_iters", file);
     c.learning_rate = field<double>(j, "learning_rate", file);
     c.min_lr = field<double>(j, "min_lr", file);
@@ -201,6 +206,13 @@ TrainConfig config_from_json(const json& j, const fs::path& file) {
     }
     c.loss_scaling = j.contains("loss_scaling") ? field<bool>(j, "loss_scaling", file) : true;
     if (j.contains("initial_loss_scale")) c.initial_loss_scale = field<double>(j, "initial_loss_scale", file);
+    if (j.contains("recompute")) {  // optional: none
+        try {
+            c.recompute = parse_recompute(field<std::string>(j, "recompute", file));
+        } catch (const std::invalid_argument& e) {
+            throw CheckpointError(file.string() + ": " + e.what());
+        }
+    }
     try {
         c.validate();
     } catch (const std::invalid_argument& e) {
@@ -280,6 +292,7 @@ void Trainer::finish_setup(bool from_weights) {
     optimizer_.beta2 = config_.beta2;
     optimizer_.weight_decay = config_.weight_decay;
     model_.set_precision(config_.precision);
+    model_.set_recompute(config_.recompute);
     scaler_.scale = config_.initial_loss_scale;  // Trainer::load then restores the run's
     model_.train(true);
 }
@@ -307,14 +320,17 @@ StepRecord Trainer::train_step() {
     r.step = step_;
     r.lr = learning_rate(step_);
     Rng rng_before = batch_rng_;
-    sample_batch(data_.train, static_cast<std::size_t>(B), static_cast<std::size_t>(T),
-                 batch_rng_, x_, y_);
     // Dropout masks depend on the seed and the step only, so a resumed run draws the same ones.
     const std::uint64_t dropout_seed =
         config_.seed * 0x9E3779B97F4A7C15ull + static_cast<std::uint64_t>(step_);
     // Each stage runs on the GPU when one is attached (lesson 12), else here on the CPU.
-    r.loss = device_ ? device_->loss(x_.data(), y_.data(), B, T, true, dropout_seed)
-                     : cpu_loss(dropout_seed);
+    if (device_) {
+        sample_batch(data_.train, static_cast<std::size_t>(B), static_cast<std::size_t>(T),
+                     batch_rng_, x_, y_);
+        r.loss = device_->loss(x_.data(), y_.data(), B, T, true, dropout_seed);
+    } else {
+        r.loss = cpu_forward_micro_batches(dropout_seed);
+    }
     if (!std::isfinite(r.loss)) {
         batch_rng_ = rng_before;
         throw TrainingDiverged("the loss became " + describe(r.loss) + " at step " +
@@ -351,6 +367,11 @@ float Trainer::first_batch_gradients(std::vector<int>& x, std::vector<int>& y,
         throw std::invalid_argument("the first batch's gradients are dumped by one process: "
                                     "run it without a data-parallel group");
     }
+    if (config_.grad_accum > 1) {
+        throw std::invalid_argument("the first batch's gradients are one batch's, and a step of grad_accum " +
+                                    std::to_string(config_.grad_accum) + " is " +
+                                    std::to_string(config_.grad_accum) + " batches: dump them with grad_accum 1");
+    }
     const int B = config_.batch_size, T = config_.block_size;
     first_batch(x, y);
     const float unclipped = std::numeric_limits<float>::infinity();
@@ -363,8 +384,10 @@ float Trainer::first_batch_gradients(std::vector<int>& x, std::vector<int>& y,
     }
     model_.train(false);  // no dropout: PyTorch's model.eval() computes the same gradients
     loss = model_.forward(x.data(), y.data(), B, T);
-    StepRecord record;
-    cpu_backward(scales_loss() ? static_cast<float>(scaler_.scale) : 1.0f, record);
+    const float scale = scales_loss() ? static_cast<float>(scaler_.scale) : 1.0f;
+    model_.zero_grad();
+    cpu_backward(scale, false);
+    cpu_unscale(scale);
     model_.train(true);
     grads = model_.gradients();
     model_.zero_grad();
@@ -380,48 +403,64 @@ std::pair<int, int> batch_share(int B, int rank, int ranks) {
     return {at(rank), at(rank + 1)};
 }
 
-float Trainer::cpu_loss(std::uint64_t dropout_seed) {
+double Trainer::cpu_loss(std::uint64_t dropout_seed, int k) {
+    const int B = config_.batch_size, T = config_.block_size;
+    // Micro-batch k: the next B sequences of the batch source, the sequences k·B … k·B + B − 1
+    // of the step's N·B.
+    sample_batch(data_.train, static_cast<std::size_t>(B), static_cast<std::size_t>(T), batch_rng_, x_, y_);
+    // Every micro-batch's dropout masks are those of its sequences in one batch of N·B: the
+    // step's seed, and their places in that batch.
     model_.seed_dropout(dropout_seed);
     model_.train(true);
-    const int B = config_.batch_size, T = config_.block_size;
-    if (!group_) return model_.forward(x_.data(), y_.data(), B, T);
-    // This process's sequences of the batch, and the whole batch's mean loss: the processes'
-    // means weighted by their shares.
+    // The backward pass divides by the whole batch's positions, B·T, in every process (not
+    // by its own b·T, then weighted by b/B): the gradients entering the products are one
+    // process's, whatever the shares, so that rounding them (mixed precision) rounds alike.
+    model_.set_whole_batch(group_ ? B : 0);
+    if (!group_) {
+        model_.set_batch_offset(k * B);
+        return model_.forward(x_.data(), y_.data(), B, T);
+    }
+    // This process's sequences of the batch, and its mean loss weighted by its share, so
+    // that the processes' numbers sum to the whole batch's mean loss.
     const auto [b0, b1] = batch_share(B, group_->rank(), group_->size());
-    model_.set_batch_offset(b0);
+    model_.set_batch_offset(k * B + b0);
     const float local = model_.forward(x_.data() + b0 * T, y_.data() + b0 * T, b1 - b0, T);
-    return static_cast<float>(group_->sum(static_cast<double>(b1 - b0) / B * local));
+    return static_cast<double>(b1 - b0) / B * local;
 }
 
-bool Trainer::cpu_backward(float loss_scale, StepRecord& record) {
+//! [accumulate]
+float Trainer::cpu_forward_micro_batches(std::uint64_t dropout_seed) {
+    const int N = config_.grad_accum;
+    // Each pass's loss is 1/N of the step's, so the gradients added over the N passes are
+    // those of the mean over the N·B·T positions (with loss scaling, times the scale).
+    const float factor = (scales_loss() ? static_cast<float>(scaler_.scale) : 1.0f) / static_cast<float>(N);
     model_.zero_grad();
-    if (group_) {
-        const auto [b0, b1] = batch_share(config_.batch_size, group_->rank(), group_->size());
-        group_->begin_gradients(model_, static_cast<double>(b1 - b0) / config_.batch_size);
+    rounding_at_step_ = model_.gradient_rounding();
+    double loss = 0.0;
+    for (int k = 0; k < N; ++k) {
+        loss += cpu_loss(dropout_seed, k);
+        // Not the last: its gradients stay in this process (no sum over the group).
+        if (k + 1 < N) cpu_backward(factor, false);
     }
-    const RoundingCounts before = model_.gradient_rounding();
-    model_.backward(loss_scale);
-    if (group_) group_->finish_gradients(model_);  // the whole batch's, in every process
-    record.rounded_gradients = model_.gradient_rounding().values - before.values;
-    record.flushed_gradients = model_.gradient_rounding().flushed - before.flushed;
-    record.subnormal_gradients = model_.gradient_rounding().subnormal - before.subnormal;
-    record.loss_scale = loss_scale;
-    if (loss_scale == 1.0f) return true;
-    // Back to the true gradients, in float32 (a power of two: exact). A scale too large
-    // shows as an infinity: a product's input beyond float16's 65504.
-    std::vector<float>& g = model_.gradients();
-    const float unscale = 1.0f / loss_scale;
-    bool finite = true;
-    for (float& x : g) {
-        x *= unscale;
-        finite = finite && std::isfinite(x);
-    }
-    return finite;
+    // The processes' losses summed once a step, as their gradients will be.
+    if (group_) loss = group_->sum(loss);
+    return static_cast<float>(loss / N);
 }
 
 bool Trainer::cpu_backward_and_clip(float max_norm, StepRecord& record) {
     const bool scaling = scales_loss();
-    const bool finite = cpu_backward(scaling ? static_cast<float>(scaler_.scale) : 1.0f, record);
+    const float scale = scaling ? static_cast<float>(scaler_.scale) : 1.0f;
+    // The last micro-batch's backward pass, and then the one sum over the group: of every
+    // micro-batch's gradients at once.
+    cpu_backward(scale / static_cast<float>(config_.grad_accum), true);
+    //! [accumulate]
+    model_.set_batch_offset(group_ ? batch_share(config_.batch_size, group_->rank(), group_->size()).first : 0);
+    const RoundingCounts& now = model_.gradient_rounding();
+    record.rounded_gradients = now.values - rounding_at_step_.values;
+    record.flushed_gradients = now.flushed - rounding_at_step_.flushed;
+    record.subnormal_gradients = now.subnormal - rounding_at_step_.subnormal;
+    record.loss_scale = scale;
+    const bool finite = cpu_unscale(scale);
     if (scaling && !scaler_.update(finite)) {
         record.skipped = true;
         record.grad_norm = std::numeric_limits<float>::infinity();
@@ -429,6 +468,30 @@ bool Trainer::cpu_backward_and_clip(float max_norm, StepRecord& record) {
     }
     record.grad_norm = group_ ? group_->clip_gradients(model_, max_norm) : clip_grad_norm(model_, max_norm);
     return true;
+}
+
+void Trainer::cpu_backward(float factor, bool sum) {
+    if (sum && group_) {
+        // Each process's gradients are its part of the whole batch's mean already (cpu_loss
+        // divides by the whole batch's positions): the group sums them as they are.
+        group_->begin_gradients(model_, 1.0);
+    }
+    model_.backward(factor);
+    if (sum && group_) group_->finish_gradients(model_);  // the whole batch's, in every process
+}
+
+bool Trainer::cpu_unscale(float unscale) {
+    if (unscale == 1.0f) return true;
+    // Back to the true gradients, in float32 (a power of two: exact). A scale too large
+    // shows as an infinity: a product's input beyond float16's 65504.
+    std::vector<float>& g = model_.gradients();
+    const float inverse = 1.0f / unscale;
+    bool finite = true;
+    for (float& x : g) {
+        x *= inverse;
+        finite = finite && std::isfinite(x);
+    }
+    return finite;
 }
 
 void Trainer::cpu_adamw_step(float lr) {
@@ -444,10 +507,19 @@ void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
         throw std::invalid_argument("data parallelism over processes trains on the CPU: a device "
                                     "cannot be attached to a trainer in a group");
     }
+    if (device && config_.grad_accum > 1) {
+        throw std::invalid_argument("gradient accumulation (grad_accum " + std::to_string(config_.grad_accum) +
+                                    ") adds the micro-batches' gradients in the CPU model: a device's backward "
+                                    "pass clips its gradients at once");
+    }
     if (device && config_.precision != Precision::fp32) {
         throw std::invalid_argument(std::string("mixed precision (") +
                                     precision_name(config_.precision) +
                                     ") trains on the CPU only: the GPU model computes in float32");
+    }
+    if (device && config_.recompute != Recompute::none) {
+        throw std::invalid_argument(std::string("recomputation (") + recompute_name(config_.recompute) +
+                                    ") is the CPU model's: a device keeps every activation");
     }
     sync_from_device();
     device_ = std::move(device);
@@ -563,6 +635,12 @@ void Trainer::use_group(std::shared_ptr<DataParallelGroup> group) {
                                     ") looks for an overflow in every gradient, and with the optimizer "
                                     "state sharded each process holds only its shard of them: train "
                                     "in bf16 or fp32");
+    }
+    if (group && config_.grad_accum > 1 && !group->accumulates_in_model()) {
+        throw std::invalid_argument("gradient accumulation (grad_accum " + std::to_string(config_.grad_accum) +
+                                    ") adds the micro-batches' gradients in the model before one sum, and this "
+                                    "group sums each block's as the backward pass finishes it (ZeRO stages 2 "
+                                    "and 3): shard the optimizer only, or take one batch a step");
     }
     // The whole weights back from a group that kept them (ZeRO stage 3): a collective call.
     model_.set_weight_source({});
@@ -973,7 +1051,7 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
         if (!options.out_dir.empty()) trainer.save(checkpoint);
     };
 
-    ProgressLine progress(c.max_iters, static_cast<std::int64_t>(c.batch_size) * c.block_size);
+    ProgressLine progress(c.max_iters, static_cast<std::int64_t>(c.grad_accum) * c.batch_size * c.block_size);
     while (!trainer.done()) {
         if (trainer.step() % c.eval_interval == 0) evaluate();
         const auto t0 = clock::now();

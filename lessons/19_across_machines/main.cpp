@@ -112,14 +112,15 @@ Sizes sizes(bool quick) {
 
 // The recipe data parallelism trains: nanoGPT's CPU recipe (batch 12: shared 12, 6 + 6 or
 // 3 + 3 + 3 + 3), or with --quick the tiny one with a batch of 8.
-#ifdef ATTN_HAVE_MPI
 TrainConfig dp_recipe(const Sizes& s) {
     TrainConfig c = TrainConfig::named(s.recipe);
     if (s.quick) c.batch_size = 8;
     c.eval_iters = 2;
     return c;
 }
-#endif
+
+// The micro-batches of a step in the lesson's gradient accumulation.
+constexpr int accumulated_micro_batches = 4;
 
 // ---------------------------------------------------------------------------------------
 // Part 1, one process: the merge
@@ -170,6 +171,61 @@ void merge_by_hand() {
     std::printf("merged against all at once: largest difference %.1e; added: %.2f\n", gap, wrong_gap);
     print_claim("merge_by_hand_gap", gap < 1e-6 ? "below 1e-6" : "ABOVE 1e-6");
     print_claim("merge_by_hand_wrong_gap", wrong_gap, 2);
+}
+
+// Gradient accumulation in one process: 4 micro-batches of B, their gradients added, against
+// one batch of 4B on the same sequences, from the same weights.
+void gradient_accumulation(const Sizes& s, const fs::path& corpus) {
+    const int N = accumulated_micro_batches;
+    //! [accumulate_use]
+    TrainConfig micro = dp_recipe(s);
+    micro.grad_accum = N;      // N micro-batches of batch_size a step (nanoGPT's gradient_accumulation_steps)
+    micro.grad_clip = 0.0f;    // the gradients compared as the passes leave them
+    TrainConfig large = micro;
+    large.grad_accum = 1;
+    large.batch_size = N * micro.batch_size;  // the same sequences in one batch
+    //! [accumulate_use]
+    print_heading("Gradient accumulation: " + std::to_string(N) + " micro-batches of " +
+                  std::to_string(micro.batch_size) + " against one batch of " + std::to_string(large.batch_size));
+    const TextDataset data = make_dataset(read_corpus(corpus));
+    Trainer accumulated(micro, data), one_batch(large, data);  // the same weights and batch source
+    const StepRecord a = accumulated.train_step(), b = one_batch.train_step();
+    const std::vector<float>& ga = accumulated.model().gradients();
+    const std::vector<float>& gb = one_batch.model().gradients();
+    double largest = 0.0;
+    for (float g : gb) largest = std::max(largest, std::fabs(static_cast<double>(g)));
+    const double gap = max_abs_diff(ga, gb) / largest;
+    // Higham's γ_n = n·u/(1 − n·u): one float32 sum of n terms, in any order, is within γ_{n−1}
+    // of the sum of their magnitudes; the weights' gradients end with a sum over the rows.
+    const double rows = static_cast<double>(large.batch_size) * large.block_size, u = 0x1p-24;
+    const double gamma = rows * u / (1.0 - rows * u);
+    const double mib_a = static_cast<double>(accumulated.memory_use().activations) / (1 << 20);
+    const double mib_b = static_cast<double>(one_batch.memory_use().activations) / (1 << 20);
+    std::printf("the %s recipe, one step from the same weights on the same %d sequences, unclipped\n\n",
+                micro.recipe.c_str(), large.batch_size);
+    std::printf("%-34s  %12s  %13s  %11s\n", "", "loss", "gradient norm", "activations");
+    char label[64];
+    std::snprintf(label, sizeof label, "%d micro-batches of %d, added", N, micro.batch_size);
+    std::printf("%-34s  %12.7f  %13.7f  %7.1f MiB\n", label, static_cast<double>(a.loss),
+                static_cast<double>(a.grad_norm), mib_a);
+    std::snprintf(label, sizeof label, "one batch of %d", large.batch_size);
+    std::printf("%-34s  %12.7f  %13.7f  %7.1f MiB\n", label, static_cast<double>(b.loss),
+                static_cast<double>(b.grad_norm), mib_b);
+    char gap_text[32], gamma_text[32];
+    std::snprintf(gap_text, sizeof gap_text, "%.1e", gap);
+    std::snprintf(gamma_text, sizeof gamma_text, "%.1e", gamma);
+    std::printf("\nlargest gradient gap: %s of the largest gradient; gamma_n of one float32 sum over the\n"
+                "n = %.0f rows of the batch: %s (the sums before it add their own terms to n)\n",
+                gap_text, rows, gamma_text);
+    print_claim("accum_micro_batches", std::to_string(N));
+    print_claim("accum_batch", std::to_string(micro.batch_size));
+    print_claim("accum_large_batch", std::to_string(large.batch_size));
+    print_claim("accum_rows", std::to_string(static_cast<long long>(rows)));
+    print_claim("accum_gap", gap_text);
+    print_claim("accum_gamma", gamma_text);
+    print_claim("accum_activations_mib", mib_a, 1);
+    print_claim("accum_large_activations_mib", mib_b, 1);
+    print_claim("accum_activations_ratio", mib_b / mib_a, 2);
 }
 
 // The causal blocks each rank computes, for a split of 2N (zigzag) or N (contiguous) pieces.
@@ -280,6 +336,18 @@ void data_parallel_part(const Part& part) {
     }
     part.say("identical", {identical ? 1.0 : 0.0});
     part.say("parameters", {static_cast<double>(trainer.model().parameters().size())});
+    {
+        // One step of 4 micro-batches: their gradients stay on each rank, summed once after
+        // the last (DDP's no_sync); the group counts its sums and allreduce calls.
+        TrainConfig accumulating = config;
+        accumulating.grad_accum = accumulated_micro_batches;
+        Trainer accumulated(accumulating, data);
+        auto counted = std::make_shared<mpi::DataParallel>(mpi::AllreduceSchedule::overlapped);
+        accumulated.use_group(counted);
+        accumulated.train_step();
+        part.say("accumulated", {static_cast<double>(counted->gradient_sums()),
+                                 static_cast<double>(counted->allreduce_calls())});
+    }
 
     for (const SumPlan& sums : sum_plans()) {
         auto timed = std::make_shared<mpi::DataParallel>(sums.schedule, sums.plan);
@@ -579,6 +647,16 @@ DataParallelPoints data_parallel(const Launcher& launcher) {
     print_claim("dp_weight_gap", worst_weight < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
     print_claim("dp_identical", all_identical ? "yes" : "no");
     print_claim("dp_parameters", std::to_string(static_cast<long long>(points.P)));
+    {
+        const std::vector<double>& acc = need(points.by_ranks[2], "accumulated");
+        const double per_batch = need(points.by_ranks[2], "time_overlapped")[3];
+        std::printf("\none step of %d micro-batches on 2 ranks: %.0f gradient sum, %.0f allreduce calls (one batch a\n"
+                    "step: %.0f; a sum after every micro-batch would make %.0f)\n",
+                    accumulated_micro_batches, acc[0], acc[1], per_batch, accumulated_micro_batches * per_batch);
+        print_claim("accum_sums_2", acc[0], 0);
+        print_claim("accum_calls_2", acc[1], 0);
+        print_claim("accum_calls_every_2", accumulated_micro_batches * per_batch, 0);
+    }
 
     print_heading("Summing the gradients: bucket by bucket during the backward pass, or once after it");
     std::printf("median of %d steps, milliseconds; the slowest rank's each time. 'exposed' is the wait for\n"
@@ -927,6 +1005,7 @@ void lesson(const LessonOptions& options) {
     const Sizes s = sizes(options.quick);
     merge_by_hand();
     causal_blocks(options);
+    gradient_accumulation(s, fs::absolute(options.corpus()));
 #ifdef ATTN_HAVE_MPI
     Launcher launcher{s, fs::absolute(options.corpus()), {}};
     // The corpus is checked here, in one process: a text too short is refused in one line

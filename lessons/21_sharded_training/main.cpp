@@ -150,6 +150,102 @@ void this_model_measured() {
     print_claim("measured_activations_ratio", activations / state, 1);
 }
 
+// The activations again, under each recomputation (GPT::set_recompute): the bytes kept,
+// measured as above; the time of a step, measured side by side (the modes take turns, step
+// after step, so that a busy machine slows them alike) as a ratio to keeping everything; and
+// the extra floating-point work by formula. Every mode's gradients are the same bit for bit
+// (tests/test_recompute.cpp); the losses printed here show it once more.
+void recomputation_measured(bool quick) {
+    const TrainConfig recipe = TrainConfig::named("cpu");
+    const GPTConfig c = recipe.model_config(65);
+    const int B = recipe.batch_size, T = c.block_size;
+    const int threads = num_threads();
+    set_num_threads(1);
+    struct Mode {
+        const char* name;
+        Recompute recompute;
+        AttentionKind attention;
+        std::size_t activations = 0;
+        std::vector<double> ms = {};
+        float loss = 0.0f;
+    };
+    std::vector<Mode> modes = {{"none", Recompute::none, AttentionKind::materialised},
+                               {"attention", Recompute::attention, AttentionKind::materialised},
+                               {"blocks", Recompute::blocks, AttentionKind::materialised},
+                               {"fused attention, none", Recompute::none, AttentionKind::fused},
+                               {"fused attention, attention", Recompute::attention, AttentionKind::fused}};
+    std::vector<GPT> models;
+    for (const Mode& m : modes) {
+        models.emplace_back(c, 1);
+        models.back().set_attention(m.attention);
+        models.back().set_recompute(m.recompute);
+    }
+    Rng rng(3);
+    std::vector<int> x(static_cast<std::size_t>(B) * T), y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        x[i] = static_cast<int>(rng.below(65));
+        y[i] = static_cast<int>(rng.below(65));
+    }
+    const int rounds = quick ? 2 : 8;  // the first allocates and is not timed
+    for (int r = 0; r <= rounds; ++r) {
+        for (std::size_t i = 0; i < modes.size(); ++i) {
+            GPT& model = models[i];  // set_recompute(Recompute::none, ::attention or ::blocks)
+            const auto start = std::chrono::steady_clock::now();
+            const float loss = model.forward(x, y, B, T);
+            model.zero_grad();
+            model.backward();  // the recomputation happens here
+            const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+            if (r > 0) modes[i].ms.push_back(ms);
+            modes[i].loss = loss;
+            modes[i].activations = model.memory_use().activations;
+        }
+    }
+    set_num_threads(threads);
+    // The floating-point operations of one forward pass, per token: a block's four products
+    // 2·(3C² + C² + 4C² + 4C²) = 24C², its attention 2·2·T·C (q·kᵀ and the weights times v,
+    // over every key, as the code computes them); the LM head 2·C·V. The backward pass takes
+    // twice the forward's, so a step is 3 forward passes. Recomputing the blocks adds a forward
+    // pass of the blocks; recomputing the attention, the attention's part of one.
+    const double C = c.n_embd, L = c.n_layer, V = c.vocab_size;
+    const double block = 24.0 * C * C + 4.0 * T * C, forward = L * block + 2.0 * C * V;
+    const double extra_blocks = L * block / (3.0 * forward), extra_attention = L * 4.0 * T * C / (3.0 * forward);
+    const auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+    };
+    const double mb = 1e6, base_ms = median(modes[0].ms);
+    std::printf("\nthe activations under each recomputation, the same model, batch and thread; step time the\n"
+                "median of %d steps, the modes taking turns:\n", rounds);
+    std::printf("  %-28s %12s %10s %9s %14s  %s\n", "recompute", "activations", "step ms", "vs none", "extra FLOPs",
+                "loss");
+    for (const Mode& m : modes) {
+        const double extra = m.recompute == Recompute::blocks ? extra_blocks
+                             : m.recompute == Recompute::attention && m.attention == AttentionKind::materialised
+                                 ? extra_attention
+                                 : 0.0;
+        std::printf("  %-28s %9.2f MB %10.1f %8.2fx %13.1f%%  %.6f\n", m.name, static_cast<double>(m.activations) / mb,
+                    median(m.ms), median(m.ms) / base_ms, 100.0 * extra, static_cast<double>(m.loss));
+    }
+    const auto mb_of = [&](std::size_t i) { return static_cast<double>(modes[i].activations) / mb; };
+    const auto ratio_of = [&](std::size_t i) { return median(modes[i].ms) / base_ms; };
+    // the same loss, bit for bit, for every recomputation of one attention (the fused attention
+    // rounds its sums in another order than the materialised one)
+    const bool same_loss = modes[1].loss == modes[0].loss && modes[2].loss == modes[0].loss &&
+                           modes[4].loss == modes[3].loss;
+    print_claim("recompute_none_mb", mb_of(0), 2);
+    print_claim("recompute_attention_mb", mb_of(1), 2);
+    print_claim("recompute_blocks_mb", mb_of(2), 2);
+    print_claim("recompute_fused_mb", mb_of(3), 2);
+    print_claim("recompute_blocks_fraction", 100.0 * mb_of(2) / mb_of(0), 0);
+    print_claim("recompute_attention_fraction", 100.0 * mb_of(1) / mb_of(0), 0);
+    print_claim("recompute_attention_time", ratio_of(1), 2);
+    print_claim("recompute_blocks_time", ratio_of(2), 2);
+    print_claim("recompute_blocks_flops_percent", 100.0 * extra_blocks, 0);
+    print_claim("recompute_attention_flops_percent", 100.0 * extra_attention, 1);
+    print_claim("recompute_fused_same", modes[3].activations == modes[4].activations ? "yes" : "no");
+    print_claim("recompute_losses_same", same_loss ? "yes" : "no");
+}
+
 // ---------------------------------------------------------------------------------------
 // Part 2, one process: a ring reduce-scatter and all-gather by hand
 
@@ -766,6 +862,7 @@ void lesson(const LessonOptions& options) {
     const Sizes s = sizes(options.quick);
     when_the_model_does_not_fit(options);
     this_model_measured();
+    recomputation_measured(options.quick);
     ring_by_hand(options);
 #ifdef ATTN_HAVE_MPI
     Launcher launcher{s, fs::absolute(options.corpus()), {}};

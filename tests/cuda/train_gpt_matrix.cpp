@@ -275,6 +275,10 @@ std::vector<Use> option_table() {
         fixed("--allreduce", Role::plumbing,
               "how --ranks sums the gradients (refused without ranks); tests/mpi/train_gpt_ranks_test "
               "compares both schedules with one process"),
+        fixed("--grad-accum", Role::plumbing,
+              "micro-batches whose gradients the CPU model adds before one step (with --device sim or "
+              "cuda it is refused in one line); tests/test_grad_accum.cpp and tests/mpi/grad_accum_test "
+              "compare it with one batch as many times larger, step by step"),
         fixed("--batch-per-rank", Role::plumbing,
               "gives each of --ranks its own batch (refused without ranks); "
               "tests/mpi/train_gpt_ranks_test compares 2 ranks with one process of twice the batch"),

@@ -16,9 +16,13 @@
 #include "attn/gpt.hpp"
 #include "attn/trainer.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -38,10 +42,16 @@ struct SumChains {
     double backward;  // to a weight's gradient: the forward pass to the probabilities, the
                       // backward pass down to the first block, the sum over the batch's rows
 };
+// With gradient accumulation (c.grad_accum = N micro-batches of c.batch_size) the chains are
+// those of one batch of N·batch_size: its sum over N·B·T rows is longer than the accumulated
+// side's B·T rows and then N more. That side rounds twice more: each pass's loss over N on the
+// logits' gradients (one batch divides once, by N·B·T) and each micro-batch's float loss
+// before their mean, two more terms of either chain.
 inline SumChains sum_chains(const attn::TrainConfig& c, std::size_t vocab) {
     const double V = static_cast<double>(vocab);
     const double C = c.n_embd, T = c.block_size, hs = C / c.n_head, L = c.n_layer;
-    const double rows = static_cast<double>(c.batch_size) * c.block_size;
+    const double rows = static_cast<double>(c.batch_size) * c.grad_accum * c.block_size;
+    const double accumulated = c.grad_accum > 1 ? 2 : 0;
     // A block forward: LayerNorm's mean and variance (2C), a q, k or v (C), a score (hs), the
     // softmax's sum (T), the weighted values (T), c_proj (C), LayerNorm (2C), c_fc (C), the
     // MLP's c_proj (4C).
@@ -53,7 +63,7 @@ inline SumChains sum_chains(const attn::TrainConfig& c, std::size_t vocab) {
     // T, the queries' and keys' T each), q, k, v's (3C), LayerNorm's (2C); before the blocks
     // the logits' input gradient (V) and ln_f's (2C).
     const double block_backward = C + 4 * C + 2 * C + C + (T + hs + T + T + T) + 3 * C + 2 * C;
-    return {to_probabilities + rows, to_probabilities + V + 2 * C + L * block_backward + rows};
+    return {to_probabilities + rows + accumulated, to_probabilities + V + 2 * C + L * block_backward + rows + accumulated};
 }
 
 // The largest gap/bound of one comparison over a run's steps, and where it was.
@@ -183,6 +193,20 @@ inline void compare_step(StepGaps& gaps, int t, const State& before, const attn:
 }
 
 }  // namespace detail
+
+// `from`, the checkpoint of a run of N micro-batches of B a step (TrainConfig::grad_accum), as
+// the checkpoint of the same run taking one batch of N·B a step (the same weights, moments,
+// step and batch source: the batches' sequences are the same), written to `to`.
+inline void as_one_batch(const std::filesystem::path& from, const std::filesystem::path& to) {
+    std::filesystem::remove_all(to);
+    std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+    nlohmann::json j;
+    std::ifstream(to / "trainer.json") >> j;
+    nlohmann::json& c = j.at("config");
+    c["batch_size"] = c.at("batch_size").get<int>() * c.at("grad_accum").get<int>();
+    c["grad_accum"] = 1;
+    std::ofstream(to / "trainer.json") << j.dump(2);
+}
 
 inline std::string worst(const char* name, const Worst& w) {
     return std::string(name) + format(" %.2g of its bound", w.ratio) + (w.where.empty() ? "" : " (" + w.where + ")");

@@ -34,6 +34,16 @@
 //       SIGTERM to the launcher of a 2-rank run: every rank ends its step, the checkpoint is
 //       saved, one line, exit 0, no process left, and the run resumes from it; two signals
 //       end the job at once; the launcher killed (SIGKILL) takes mpirun and the ranks along.
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR faults
+//       A rank that fails mid-run (ATTN_FAULT, attn/fault.hpp: an exception on the main
+//       thread, in an OpenMP region's master thread, on stage 3's communication thread), in
+//       generated cases (place, scheme, ranks, the failing rank and call): the job ends with
+//       exit status 1 and one line that names the rank, the cause and the checkpoint to
+//       resume from, never a backtrace, an Open MPI report or a hang.
+//   train_gpt_ranks_test TRAIN_GPT WORK_DIR freeze
+//       A rank frozen mid-run (SIGSTOP), in generated cases: the collective watchdog
+//       (--collective-timeout 5) ends the job within its timeout and 10 s more, with exit
+//       status 1 and one line naming the frozen rank and the checkpoint; no process is left.
 //   train_gpt_ranks_test compare RUN REFERENCE_RUN CORPUS [TRAIN_GPT_FLAGS...]
 //       The same comparison of two run folders (for the test across network namespaces).
 #include "step_bounds.hpp"
@@ -41,6 +51,7 @@
 #include "attn/checkpoint.hpp"
 #include "attn/data.hpp"
 #include "attn/npy.hpp"
+#include "attn/random.hpp"
 #include "attn/threads.hpp"
 #include "attn/trainer.hpp"
 
@@ -227,6 +238,7 @@ Results results_of(const fs::path& out) {
         r.config.n_embd = c.at("n_embd").get<int>();
         r.config.block_size = c.at("block_size").get<int>();
         r.config.batch_size = c.at("batch_size").get<int>();
+        r.config.grad_accum = c.value("grad_accum", 1);
         r.config.eval_iters = c.at("eval_iters").get<std::int64_t>();
         r.float32 = c.at("precision").get<std::string>() == "fp32";
         std::ifstream m(out / "checkpoint" / "config.json");
@@ -483,7 +495,10 @@ std::vector<Use> option_table() {
                                               "grid)"},
         {"--batch-per-rank", Role::axis, {}, "2 ranks of the base's batch of 8 each against one process "
                                               "of --batch-size 16; refused without ranks"},
+        {"--collective-timeout", Role::axis, {}, "every ranked run here has its default; a frozen rank in the "
+                                                 "freeze part, refused without ranks"},
         {"--batch-size", Role::varied, {"6"}, ""},
+        {"--grad-accum", Role::varied, {"2"}, ""},
         {"--recipe", Role::varied, {"cpu"}, "shakespeare not tried: its 10.7M parameters take seconds a step"},
         {"--resume", Role::varied, {resume_value}, ""},
         {"--init", Role::varied, {init_value}, ""},
@@ -756,6 +771,9 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"--shard gradients with fp16's loss scaling", {"--ranks", "2", "--shard", "gradients", "--precision", "fp16"}},
         {"--shard parameters without ranks", {"--shard", "parameters"}},
         {"--shard parameters with mixed precision", {"--ranks", "2", "--shard", "parameters", "--precision", "bf16"}},
+        {"--grad-accum with --shard gradients", {"--ranks", "2", "--shard", "gradients", "--grad-accum", "2"}},
+        {"--grad-accum with --shard parameters", {"--ranks", "2", "--shard", "parameters", "--grad-accum", "2"}},
+        {"--grad-accum with --tensor-parallel", {"--ranks", "2", "--tensor-parallel", "2", "--grad-accum", "2"}},
         {"--tensor-parallel without ranks", {"--tensor-parallel", "2"}},
         {"--tensor-parallel that does not divide the ranks", {"--ranks", "3", "--tensor-parallel", "2"}},
         {"--tensor-parallel with heads that do not divide", {"--ranks", "4", "--tensor-parallel", "4"}},
@@ -763,6 +781,9 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         {"--tensor-parallel with dropout", {"--ranks", "2", "--tensor-parallel", "2", "--dropout", "0.1"}},
         {"--tensor-parallel with mixed precision", {"--ranks", "2", "--tensor-parallel", "2", "--precision", "bf16"}},
         {"--tensor-parallel 0", {"--ranks", "2", "--tensor-parallel", "0"}},
+        {"--tensor-parallel with the fused attention", {"--ranks", "2", "--tensor-parallel", "2", "--attention", "fused"}},
+        {"--collective-timeout without ranks", {"--collective-timeout", "5"}},
+        {"a negative --collective-timeout", {"--ranks", "2", "--collective-timeout", "-1"}},
         {"a corpus that does not exist, with ranks", {"--ranks", "2", "--data", (root / "missing.txt").string()}},
         {"a checkpoint that does not exist, with ranks", {"--ranks", "2", "--resume", (root / "nothing").string()}},
         {"--device sim with ranks", {"--ranks", "2", "--device", "sim"}},
@@ -795,6 +816,20 @@ int test_refusals(const std::string& program, const fs::path& root, const std::s
         const std::string problem = refusal_problem(o);
         if (!problem.empty()) fail(c.what, problem);
         else std::cout << "ok: " << c.what << ": " << message_lines(o.err)[0] << "\n";
+    }
+    // --shard on one rank runs, with one line that says it shares nothing.
+    for (const char* scheme : {"optimizer", "gradients", "parameters"}) {
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--ranks", "1", "--shard", scheme, "--out", (root / (std::string("one_") + scheme)).string()});
+        const Outcome o = run(program, args, root / (std::string("one_") + scheme + "_log"));
+        const std::vector<std::string> lines = message_lines(o.err);
+        const std::string expected = std::string("train_gpt: note: --shard ") + scheme + " on one rank";
+        if (o.status != 0 || lines.size() != 1 || lines[0].rfind(expected, 0) != 0) {
+            fail(std::string("--ranks 1 --shard ") + scheme, "expected exit 0 and one line '" + expected + " …', got exit " +
+                 std::to_string(o.status) + ": " + o.err.substr(0, 600));
+        } else {
+            std::cout << "ok: --ranks 1 --shard " << scheme << ": " << lines[0] << "\n";
+        }
     }
     // Started by mpirun with another number of processes than --ranks says.
     std::vector<std::string> args = {"-np", "2", "--oversubscribe", "--allow-run-as-root", program};
@@ -1134,6 +1169,170 @@ int test_stop(const std::string& program, const fs::path& root) {
     return failures ? 1 : 0;
 }
 
+// ---------------------------------------------------------------------------------------
+// A rank that fails, or freezes, mid-run: one line, the checkpoint to resume from.
+
+namespace {
+
+// The problem with a failed job's one line about `run`: it must name the checkpoint the run
+// left (the step its trainer.json says) and how to go on from it, or say that none was written.
+std::string resume_hint_problem(const std::string& line, const fs::path& run) {
+    const long long step = checkpoint_step(run);
+    const std::string expected = step >= 0 ? "(step " + std::to_string(step) + "), is intact: go on with --resume " + run.string()
+                                           : "no checkpoint had been written in " + (run / "checkpoint").string();
+    return line.find(expected) == std::string::npos ? "does not say '" + expected + "'" : "";
+}
+
+// Which rank a rank process is (Open MPI's OMPI_COMM_WORLD_RANK in its environment), or −1.
+int rank_of(pid_t p) {
+    std::ifstream in("/proc/" + std::to_string(p) + "/environ", std::ios::binary);
+    const std::string key = "OMPI_COMM_WORLD_RANK=";
+    for (std::string var; std::getline(in, var, '\0');) {
+        if (var.rfind(key, 0) == 0) return std::atoi(var.c_str() + key.size());
+    }
+    return -1;
+}
+
+// Whether process p still runs (a zombie has ended).
+bool process_runs(pid_t p) {
+    if (kill(p, 0) != 0 || !fs::exists("/proc/" + std::to_string(p))) return false;
+    std::ifstream stat("/proc/" + std::to_string(p) + "/stat");
+    std::string line;
+    std::getline(stat, line);
+    return line.find(") Z") == std::string::npos;
+}
+
+// How many ranks a drawn case has: 2, 3 or 4, an even number with tensor parallelism.
+int drawn_ranks(Rng& rng, const std::vector<std::string>& scheme) {
+    const bool paired = !scheme.empty() && scheme[0] == "--tensor-parallel";
+    return paired ? 2 * (1 + static_cast<int>(rng.below(2))) : 2 + static_cast<int>(rng.below(3));
+}
+
+int test_faults(const std::string& program, const fs::path& root) {
+    const fs::path corpus = root / "corpus.txt";
+    write_corpus(corpus);
+    const std::vector<std::string> base = {"--recipe", "tiny", "--max-iters", "12", "--eval-interval", "3",
+                                           "--eval-iters", "1", "--sample", "0", "--threads", "1",
+                                           "--data", corpus.string()};
+    // Each place, the schemes that reach it, and how many calls of it a rank makes at least in
+    // the 12 steps (the tiny recipe's 2 blocks: 3 gradient buckets a backward pass, 3 weight
+    // gathers a pass of stage 3, a hook call per block in plain data parallelism): the
+    // failing call is drawn from them.
+    struct Place {
+        std::string where;
+        std::vector<std::vector<std::string>> schemes;
+        int calls;
+    };
+    const std::vector<Place> places = {
+        {"step", {{}, {"--shard", "optimizer"}, {"--shard", "parameters"}, {"--tensor-parallel", "2"}}, 12},
+        {"take", {{"--shard", "gradients"}, {"--shard", "parameters"}}, 36},
+        {"gather", {{"--shard", "parameters"}}, 72},
+        {"bucket", {{}}, 24},
+    };
+    Rng rng(21);
+    for (int k = 0; k < 12; ++k) {
+        // Every place in turn, the rest drawn.
+        const Place& place = places[static_cast<std::size_t>(k) % places.size()];
+        const std::vector<std::string>& scheme = place.schemes[rng.below(place.schemes.size())];
+        const int ranks = drawn_ranks(rng, scheme);
+        const int rank = static_cast<int>(rng.below(static_cast<std::uint64_t>(ranks)));
+        const int call = 1 + static_cast<int>(rng.below(static_cast<std::uint64_t>(place.calls)));
+        const std::string fault = place.where + ":" + std::to_string(rank) + ":" + std::to_string(call);
+        std::string what = "ATTN_FAULT=" + fault + ", --ranks " + std::to_string(ranks);
+        for (const std::string& a : scheme) what += " " + a;
+        const fs::path run = root / ("run" + std::to_string(k)), log = root / ("log" + std::to_string(k));
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--ranks", std::to_string(ranks), "--out", run.string()});
+        args.insert(args.end(), scheme.begin(), scheme.end());
+        setenv("ATTN_FAULT", fault.c_str(), 1);  // the launcher passes its environment on to the ranks
+        const Outcome o = finish(start(program, args, log), log, 120.0);  // a hang is killed at 120 s
+        unsetenv("ATTN_FAULT");
+        const std::vector<std::string> lines = message_lines(o.err);
+        const std::string expected = "train_gpt: error: rank " + std::to_string(rank) + ": injected fault at " +
+                                     place.where + ", call " + std::to_string(call) + " (ATTN_FAULT)";
+        if (o.status != 1 || lines.size() != 1 || lines[0].rfind(expected, 0) != 0) {
+            fail(what, "expected exit status 1 and one line '" + expected + "; …', got exit " + std::to_string(o.status) +
+                           " after " + std::to_string(static_cast<int>(o.seconds)) + " s and " +
+                           std::to_string(lines.size()) + " lines: " + o.err.substr(0, 800));
+        } else if (const std::string problem = resume_hint_problem(lines[0], run); !problem.empty()) {
+            fail(what, "its line " + problem + ": " + lines[0]);
+        } else {
+            std::cout << "ok: " << what << ": " << lines[0] << "\n";
+        }
+    }
+    return failures ? 1 : 0;
+}
+
+int test_freeze(const std::string& program, const fs::path& root) {
+    const fs::path corpus = root / "corpus.txt";
+    write_corpus(corpus);
+    const double timeout = 5.0;  // --collective-timeout below
+    const std::vector<std::string> base = {"--recipe", "tiny", "--max-iters", "100000", "--eval-interval", "40",
+                                           "--eval-iters", "1", "--sample", "0", "--threads", "1",
+                                           "--collective-timeout", "5", "--data", corpus.string()};
+    const std::vector<std::vector<std::string>> schemes = {{}, {"--shard", "gradients"}, {"--shard", "parameters"},
+                                                           {"--tensor-parallel", "2"}};
+    Rng rng(9);
+    for (int k = 0; k < 3; ++k) {
+        const std::vector<std::string>& scheme = schemes[rng.below(schemes.size())];
+        const int ranks = drawn_ranks(rng, scheme);
+        const int frozen = static_cast<int>(rng.below(static_cast<std::uint64_t>(ranks)));
+        std::string what = "rank " + std::to_string(frozen) + " of --ranks " + std::to_string(ranks);
+        for (const std::string& a : scheme) what += " " + a;
+        what += " frozen";
+        const fs::path run = root / ("run" + std::to_string(k)), log = root / ("log" + std::to_string(k));
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--ranks", std::to_string(ranks), "--out", run.string()});
+        args.insert(args.end(), scheme.begin(), scheme.end());
+        const pid_t launcher = start(program, args, log);
+        for (int waited = 0; waited < 6000 && logged_steps(run) < 50; ++waited) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        // The launcher's child is mpirun, whose children are the ranks.
+        const std::vector<pid_t> mpirun = children_of(launcher);
+        const std::vector<pid_t> processes = mpirun.empty() ? std::vector<pid_t>{} : children_of(mpirun[0]);
+        pid_t victim = -1;
+        for (pid_t p : processes) {
+            if (rank_of(p) == frozen) victim = p;
+        }
+        if (logged_steps(run) < 50 || victim < 0) {
+            kill(launcher, SIGKILL);
+            finish(launcher, log);
+            fail(what, "the run logged no 50 steps, or rank " + std::to_string(frozen) + "'s process was not found");
+            continue;
+        }
+        kill(victim, SIGSTOP);
+        const Outcome o = finish(launcher, log, 120.0);  // timed from the SIGSTOP; a hang is killed at 120 s
+        const std::vector<std::string> lines = message_lines(o.err);
+        const std::string expected = "rank " + std::to_string(frozen) + " of " + std::to_string(ranks) + " did not arrive";
+        // The watchdog's bound and 10 s for the job to end: a guard against a hang, not a
+        // timing (the watchdog itself decides after its timeout of no progress).
+        if (o.status != 1 || lines.size() != 1 || lines[0].find(expected) == std::string::npos ||
+            lines[0].find("--collective-timeout 5") == std::string::npos || o.seconds > timeout + 10) {
+            fail(what, "expected exit status 1 within " + std::to_string(static_cast<int>(timeout + 10)) +
+                           " s and one line saying '" + expected + "', got exit " + std::to_string(o.status) +
+                           mpi_test::format(" after %.1f s: ", o.seconds) + o.err.substr(0, 800));
+        } else if (const std::string problem = resume_hint_problem(lines[0], run); !problem.empty()) {
+            fail(what, "its line " + problem + ": " + lines[0]);
+        } else {
+            std::cout << "ok: " << what << mpi_test::format(": the job ended %.1f s later: ", o.seconds) << lines[0] << "\n";
+        }
+        // No process is left: mpirun ended every rank, the frozen one too (10 s to be gone).
+        for (pid_t p : processes) {
+            for (int waited = 0; waited < 1000 && process_runs(p); ++waited) {
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            }
+            if (process_runs(p)) {
+                fail(what, "rank process " + std::to_string(p) + " still runs 10 s after the job ended");
+                kill(p, SIGKILL);
+            }
+        }
+    }
+    return failures ? 1 : 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
     if (argc >= 5 && std::string(argv[1]) == "compare") {
         // Two run folders, the second the reference, their corpus and the flags they were run
@@ -1145,7 +1344,7 @@ int main(int argc, char** argv) {
         return failures ? 1 : 0;
     }
     if (argc != 4 && argc != 5) {
-        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|kill-sharded-parameters|kill-tensor-parallel|stop [MPIRUN]\n"
+        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|kill-sharded-parameters|kill-tensor-parallel|stop|faults|freeze [MPIRUN]\n"
                      "       train_gpt_ranks_test compare RUN REFERENCE_RUN CORPUS [TRAIN_GPT_FLAGS...]\n";
         return 2;
     }
@@ -1162,6 +1361,8 @@ int main(int argc, char** argv) {
     else if (part == "kill-sharded-parameters") status = test_kill(program, root, {"--shard", "parameters"}, "3");
     else if (part == "kill-tensor-parallel") status = test_kill(program, root, {"--tensor-parallel", "2"}, "2");
     else if (part == "stop") status = test_stop(program, root);
+    else if (part == "faults") status = test_faults(program, root);
+    else if (part == "freeze") status = test_freeze(program, root);
     else std::cerr << "unknown part '" << part << "'\n";
     std::cout << (status == 0 ? "passed" : "FAILED") << " (" << failures << " failures)\n";
     return status;

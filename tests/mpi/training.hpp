@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unistd.h>
@@ -109,9 +110,16 @@ inline bool same_on_every_rank(const std::vector<float>& weights) {
 
 namespace detail {
 
-// The core of compare_steps() and compare_resumed().
+// One process's trainer from a checkpoint of the scheme (rank 0 calls it).
+using LoadOne = std::function<attn::Trainer(const std::filesystem::path& checkpoint)>;
+
+// The core of compare_steps() and compare_resumed(); `load_one` empty: Trainer::load.
 inline StepGaps compare_steps_from(attn::Trainer& scheme, int steps, const std::filesystem::path& dir,
-                                   const std::filesystem::path& from, attn::Trainer* unsaved) {
+                                   const std::filesystem::path& from, attn::Trainer* unsaved,
+                                   const LoadOne& load_one = {}) {
+    const auto load = [&](const std::filesystem::path& checkpoint) {
+        return load_one ? load_one(checkpoint) : attn::Trainer::load(checkpoint, scheme.data());
+    };
     int rank = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     const auto saved = [&](int t) { return dir / (t % 2 == 0 ? "a" : "b"); };
@@ -124,7 +132,7 @@ inline StepGaps compare_steps_from(attn::Trainer& scheme, int steps, const std::
     gaps.steps = steps;
     const SumChains chains = sum_chains(scheme.config(), scheme.data().vocab.size());
     std::optional<attn::Trainer> one;
-    if (rank == 0) one.emplace(attn::Trainer::load(start, scheme.data()));
+    if (rank == 0) one.emplace(load(start));
     int same = 1;  // the unsaved twin's steps, bit for bit
     for (int t = 0; t < steps; ++t) {
         State before, ref;
@@ -148,7 +156,7 @@ inline StepGaps compare_steps_from(attn::Trainer& scheme, int steps, const std::
         }
         scheme.save(saved(t + 1));
         if (rank == 0) {
-            attn::Trainer next = attn::Trainer::load(saved(t + 1), scheme.data());
+            attn::Trainer next = load(saved(t + 1));
             compare_step(gaps, static_cast<int>(before.step), before, r, g, ref, s, state_of(next), *one, chains);
             one.emplace(std::move(next));
         }
@@ -166,7 +174,11 @@ inline StepGaps compare_steps_from(attn::Trainer& scheme, int steps, const std::
         gaps.twin_same = same == 1;
         const attn::EvalRecord e = scheme.evaluate();
         if (rank == 0) {
-            const attn::EvalRecord x = one->evaluate();
+            // One process with the scheme's own settings, its evaluation batches (of batch_size
+            // sequences) among them, where the steps were compared with another batch.
+            std::optional<attn::Trainer> as_saved;
+            if (load_one) as_saved.emplace(attn::Trainer::load(saved(steps), scheme.data()));
+            const attn::EvalRecord x = (as_saved ? *as_saved : *one).evaluate();
             gaps.reference_eval = x;
             // Each split's loss: eval_iters batch means (each a forward pass) summed: a chain of
             // forward + eval_iters sums of positive terms, 2γ of the loss and its ½ulp.
@@ -191,6 +203,17 @@ inline StepGaps compare_steps_from(attn::Trainer& scheme, int steps, const std::
 // count kept only until the next pull, shows there).
 inline StepGaps compare_steps(attn::Trainer& scheme, attn::Trainer& unsaved, int steps, const std::filesystem::path& dir) {
     return detail::compare_steps_from(scheme, steps, dir, {}, &unsaved);
+}
+
+// The same for a scheme of N micro-batches of B a step (TrainConfig::grad_accum), against one
+// process that takes one batch of N·B a step from each checkpoint (as_one_batch).
+inline StepGaps compare_steps_with_one_batch(attn::Trainer& scheme, attn::Trainer& unsaved, int steps,
+                                             const std::filesystem::path& dir) {
+    const attn::TextDataset& data = scheme.data();
+    return detail::compare_steps_from(scheme, steps, dir, {}, &unsaved, [&dir, &data](const std::filesystem::path& c) {
+        as_one_batch(c, dir / "one_batch");
+        return attn::Trainer::load(dir / "one_batch", data);
+    });
 }
 
 // The same for a scheme just loaded from the checkpoint `from`, which its first step starts

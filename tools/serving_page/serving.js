@@ -1,7 +1,9 @@
 // The serving page: sends completions to a running serve_gpt (./workbook serve), shows the
 // streamed characters as they come, and draws the server's KV cache: one square per block
 // of its pool, coloured by the request whose block table holds it (grey: free). Nothing is
-// sent until a button is pressed. The server's address: ?server=URL, else 127.0.0.1:8000.
+// sent until a button is pressed. The server's address: ?server=URL, else 127.0.0.1:8000;
+// the server must let the page's origin in (serve_gpt --allow-origin null for a page opened
+// from a file).
 (function () {
   'use strict';
   var root = document.getElementById('serving-playground');
@@ -22,7 +24,7 @@
   var temperature = el('input', {type: 'number', id: 'sp-temperature', value: '0.8', step: '0.1', min: '0'});
   var send = el('button', {id: 'sp-send'}, 'send');
   var sendFour = el('button', {id: 'sp-send4'}, 'send four at once');
-  var status = el('span', {id: 'sp-status', 'class': 'sp-status'}, 'start a server with ./workbook serve, then send');
+  var status = el('span', {id: 'sp-status', 'class': 'sp-status'}, 'start a server with ./workbook serve --allow-origin null, then send');
   var texts = el('div', {'class': 'sp-texts', id: 'sp-texts'});
   var pool = el('div', {'class': 'sp-pool', id: 'sp-pool'});
   var caption = el('div', {'class': 'sp-pool-caption', id: 'sp-pool-caption'}, 'the pool appears when a request runs');
@@ -101,7 +103,7 @@
       return read();
     }).catch(function (e) {
       box.remove();
-      setStatus('no answer from ' + server.value + ' (' + e.message + '): is ./workbook serve running?', true);
+      setStatus('no answer from ' + server.value + ' (' + e.message + '): is ./workbook serve --allow-origin null running?', true);
     }).then(function () {
       running -= 1;
       if (running === 0) {

@@ -10,11 +10,13 @@
 /// The layers are the functions of gpt_layers.hpp.
 #pragma once
 
+#include "attn/dropout_mask.hpp"
 #include "attn/precision.hpp"
 #include "attn/random.hpp"
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <string>
 #include <utility>
@@ -87,6 +89,30 @@ enum class AttentionKind {
 /// @param config the model @return the reason, one sentence, or ""
 std::string fused_attention_unsupported(const GPTConfig& config);
 
+/// What the forward pass keeps for the backward pass, and what the backward pass computes
+/// again instead (activation checkpointing). Every mode computes the same gradients, bit for
+/// bit: the recomputation repeats the forward pass's own operations on the same inputs, the
+/// dropout masks included (a hash of the pass, the site and the element: dropout_mask.hpp).
+enum class Recompute {
+    none,       ///< every block's tensors kept, L copies of each (nanoGPT's, llm.c's)
+    attention,  ///< Megatron's selective recomputation (Korthikanti et al. 2022): every block's
+                ///< tensors but the attention weights and their dropout (B, NH, T, T), which
+                ///< are kept for one block at a time and recomputed from the saved q, k, v
+                ///< before its backward pass. The fused attention keeps no weights: the same.
+    blocks,     ///< Chen et al. 2016: only each block's input (and output) kept; each block's
+                ///< forward pass runs again from its input, into one block's buffers, just
+                ///< before its backward pass: one more forward pass of the blocks per step
+};
+
+/// The mode's name as `train_gpt --recompute` and `trainer.json` spell it.
+/// @param r the mode @return "none", "attention" or "blocks"
+const char* recompute_name(Recompute r);
+
+/// The mode of a name: "none", "attention" or "blocks".
+/// @param name the name @return the mode
+/// @throws std::invalid_argument for any other name, listing the three
+Recompute parse_recompute(const std::string& name);
+
 /// One named parameter tensor inside the flat parameter buffer.
 struct ParameterInfo {
     std::string name;  ///< nanoGPT's state_dict key, e.g. `transformer.h.0.ln_1.weight`
@@ -139,7 +165,10 @@ struct ParameterTensors {
 };
 
 /// The forward pass's saved activations, sized for one (B, T) and reused every step.
-/// Per-layer tensors are stacked along a leading L axis.
+/// Per-layer tensors are stacked along a leading L axis. With recomputation
+/// (GPT::set_recompute) some hold one block's only, the L of their shapes then 1: `att` and
+/// `att_dropped` with Recompute::attention, every per-layer tensor but `residual3` (the
+/// blocks' outputs, each the next block's input) with Recompute::blocks.
 struct Activations {
     std::vector<float> encoded;       ///< (B, T, C) embeddings (after dropout)
     std::vector<float> ln1;           ///< (L, B, T, C)
@@ -283,6 +312,13 @@ public:
     void set_attention(AttentionKind kind);
     /// The attention chosen by set_attention().
     AttentionKind attention() const { return attention_; }
+    /// Chooses what the following forward passes keep and their backward passes recompute
+    /// (activation checkpointing). The gradients are the same, bit for bit, in every mode;
+    /// memory_use() measures what each keeps.
+    /// @param mode none (a new model's), attention or blocks
+    void set_recompute(Recompute mode) { recompute_ = mode; }
+    /// The mode chosen by set_recompute().
+    Recompute recompute() const { return recompute_; }
     /// Where this batch lies in a larger one that several processes share, each running
     /// the model on its own consecutive sequences (data parallelism, lesson 19): the dropout
     /// masks of the following passes are then those of the whole batch's sequences
@@ -290,6 +326,15 @@ public:
     /// one process with the whole batch would. 0 (the default) for a batch of its own.
     /// @param first_sequence the index of this batch's first sequence in the whole batch
     void set_batch_offset(int first_sequence);
+    /// The number of sequences of the whole batch whose mean loss the following backward
+    /// passes differentiate: each position's gradient is divided by `sequences`·T, the
+    /// positions of the whole batch, instead of this batch's B·T. Processes that share a
+    /// batch (data parallelism) then hold parts of the whole batch's mean gradient whose sum
+    /// is the gradient, with the values entering the products the same as one process's
+    /// (under mixed precision a factor B/b applied after the pass would round them
+    /// differently). 0 (the default): this batch's own mean.
+    /// @param sequences the whole batch's sequences, at least this batch's B, or 0
+    void set_whole_batch(int sequences);
     /// The gradient buckets in the order backward() completes them: block L−1, …, block 0,
     /// then the embeddings and ln_f (the tied `wte` collects gradient at both ends of the
     /// pass, so it is complete only at the end). Together they hold every parameter once.
@@ -380,6 +425,16 @@ private:
     // The passes over the sequences [b0, b0 + B) of the batch, run by one thread each.
     // With `layer_start`, every slice calls it before block l (set_weight_source's fetch).
     void forward_slice(int b0, int B, const std::function<void(int)>* layer_start = nullptr);
+    // Block l's saved tensors at the slice that starts at sequence b0 (model.cpp).
+    struct BlockTensors;
+    BlockTensors block_tensors(int l, int b0);
+    // Block l's forward pass over the slice [b0, b0 + B) from its input `residual`: its saved
+    // tensors written where block_tensors() says, and `out` (its output) unless it is null.
+    // The forward pass calls it, and the backward pass again with Recompute::blocks.
+    void block_forward(int b0, int B, int l, const float* residual, float* out, RoundingCounts& rounded);
+    // The seed and first element of dropout site (layer, part) in the last forward pass, for
+    // the slice's first element `first` in the whole batch.
+    DropoutSite dropout_site_of(int layer, int part, std::size_t first) const;
     // layer_done(l), when given, is called by every slice after block l's backward. With
     // `block`, every block's gradients go to that buffer (laid out as block_layout_), and
     // `grads` is read for the embeddings' and ln_f's only.
@@ -434,6 +489,13 @@ private:
     std::vector<float> source_rest_;              // the embeddings' and ln_f's
     ParameterTensors source_params_[2];           // pointers into buffer i and the rest (a block's as block 0's)
     int batch_offset_ = 0;                         // set_batch_offset()
+    int whole_batch_ = 0;                          // set_whole_batch()
+    // The first error of a parallel region's master thread (the weight source's wait, the
+    // gradient sink or hook), rethrown once the region ends: an exception may not leave an
+    // OpenMP region (it would end the process), and the other threads wait at its barriers.
+    std::exception_ptr master_error_;
+    template <class Work> void on_master(Work work);  // runs work on the master thread, catching
+    void rethrow_master_error();
     int B_ = 0, T_ = 0;
     bool training_ = true;
     bool has_targets_ = false;
@@ -445,6 +507,9 @@ private:
     RoundingCounts forward_rounding_, gradient_rounding_;
     float loss_scale_ = 1.0f;             // of the running backward pass
     bool fused_applied_ = false;  // whether the last forward pass used the fused attention
+    Recompute recompute_ = Recompute::none;          // set_recompute()
+    Recompute recompute_applied_ = Recompute::none;  // the last forward pass's
+    Recompute recompute_allocated_ = Recompute::none;  // what the activations are sized for
 };
 
 /// AdamW as `torch.optim.AdamW`: decoupled weight decay, bias-corrected moments. Weight

@@ -46,7 +46,13 @@ struct TrainConfig {
     int n_kv_head = 0;  ///< G, key/value heads (0: n_head, multi-head attention; gpt.hpp)
     int window = 0;     ///< W, the sliding attention window (0: the whole context; gpt.hpp)
     // The optimisation.
-    int batch_size = 12;                ///< B, sequences per step
+    int batch_size = 12;                ///< B, sequences per micro-batch (per step when grad_accum is 1)
+    /// N, micro-batches per step (nanoGPT's gradient_accumulation_steps): each step runs N
+    /// batches of batch_size sequences forward and backward, adding their gradients (each
+    /// pass's loss scaled by 1/N), then clips and takes one AdamW step: the step of one batch
+    /// of N·batch_size sequences, with the activations of batch_size. In a data-parallel group
+    /// the gradients are summed over the processes once, after the last micro-batch.
+    int grad_accum = 1;
     std::int64_t max_iters = 2000;      ///< steps in the whole run
     double learning_rate = 1e-3;        ///< peak learning rate, reached after warm-up
     double min_lr = 1e-4;               ///< the learning rate the cosine decays to
@@ -70,6 +76,9 @@ struct TrainConfig {
     bool loss_scaling = true;
     /// The loss scale a run starts from (PyTorch's GradScaler: 2^16); LossScaler adjusts it.
     double initial_loss_scale = 65536.0;
+    /// What the backward pass computes again instead of keeping it (GPT::set_recompute,
+    /// lesson 21): the same steps, bit for bit, with less memory; the CPU model only.
+    Recompute recompute = Recompute::none;
 
     /// A named recipe: "cpu" (nanoGPT's CPU recipe for tiny shakespeare: 4 layers, 4 heads,
     /// 128 channels, block 64, batch 12, 2000 steps) or "tiny" (2 layers, 32 channels,
@@ -93,7 +102,7 @@ struct TrainConfig {
 /// One training step's numbers.
 struct StepRecord {
     std::int64_t step = 0;   ///< 0-based
-    float loss = 0.0f;       ///< the training batch's mean cross-entropy
+    float loss = 0.0f;       ///< the training batch's mean cross-entropy (over its micro-batches)
     double lr = 0.0;         ///< the learning rate used
     float grad_norm = 0.0f;  ///< the gradient norm before clipping (not finite when skipped)
     /// With loss scaling: the step's gradients held an infinity or a NaN, so no update was
@@ -101,7 +110,7 @@ struct StepRecord {
     bool skipped = false;
     double loss_scale = 1.0;  ///< the factor the loss was multiplied by (1 without scaling)
     /// Mixed precision: gradient values rounded where they entered the products in this
-    /// step's backward pass, and how many of them were flushed to zero (GPT::gradient_rounding)
+    /// step's backward passes, and how many of them were flushed to zero (GPT::gradient_rounding)
     std::uint64_t rounded_gradients = 0;
     std::uint64_t flushed_gradients = 0;    ///< see rounded_gradients
     std::uint64_t subnormal_gradients = 0;  ///< of rounded_gradients, made subnormal
@@ -175,8 +184,11 @@ public:
     /// The number of processes.
     virtual int size() const = 0;
     /// Called before a backward pass whose gradients are this process's share of the
-    /// batch: `share` is its positions over the whole batch's, so that the sum over the
-    /// processes of share × gradient is the whole batch's mean gradient. The group may
+    /// batch: the sum over the processes of share × gradient is the whole batch's mean
+    /// gradient. The Trainer passes 1: its backward passes divide by the whole batch's
+    /// positions already (GPT::set_whole_batch), which keeps mixed-precision runs on any
+    /// number of processes one process's; a caller whose passes take their own batch's mean
+    /// passes its positions over the whole batch's. The group may
     /// install a hook on the model (GPT::set_gradient_ready_hook) to start summing buckets
     /// while the pass goes on. @param model the model @param share this process's part
     virtual void begin_gradients(GPT& model, double share) = 0;
@@ -218,6 +230,12 @@ public:
     /// The bytes of weights the group keeps beside the model's own buffers (ZeRO stage 3:
     /// each process's shard of the parameters). @return 0 by default
     virtual std::size_t weight_bytes() const { return 0; }
+    /// Whether the model's own gradient buffer holds this process's gradients until
+    /// finish_gradients() sums them, so that the gradients of several backward passes can be
+    /// added there first and summed once (gradient accumulation, TrainConfig::grad_accum; DDP's
+    /// no_sync). False for a group whose begin_gradients() has the backward pass hand its
+    /// gradients over as it finishes them (ZeRO stages 2 and 3). @return true by default
+    virtual bool accumulates_in_model() const { return true; }
     /// Called by Trainer::use_group once the group is the trainer's, on every process: a group
     /// that keeps the parameters itself (ZeRO stage 3) takes its shard of them here and gives
     /// the model a weight source (GPT::set_weight_source); use_group takes the whole
@@ -267,7 +285,10 @@ public:
     /// @param dir the checkpoint directory to create or replace
     void save(const std::filesystem::path& dir);
 
-    /// One step: a batch from the training split, forward, backward, clipping, AdamW.
+    /// One step: a batch from the training split, forward, backward, clipping, AdamW. With
+    /// TrainConfig::grad_accum N, N micro-batches of batch_size sequences drawn one after the
+    /// other (the sequences of one batch of N·batch_size), their gradients added, then one
+    /// clipping and one AdamW step; the loss is their mean.
     /// @return the step's numbers
     /// @throws TrainingDiverged (before changing anything) if the loss or gradient norm is
     /// not finite
@@ -292,6 +313,8 @@ public:
     /// @param x receives the (B·T) inputs @param y receives the (B·T) targets
     /// @param grads receives every gradient, in GPT::gradients()'s layout
     /// @return the batch's loss
+    /// @throws std::invalid_argument in a data-parallel group, or with grad_accum above 1 (a
+    /// step is then several batches)
     float first_batch_gradients(std::vector<int>& x, std::vector<int>& y,
                                 std::vector<float>& grads);
 
@@ -326,6 +349,8 @@ public:
 
     /// Runs the steps and evaluations on `device` from now on (nullptr: back to the CPU).
     /// @param device the device; the host model and optimizer are pushed to it
+    /// @throws std::invalid_argument for a device with mixed precision or with grad_accum
+    /// above 1 (a device's backward pass clips at once: it accumulates nothing)
     void use_device(std::unique_ptr<TrainingDevice> device);
     /// The device in use, or nullptr on the CPU.
     const TrainingDevice* device() const { return device_.get(); }
@@ -336,7 +361,8 @@ public:
     /// step, batches and corpus), which is checked here.
     /// @param group the group, or nullptr for a process of its own
     /// @throws std::invalid_argument when a device is attached (data parallelism runs on the
-    /// CPU) or when the batch has fewer sequences than the group has processes;
+    /// CPU), when the batch has fewer sequences than the group has processes, or with
+    /// grad_accum above 1 in a group that does not accumulate in the model (accumulates_in_model);
     /// std::runtime_error when the processes' states differ
     void use_group(std::shared_ptr<DataParallelGroup> group);
     /// The group, or nullptr when this process trains alone.
@@ -358,13 +384,24 @@ public:
 
 private:
     void finish_setup(bool from_weights);
-    float cpu_loss(std::uint64_t dropout_seed);  // forward on the host model
-    // The backward pass (scaled, then unscaled, with loss scaling) and the clipping; false
-    // when loss scaling skips the step (its gradients held an infinity or a NaN).
+    // The forward pass of micro-batch k of the step on the host model (this process's share
+    // of it in a group): the loss, weighted by the share in a group.
+    double cpu_loss(std::uint64_t dropout_seed, int k);
+    // The micro-batches before the last one, forward and backward, their gradients added in
+    // the model's buffer and summed over no group (DDP's no_sync), then the last one's
+    // forward pass; returns the step's mean loss (summed over the group once).
+    float cpu_forward_micro_batches(std::uint64_t dropout_seed);
+    // The last backward pass (scaled, then unscaled, with loss scaling), the group's sum and
+    // the clipping; false when loss scaling skips the step (its gradients held an infinity
+    // or a NaN).
     bool cpu_backward_and_clip(float max_norm, StepRecord& record);
-    // The backward pass of the last forward call into the model's gradients, scaled by the
-    // loss scale and divided by it again; whether every gradient is finite.
-    bool cpu_backward(float loss_scale, StepRecord& record);
+    // The backward pass of the last forward call added into the model's gradients, its loss
+    // multiplied by `factor` (the loss scale over grad_accum), with the group's sum of them
+    // when `sum`.
+    void cpu_backward(float factor, bool sum);
+    // Divides the gradients by the loss scale `unscale` (after the last backward pass);
+    // whether every gradient is finite.
+    bool cpu_unscale(float unscale);
     void cpu_adamw_step(float lr);
 
     TrainConfig config_;
@@ -375,7 +412,8 @@ private:
     Rng batch_rng_;
     std::int64_t step_ = 0;
     double best_val_loss_;
-    std::vector<int> x_, y_;  // (B·T) the current batch
+    std::vector<int> x_, y_;  // (B·T) the current batch (micro-batch)
+    RoundingCounts rounding_at_step_;  // the model's gradient rounding when the step began
     std::unique_ptr<TrainingDevice> device_;
     bool host_stale_ = false;  // the device has taken steps the host model has not seen
     std::shared_ptr<DataParallelGroup> group_;  // use_group()

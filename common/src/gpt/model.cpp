@@ -59,6 +59,23 @@ Position parse_position(const std::string& name) {
                                 "' (the schemes are: learned, rope, alibi)");
 }
 
+const char* recompute_name(Recompute r) {
+    switch (r) {
+        case Recompute::attention: return "attention";
+        case Recompute::blocks: return "blocks";
+        case Recompute::none: break;
+    }
+    return "none";
+}
+
+Recompute parse_recompute(const std::string& name) {
+    if (name == "none") return Recompute::none;
+    if (name == "attention") return Recompute::attention;
+    if (name == "blocks") return Recompute::blocks;
+    throw std::invalid_argument("unknown recomputation '" + name +
+                                "' (the modes are: none, attention, blocks)");
+}
+
 void GPTConfig::validate() const {
     require(vocab_size > 0,
             "GPT config: vocab_size must be positive, got " + std::to_string(vocab_size));
@@ -319,11 +336,10 @@ void GPT::fetch_block(int layer, int next) {
     // fill: one thread waits for this block's weights and starts the next one's while the
     // others wait; then all of them compute this block as the next one's arrive.
 #pragma omp barrier
-#pragma omp master
-    {
+    on_master([&] {
         if (source_.wait) source_.wait(config_.n_layer - 1 - layer);
         if (next >= 0 && next < config_.n_layer) start_block(next);
-    }
+    });
 #pragma omp barrier
 }
 //! [prefetch]
@@ -358,6 +374,36 @@ void GPT::set_batch_offset(int first_sequence) {
     batch_offset_ = first_sequence;
 }
 
+void GPT::set_whole_batch(int sequences) {
+    require(sequences >= 0, "GPT::set_whole_batch: the whole batch's sequences must not be negative, got " +
+                                std::to_string(sequences));
+    whole_batch_ = sequences;
+}
+
+// Called by every thread of a parallel region: the master runs `work` unless an earlier
+// call failed (what it would do, a collective call included, no longer matters: the pass
+// ends in an error), keeping the first error for rethrow_master_error().
+template <class Work>
+void GPT::on_master(Work work) {
+#pragma omp master
+    {
+        if (!master_error_) {
+            try {
+                work();
+            } catch (...) {
+                master_error_ = std::current_exception();
+            }
+        }
+    }
+}
+
+void GPT::rethrow_master_error() {
+    if (!master_error_) return;
+    std::exception_ptr error = master_error_;
+    master_error_ = nullptr;
+    std::rethrow_exception(error);
+}
+
 MemoryUse GPT::memory_use() const {
     const auto bytes = [](const std::vector<float>& v) { return v.capacity() * sizeof(float); };
     MemoryUse use;
@@ -389,29 +435,37 @@ MemoryUse GPT::memory_use() const {
 
 void GPT::allocate_activations(int B, int T) {
     const size_t BT = static_cast<size_t>(B) * T;
-    const size_t C = config_.n_embd, L = config_.n_layer, V = config_.vocab_size,
-                 NH = config_.n_head;
+    const size_t C = config_.n_embd, V = config_.vocab_size;
     const size_t TT = static_cast<size_t>(T) * T;
+    // The blocks whose tensors are kept: all L, or one at a time where the backward pass
+    // recomputes them (set_recompute); the attention weights, also with Recompute::attention.
+    const size_t L = config_.n_layer, NH = config_.n_head;
+    const size_t LB = recompute_applied_ == Recompute::blocks ? 1 : L;
+    const size_t LA = recompute_applied_ == Recompute::none ? L : 1;
     Activations& a = acts_;
+    if (recompute_applied_ != recompute_allocated_) {  // another mode: nothing of the old sizes kept
+        a = Activations{};
+        recompute_allocated_ = recompute_applied_;
+    }
     resize_zero(a.encoded, BT * C);
-    resize_zero(a.ln1, L * BT * C);
-    resize_zero(a.ln1_mean, L * BT);
-    resize_zero(a.ln1_rstd, L * BT);
+    resize_zero(a.ln1, LB * BT * C);
+    resize_zero(a.ln1_mean, LB * BT);
+    resize_zero(a.ln1_rstd, LB * BT);
     const size_t QKV = static_cast<size_t>(config_.qkv_channels());
-    resize_zero(a.qkv, L * BT * QKV);
-    resize_zero(a.atty, L * BT * C);
+    resize_zero(a.qkv, LB * BT * QKV);
+    resize_zero(a.atty, LB * BT * C);
     // The (T, T) weights only for the materialised attention (forward() reallocates when a
     // later pass needs them).
-    resize_zero(a.att, fused_applied_ ? 0 : L * B * NH * TT);
-    resize_zero(a.att_lse, L * B * NH * T);
-    resize_zero(a.attproj, L * BT * C);
-    resize_zero(a.residual2, L * BT * C);
-    resize_zero(a.ln2, L * BT * C);
-    resize_zero(a.ln2_mean, L * BT);
-    resize_zero(a.ln2_rstd, L * BT);
-    resize_zero(a.fch, L * BT * 4 * C);
-    resize_zero(a.fch_gelu, L * BT * 4 * C);
-    resize_zero(a.fcproj, L * BT * C);
+    resize_zero(a.att, fused_applied_ ? 0 : LA * B * NH * TT);
+    resize_zero(a.att_lse, LB * B * NH * T);
+    resize_zero(a.attproj, LB * BT * C);
+    resize_zero(a.residual2, LB * BT * C);
+    resize_zero(a.ln2, LB * BT * C);
+    resize_zero(a.ln2_mean, LB * BT);
+    resize_zero(a.ln2_rstd, LB * BT);
+    resize_zero(a.fch, LB * BT * 4 * C);
+    resize_zero(a.fch_gelu, LB * BT * 4 * C);
+    resize_zero(a.fcproj, LB * BT * C);
     resize_zero(a.residual3, L * BT * C);
     resize_zero(a.lnf, BT * C);
     resize_zero(a.lnf_mean, BT);
@@ -420,10 +474,10 @@ void GPT::allocate_activations(int B, int T) {
     resize_zero(a.probs, BT * V);
     resize_zero(a.losses, BT);
     const bool dropout = config_.dropout > 0.0f;
-    resize_zero(a.att_dropped, dropout && !fused_applied_ ? L * B * NH * TT : 0);
+    resize_zero(a.att_dropped, dropout && !fused_applied_ ? LA * B * NH * TT : 0);
     resize_zero(a.encoded_mask, dropout ? BT * C : 0);
-    resize_zero(a.attproj_mask, dropout ? L * BT * C : 0);
-    resize_zero(a.fcproj_mask, dropout ? L * BT * C : 0);
+    resize_zero(a.attproj_mask, dropout ? LB * BT * C : 0);
+    resize_zero(a.fcproj_mask, dropout ? LB * BT * C : 0);
 
     GradientScratch& s = scratch_;
     resize_zero(s.dresidual, BT * C);
@@ -501,9 +555,12 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
                         "float32 only, not ") + precision_name(precision_));
     dropout_applied_ = training_ && config_.dropout > 0.0f;
     fused_applied_ = attention_ == AttentionKind::fused && !dropout_applied_;
+    recompute_applied_ = recompute_;
     const bool weights_missing =
         !fused_applied_ && (acts_.att.empty() || (dropout_applied_ && acts_.att_dropped.empty()));
-    if (B != B_ || T != T_ || weights_missing) allocate_activations(B, T);
+    if (B != B_ || T != T_ || weights_missing || recompute_applied_ != recompute_allocated_) {
+        allocate_activations(B, T);
+    }
     std::copy(inputs, inputs + BT, inputs_.begin());
     has_targets_ = targets != nullptr;
     if (targets) std::copy(targets, targets + BT, targets_.begin());
@@ -537,6 +594,7 @@ float GPT::forward(const int* inputs, const int* targets, int B, int T) {
             for (int l = 0; l < L; ++l) fetch(l);  // every barrier, with nothing to compute
         }
     }
+    rethrow_master_error();  // a weight gather's, from fetch_block
 
     if (!targets) return std::numeric_limits<float>::quiet_NaN();
     // the mean over every position, summed in order whatever the slices were
@@ -549,108 +607,102 @@ void GPT::round_for_product(float* x, std::size_t n, RoundingCounts& counts) con
     if (precision_ != Precision::fp32) counts += round_in_place(x, n, precision_);
 }
 
+// Block l's saved tensors, at the first row of the slice that starts at sequence b0.
+struct GPT::BlockTensors {
+    float* ln1;           // (B, T, C)
+    float* ln1_mean;      // (B, T)
+    float* ln1_rstd;      // (B, T)
+    float* qkv;           // (B, T, C + 2·G·hs)
+    float* atty;          // (B, T, C)
+    float* att;           // (B, NH, T, T); nullptr with the fused attention
+    float* att_dropped;   // (B, NH, T, T); nullptr without dropout
+    float* att_lse;       // (B, NH, T)
+    float* attproj;       // (B, T, C)
+    float* residual2;     // (B, T, C)
+    float* ln2;           // (B, T, C)
+    float* ln2_mean;      // (B, T)
+    float* ln2_rstd;      // (B, T)
+    float* fch;           // (B, T, 4C)
+    float* fch_gelu;      // (B, T, 4C)
+    float* fcproj;        // (B, T, C)
+    float* attproj_mask;  // (B, T, C); nullptr without dropout
+    float* fcproj_mask;   // (B, T, C); nullptr without dropout
+};
+
+GPT::BlockTensors GPT::block_tensors(int l, int b0) {
+    // The stacked buffers are laid out for the whole batch B_: a block's tensor starts at
+    // k · BTC and the slice at row b0 · T, where k is the block, or 0 where only one block's
+    // tensors are kept at a time (allocate_activations).
+    const int T = T_, NH = config_.n_head;
+    const size_t C = static_cast<size_t>(config_.n_embd);
+    const size_t QKV = static_cast<size_t>(config_.qkv_channels());
+    const size_t BT = static_cast<size_t>(B_) * T, BTC = BT * C, TT = static_cast<size_t>(T) * T;
+    const size_t row0 = static_cast<size_t>(b0) * T;
+    const size_t kept = recompute_applied_ == Recompute::blocks ? 0 : static_cast<size_t>(l);
+    const size_t kept_att = recompute_applied_ == Recompute::none ? static_cast<size_t>(l) : 0;
+    const size_t at = kept * BTC + row0 * C;  // this block's (B, T, C) tensors, at the slice
+    const size_t stats = kept * BT + row0;     // its (B, T) statistics
+    const size_t att_at = (kept_att * B_ + b0) * NH * TT;
+    Activations& a = acts_;
+    const bool dropout = dropout_applied_;
+    return {a.ln1.data() + at,
+            a.ln1_mean.data() + stats,
+            a.ln1_rstd.data() + stats,
+            a.qkv.data() + kept * BT * QKV + row0 * QKV,
+            a.atty.data() + at,
+            fused_applied_ ? nullptr : a.att.data() + att_at,
+            dropout ? a.att_dropped.data() + att_at : nullptr,
+            a.att_lse.data() + (kept * B_ + b0) * NH * T,
+            a.attproj.data() + at,
+            a.residual2.data() + at,
+            a.ln2.data() + at,
+            a.ln2_mean.data() + stats,
+            a.ln2_rstd.data() + stats,
+            a.fch.data() + 4 * at,
+            a.fch_gelu.data() + 4 * at,
+            a.fcproj.data() + at,
+            dropout ? a.attproj_mask.data() + at : nullptr,
+            dropout ? a.fcproj_mask.data() + at : nullptr};
+}
+
+DropoutSite GPT::dropout_site_of(int layer, int part, std::size_t first) const {
+    return DropoutSite{dropout_site_seed(dropout_seed_, forward_calls_, dropout_site(layer, part)), first};
+}
+
 void GPT::forward_slice(int b0, int B, const std::function<void(int)>* layer_start) {
     // B is this slice's batch size; the stacked per-layer buffers are laid out for the
     // whole batch B_, so a layer's tensor starts at l * BTC and the slice at row b0 * T.
     const int T = T_;
-    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer, NH = config_.n_head;
-    const int G = config_.kv_heads();
-    const size_t QKV = static_cast<size_t>(config_.qkv_channels());  // c_attn's output width
-    // the weights: the whole model's, or the embeddings' (and the blocks', block_weights()) from
-    // a weight source
+    const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer;
+    // the weights: the whole model's, or the embeddings' from a weight source
     const ParameterTensors& p = has_weight_source() ? source_params_[0] : params_;
     // the weights the matrix products read: float32, or rounded (set_precision)
     const ParameterTensors& w = precision_ == Precision::fp32 ? p : product_params_;
     RoundingCounts rounded;  // this slice's, added to forward_rounding_ at the end
     Activations& a = acts_;
-    const float pdrop = config_.dropout;
-    const bool dropout = dropout_applied_;
     const size_t BT = static_cast<size_t>(B_) * T;  // rows of the whole batch
     const size_t BTC = BT * C;
-    const size_t TT = static_cast<size_t>(T) * T;
     const size_t row0 = static_cast<size_t>(b0) * T;       // the slice's first row
-    const size_t att0 = static_cast<size_t>(b0) * NH * TT;  // its first attention matrix
     // The same in the whole batch that several processes may share (set_batch_offset), for
     // the dropout masks' element indices.
     const size_t mask_row0 = static_cast<size_t>(b0 + batch_offset_) * T;
-    const size_t mask_att0 = static_cast<size_t>(b0 + batch_offset_) * NH * TT;
-    const size_t att_layer = static_cast<size_t>(B_) * NH * TT;
-    const size_t lse0 = static_cast<size_t>(b0) * NH * T;  // its first row of log-sum-exps
-    const size_t lse_layer = static_cast<size_t>(B_) * NH * T;
-    const bool fused = fused_applied_;
     const int N = B * T;  // rows of the slice
     const size_t NC = static_cast<size_t>(N) * C;
     const int* inputs = inputs_.data() + row0;
-    // The mask of a site in this pass, at this slice's first element of a (B, T, C) tensor
-    // (the attention weights' sites start at the slice's first (T, T) matrix instead).
-    auto site = [&](int layer, int part, size_t first) {
-        const int number = dropout_site(layer, part);
-        return DropoutSite{dropout_site_seed(dropout_seed_, forward_calls_, number), first};
-    };
 
     // x = drop(wte[idx] + wpe[pos]), or drop(wte[idx]) without wpe       (B, T, C)
     float* encoded = a.encoded.data() + row0 * C;
     encoder_forward(encoded, inputs, p.wte, p.wpe, B, T, C);
-    if (dropout)
-        dropout_forward(encoded, a.encoded_mask.data() + row0 * C, pdrop,
-                        site(-1, 0, mask_row0 * C), N * C);
+    if (dropout_applied_)
+        dropout_forward(encoded, a.encoded_mask.data() + row0 * C, config_.dropout,
+                        dropout_site_of(-1, 0, mask_row0 * C), N * C);
 
+    // the blocks, each from the output of the one before           (L × (B, T, C))
     for (int l = 0; l < L; ++l) {
         if (layer_start) (*layer_start)(l);
-        const ParameterTensors pl = block_weights(p, l), wl = block_weights(w, l);  // block l's
-        const size_t at = l * BTC + row0 * C;  // this layer's (B, T, C) tensors, at the slice
+        const size_t at = l * BTC + row0 * C;
         const float* residual = l == 0 ? encoded : a.residual3.data() + at - BTC;
-        float* ln1 = a.ln1.data() + at;
-        float* qkv = a.qkv.data() + l * BT * QKV + row0 * QKV;
-        float* atty = a.atty.data() + at;
-        // (B, NH, T, T) weights, or (B, NH, T) log-sum-exps for the fused attention
-        float* att = fused ? nullptr : a.att.data() + l * att_layer + att0;
-        float* att_dropped = dropout ? a.att_dropped.data() + l * att_layer + att0 : nullptr;
-        float* att_lse = a.att_lse.data() + l * lse_layer + lse0;
-        float* attproj = a.attproj.data() + at;
-        float* residual2 = a.residual2.data() + at;
-        float* ln2 = a.ln2.data() + at;
-        float* fch = a.fch.data() + 4 * at;
-        float* fch_gelu = a.fch_gelu.data() + 4 * at;
-        float* fcproj = a.fcproj.data() + at;
-        float* residual3 = a.residual3.data() + at;
-        const size_t stats = l * BT + row0;  // this layer's (B, T) statistics, at the slice
-
-        // x = x + drop(c_proj(attention(c_attn(ln_1(x)))))
-        layernorm_forward(ln1, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, residual,
-                          pl.ln1w, pl.ln1b, B, T, C);
-        round_for_product(ln1, NC, rounded);
-        matmul_forward(qkv, ln1, wl.qkvw, pl.qkvb, N, C, static_cast<int>(QKV));
-        if (config_.position == Position::rope) rope_forward(qkv, B, T, C, NH, 0, G);
-        round_for_product(qkv, static_cast<size_t>(N) * QKV, rounded);  // q, k, v
-        if (fused) {  // full multi-head attention only: set_attention refuses the others
-            attention_fused_forward(atty, att_lse, qkv, B, T, C, NH, config_.causal);
-        } else {
-            const DropoutSite weights_site = site(l, 0, mask_att0);
-            attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f, &weights_site,
-                              B, T, C, NH, config_.causal, config_.scaled_attention,
-                              alibi_slopes_.empty() ? nullptr : alibi_slopes_.data(), G,
-                              config_.window);
-        }
-        round_for_product(atty, NC, rounded);
-        matmul_forward(attproj, atty, wl.attprojw, pl.attprojb, N, C, C);
-        if (dropout)
-            dropout_forward(attproj, a.attproj_mask.data() + at, pdrop,
-                            site(l, 1, mask_row0 * C), N * C);
-        residual_forward(residual2, residual, attproj, N * C);
-
-        // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
-        layernorm_forward(ln2, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, residual2,
-                          pl.ln2w, pl.ln2b, B, T, C);
-        round_for_product(ln2, NC, rounded);
-        matmul_forward(fch, ln2, wl.fcw, pl.fcb, N, C, 4 * C);
-        gelu_forward(fch_gelu, fch, N * 4 * C);
-        round_for_product(fch_gelu, 4 * NC, rounded);
-        matmul_forward(fcproj, fch_gelu, wl.fcprojw, pl.fcprojb, N, 4 * C, C);
-        if (dropout)
-            dropout_forward(fcproj, a.fcproj_mask.data() + at, pdrop,
-                            site(l, 2, mask_row0 * C), N * C);
-        residual_forward(residual3, residual2, fcproj, N * C);
+        block_forward(b0, B, l, residual, a.residual3.data() + at, rounded);
     }
 
     // logits = ln_f(x) · wteᵀ                                           (B, T, V)
@@ -669,6 +721,51 @@ void GPT::forward_slice(int b0, int B, const std::function<void(int)>* layer_sta
 #pragma omp critical(attn_forward_rounding)
         forward_rounding_ += rounded;
     }
+}
+
+void GPT::block_forward(int b0, int B, int l, const float* residual, float* out, RoundingCounts& rounded) {
+    const int T = T_, C = config_.n_embd, NH = config_.n_head, G = config_.kv_heads();
+    const size_t QKV = static_cast<size_t>(config_.qkv_channels());  // c_attn's output width
+    const ParameterTensors& p = has_weight_source() ? source_params_[0] : params_;
+    const ParameterTensors& w = precision_ == Precision::fp32 ? p : product_params_;
+    const ParameterTensors pl = block_weights(p, l), wl = block_weights(w, l);  // block l's
+    const BlockTensors k = block_tensors(l, b0);
+    const float pdrop = config_.dropout;
+    const bool dropout = dropout_applied_;
+    const int N = B * T;  // rows of the slice
+    const size_t NC = static_cast<size_t>(N) * C;
+    // the slice's first element in the whole batch, for the dropout masks (set_batch_offset)
+    const size_t mask_row0 = static_cast<size_t>(b0 + batch_offset_) * T;
+    const size_t mask_att0 = static_cast<size_t>(b0 + batch_offset_) * NH * T * T;
+
+    // x = x + drop(c_proj(attention(c_attn(ln_1(x)))))
+    layernorm_forward(k.ln1, k.ln1_mean, k.ln1_rstd, residual, pl.ln1w, pl.ln1b, B, T, C);
+    round_for_product(k.ln1, NC, rounded);
+    matmul_forward(k.qkv, k.ln1, wl.qkvw, pl.qkvb, N, C, static_cast<int>(QKV));
+    if (config_.position == Position::rope) rope_forward(k.qkv, B, T, C, NH, 0, G);
+    round_for_product(k.qkv, static_cast<size_t>(N) * QKV, rounded);  // q, k, v
+    if (fused_applied_) {  // full multi-head attention only: set_attention refuses the others
+        attention_fused_forward(k.atty, k.att_lse, k.qkv, B, T, C, NH, config_.causal);
+    } else {
+        const DropoutSite weights_site = dropout_site_of(l, 0, mask_att0);
+        attention_forward(k.atty, k.att, k.att_dropped, k.qkv, dropout ? pdrop : 0.0f, &weights_site,
+                          B, T, C, NH, config_.causal, config_.scaled_attention,
+                          alibi_slopes_.empty() ? nullptr : alibi_slopes_.data(), G, config_.window);
+    }
+    round_for_product(k.atty, NC, rounded);
+    matmul_forward(k.attproj, k.atty, wl.attprojw, pl.attprojb, N, C, C);
+    if (dropout) dropout_forward(k.attproj, k.attproj_mask, pdrop, dropout_site_of(l, 1, mask_row0 * C), N * C);
+    residual_forward(k.residual2, residual, k.attproj, N * C);
+
+    // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
+    layernorm_forward(k.ln2, k.ln2_mean, k.ln2_rstd, k.residual2, pl.ln2w, pl.ln2b, B, T, C);
+    round_for_product(k.ln2, NC, rounded);
+    matmul_forward(k.fch, k.ln2, wl.fcw, pl.fcb, N, C, 4 * C);
+    gelu_forward(k.fch_gelu, k.fch, N * 4 * C);
+    round_for_product(k.fch_gelu, 4 * NC, rounded);
+    matmul_forward(k.fcproj, k.fch_gelu, wl.fcprojw, pl.fcprojb, N, 4 * C, C);
+    if (dropout) dropout_forward(k.fcproj, k.fcproj_mask, pdrop, dropout_site_of(l, 2, mask_row0 * C), N * C);
+    if (out) residual_forward(out, k.residual2, k.fcproj, N * C);
 }
 
 void GPT::zero_grad() { zero(grads_memory_); }
@@ -720,8 +817,7 @@ void GPT::backward(float loss_scale) {
                 }
             }
 #pragma omp barrier
-#pragma omp master
-            gradient_ready_(L - 1 - l);
+            on_master([&] { gradient_ready_(L - 1 - l); });
         };
         const std::function<void(int)>* hook = gradient_ready_ ? &layer_done : nullptr;
         if (id == 0) {
@@ -751,6 +847,7 @@ void GPT::backward(float loss_scale) {
             }
         }
     }
+    rethrow_master_error();  // the gradient hook's
     if (gradient_ready_) gradient_ready_(L);  // the embeddings and ln_f
 }
 
@@ -788,8 +885,7 @@ void GPT::backward_to_sink() {
             for (std::ptrdiff_t i = 0; i < n; ++i) {
                 for (int s = 1; s < team; ++s) sum[i] += sink_blocks_[static_cast<size_t>(s)][i];
             }
-#pragma omp master
-            sink_(L - 1 - l, sum);
+            on_master([&] { sink_(L - 1 - l, sum); });
 #pragma omp barrier
             std::fill(own, own + block_floats_, 0.0f);
         };
@@ -811,6 +907,7 @@ void GPT::backward_to_sink() {
             for (int s = 1; s < team; ++s) sum[i] += sink_rests_[static_cast<size_t>(s)][i];
         }
     }
+    rethrow_master_error();  // the sink's, or a weight gather's from fetch_block
     sink_(L, sink_rests_[0].data());  // the embeddings and ln_f
 }
 
@@ -828,10 +925,8 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     const size_t TT = static_cast<size_t>(T) * T;
     const size_t row0 = static_cast<size_t>(b0) * T;
     const size_t att0 = static_cast<size_t>(b0) * NH * TT;
-    const size_t att_layer = static_cast<size_t>(B_) * NH * TT;
-    const size_t lse0 = static_cast<size_t>(b0) * NH * T;  // its first row of log-sum-exps
-    const size_t lse_layer = static_cast<size_t>(B_) * NH * T;
     const bool fused = fused_applied_;
+    const Recompute recompute = recompute_applied_;
     const int N = B * T;
     const size_t NC = static_cast<size_t>(N) * C;
     // the weights: the whole model's, or the embeddings' (and the blocks', block_weights()) from
@@ -859,7 +954,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     // loss = mean cross-entropy(softmax(logits), targets), the mean over the whole batch
     clear(dlogits, static_cast<size_t>(N) * V);
     crossentropy_backward(dlogits, a.probs.data() + row0 * V, targets_.data() + row0, B, T, V,
-                          static_cast<int>(BT));
+                          whole_batch_ > 0 ? whole_batch_ * T : static_cast<int>(BT));
     // loss_scale · loss: every gradient below is loss_scale times larger
     if (loss_scale_ != 1.0f) {
         for (size_t i = 0; i < static_cast<size_t>(N) * V; ++i) dlogits[i] *= loss_scale_;
@@ -880,20 +975,38 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
     for (int l = L - 1; l >= 0; --l) {
         if (layer_start) (*layer_start)(l);
         const ParameterTensors pl = block_weights(p, l), wl = block_weights(w, l);  // block l's
-        const size_t at = l * BTC + row0 * C;
-        const size_t stats = l * BT + row0;
+        const size_t at = l * BTC + row0 * C;  // block l's output, residual3[l], at the slice
         const float* residual =
             l == 0 ? a.encoded.data() + row0 * C : a.residual3.data() + at - BTC;
-        const float* ln1 = a.ln1.data() + at;
-        const float* qkv = a.qkv.data() + l * BT * QKV + row0 * QKV;
-        const float* atty = a.atty.data() + at;
-        const float* att = fused ? nullptr : a.att.data() + l * att_layer + att0;
-        const float* att_dropped = dropout ? a.att_dropped.data() + l * att_layer + att0 : nullptr;
-        const float* att_lse = a.att_lse.data() + l * lse_layer + lse0;
-        const float* residual2 = a.residual2.data() + at;
-        const float* ln2 = a.ln2.data() + at;
-        const float* fch = a.fch.data() + 4 * at;
-        const float* fch_gelu = a.fch_gelu.data() + 4 * at;
+        //! [recompute]
+        // Activation checkpointing: what the forward pass did not keep, computed again as it
+        // computed it (the same functions on the same inputs, the same dropout masks), into
+        // the one block's buffers, before block l's backward pass reads it.
+        if (recompute == Recompute::blocks) {
+            RoundingCounts again;  // counted once, by the forward pass
+            block_forward(b0, B, l, residual, nullptr, again);
+        }
+        const BlockTensors k = block_tensors(l, b0);
+        if (recompute == Recompute::attention && !fused) {
+            // att = softmax(q·kᵀ/√hs), drop(att): the attention's output goes to datty, which
+            // c_proj's backward clears before it writes there
+            const DropoutSite weights_site =
+                dropout_site_of(l, 0, static_cast<size_t>(b0 + batch_offset_) * NH * TT);
+            attention_forward(datty, k.att, k.att_dropped, k.qkv, pdrop, &weights_site, B, T, C, NH,
+                              config_.causal, config_.scaled_attention,
+                              alibi_slopes_.empty() ? nullptr : alibi_slopes_.data(), G, config_.window);
+        }
+        //! [recompute]
+        const float* ln1 = k.ln1;
+        const float* qkv = k.qkv;
+        const float* atty = k.atty;
+        const float* att = k.att;
+        const float* att_dropped = k.att_dropped;
+        const float* att_lse = k.att_lse;
+        const float* residual2 = k.residual2;
+        const float* ln2 = k.ln2;
+        const float* fch = k.fch;
+        const float* fch_gelu = k.fch_gelu;
         // block l's gradients: its slices of the stacked tensors, or a sink's block buffer
         ParameterTensors gl;
         if (block) {
@@ -906,7 +1019,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
         // d(fcproj) = dresidual
         std::copy(dresidual, dresidual + NC, dinner);
         // fcproj = drop(fch_gelu · c_projᵀ + b)
-        if (dropout) dropout_backward(dinner, a.fcproj_mask.data() + at, N * C);
+        if (dropout) dropout_backward(dinner, k.fcproj_mask, N * C);
         clear(dfch_gelu, 4 * NC);
         round_for_product(dinner, NC, rounded);
         matmul_backward(dfch_gelu, gl.fcprojw, gl.fcprojb,
@@ -921,13 +1034,13 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
                         wl.fcw, N, C, 4 * C);
         // ln2 = ln_2(residual2)
         layernorm_backward(dresidual, gl.ln2w, gl.ln2b, dln, residual2,
-                           pl.ln2w, a.ln2_mean.data() + stats, a.ln2_rstd.data() + stats, B,
+                           pl.ln2w, k.ln2_mean, k.ln2_rstd, B,
                            T, C);
 
         // residual2 = residual + attproj
         std::copy(dresidual, dresidual + NC, dinner);
         // attproj = drop(atty · c_projᵀ + b)
-        if (dropout) dropout_backward(dinner, a.attproj_mask.data() + at, N * C);
+        if (dropout) dropout_backward(dinner, k.attproj_mask, N * C);
         clear(datty, NC);
         round_for_product(dinner, NC, rounded);
         matmul_backward(datty, gl.attprojw, gl.attprojb, dinner,
@@ -949,7 +1062,7 @@ void GPT::backward_slice(int b0, int B, const ParameterTensors& g,
                         wl.qkvw, N, C, static_cast<int>(QKV));
         // ln1 = ln_1(residual)
         layernorm_backward(dresidual, gl.ln1w, gl.ln1b, dln, residual,
-                           pl.ln1w, a.ln1_mean.data() + stats, a.ln1_rstd.data() + stats, B,
+                           pl.ln1w, k.ln1_mean, k.ln1_rstd, B,
                            T, C);
         if (layer_done) (*layer_done)(l);  // block l's gradients are this slice's final share
     }

@@ -9,6 +9,7 @@
 #include <mpi.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -108,6 +109,13 @@ public:
     const BucketPlan& plan() const { return plan_; }
     /// What the last step's gradient sums cost.
     const AllreduceTiming& last_timing() const { return timing_; }
+    /// The times the gradients were summed over the ranks since the group was made, one per
+    /// finish_gradients(): one per step, however many micro-batches' gradients a step adds
+    /// up first (TrainConfig::grad_accum, DDP's no_sync). @return the count
+    std::int64_t gradient_sums() const { return gradient_sums_; }
+    /// The allreduce calls of those sums, all together (AllreduceTiming::allreduce_calls of
+    /// every step). @return the count
+    std::int64_t allreduce_calls() const { return allreduce_calls_; }
 
     /// A bucket of the plan: the model's gradient buckets (blocks) first..last, and its
     /// contiguous ranges in the flat gradient buffer (adjacent ranges joined).
@@ -135,6 +143,7 @@ private:
     std::size_t started_ = 0;                  // buckets whose sums have started this step
     double backward_start_ = 0.0;
     AllreduceTiming timing_;
+    std::int64_t gradient_sums_ = 0, allreduce_calls_ = 0;  // since the group was made
 };
 
 }  // namespace attn::mpi

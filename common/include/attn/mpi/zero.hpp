@@ -93,6 +93,9 @@ public:
     float clip_gradients(GPT& model, float max_norm) override;
     void update(GPT& model, AdamW& optimizer, float lr) override;
     void whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m, std::vector<float>& v) override;
+    /// False: the backward pass hands each block's gradients to the ring as it finishes them,
+    /// with no whole buffer to add several passes' gradients in. @return false
+    bool accumulates_in_model() const override { return false; }
     /// Its pieces of the summed gradients and the rings' buffers (a piece received; in stage 2 a piece sent too). @return their bytes
     std::size_t gradient_bytes() const override;
 
