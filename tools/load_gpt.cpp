@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
     app.add_option("--seconds", f.seconds, "stop sending after this long, per level")->check(CLI::Range(1.0, 86400.0));
     app.add_option("--prompt-chars", f.prompt_chars, "a prompt's length, LO:HI characters");
     app.add_option("--max-tokens", f.max_tokens, "tokens asked for, LO:HI (within the model's context)");
-    app.add_option("--temperature", f.temperature, "the requests' temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+    app.add_option("--temperature", f.temperature, "the requests' temperature (0: greedy; at most 2, as the API allows)")->check(CLI::Range(0.0, 2.0));
     app.add_option("--text", f.text, "where prompts come from (default: data/tinyshakespeare.txt)");
     app.add_option("--seed", f.seed, "the same seed, the same requests");
     app.add_flag("--rounds", f.rounds, "clients send together and wait for the slowest (static batching)");

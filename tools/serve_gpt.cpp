@@ -6,15 +6,22 @@
 //
 //   curl -s localhost:8000/v1/completions -d '{"prompt": "ROMEO:", "max_tokens": 40}'
 //   curl -sN localhost:8000/v1/completions -d '{"prompt": "ROMEO:", "stream": true}'
+//   curl -s localhost:8000/v1/chat/completions -d '{"messages": [{"role": "user", "content": "Hi"}]}'
+//   curl -s localhost:8000/v1/models
 //   curl -s localhost:8000/health        curl -s localhost:8000/metrics
 //
 // GET /health: {"status": "ok" or "draining", "context": the model's block size,
 // "vocabulary": its characters}, 200 while serving, 503 while draining.
 //
-// POST /v1/completions takes the fields of the OpenAI-style completions endpoint that apply
-// to a character model: prompt, max_tokens, temperature (0: greedy), top_k, seed, stream,
-// and model (any name; there is one). With "stream": true the tokens come as server-sent
-// events, one character each, then `data: [DONE]`. A bad request is answered 400 with a
+// The OpenAI API, as the official clients call it (tools/serve/openai.hpp lists every
+// field): POST /v1/completions and POST /v1/chat/completions (the chat template writes the
+// conversation in the play's speaker style), GET /v1/models and GET /v1/models/{id}. The
+// served model's id is --served-model-name; a request naming another gets 404
+// model_not_found. A request asks for n samples of each prompt (each prompt computed once
+// and forked), top_p, penalties, stop strings, echo, the model's log-probabilities, a seed
+// (absent: a fresh one per request). With "stream": true the text comes as server-sent
+// events as it is produced (never past a stop string), then the usage when
+// stream_options.include_usage, then `data: [DONE]`. A bad request is answered 400 with a
 // JSON error naming the field; a full queue 503 with Retry-After; the server goes on.
 //
 // The HTTP side is one event loop (Boost.Beast over Asio) on one thread, which holds every
@@ -38,6 +45,7 @@
 #include "attn/paged_cache.hpp"
 #include "attn/scheduler.hpp"
 
+#include "openai.hpp"
 #include "tool_main.hpp"
 
 #include <CLI/CLI.hpp>
@@ -100,29 +108,19 @@ struct Flags {
     double body_timeout = 10.0;
     double idle_timeout = 5.0;
     std::vector<std::string> allow_origins;
+    std::string served_name = "attention-from-scratch";
 };
 
-// An answer the client gets for a request it should change: the OpenAI error body, with
-// the field it is about (`param`).
-struct BadRequest : std::runtime_error {
-    BadRequest(std::string field, const std::string& message)
-        : std::runtime_error(message), param(std::move(field)) {}
-    std::string param;
-};
-
-json error_body(const std::string& message, const std::string& type, const std::string& param) {
-    return {{"error", {{"message", message}, {"type", type},
-                       {"param", param.empty() ? json(nullptr) : json(param)}, {"code", nullptr}}}};
-}
+using serve::error_body;
 
 // A completion's id: 96 random bits from the system's entropy source (std::random_device,
 // /dev/urandom on Linux), so that ids do not repeat across restarts of the server.
-std::string completion_id() {
+std::string completion_id(const char* prefix) {
     static std::random_device entropy;
     static std::mutex m;
     std::lock_guard<std::mutex> lock(m);
-    char out[32];
-    std::snprintf(out, sizeof out, "cmpl-%08x%08x%08x", static_cast<unsigned>(entropy()),
+    char out[48];
+    std::snprintf(out, sizeof out, "%s-%08x%08x%08x", prefix, static_cast<unsigned>(entropy()),
                   static_cast<unsigned>(entropy()), static_cast<unsigned>(entropy()));
     return out;
 }
@@ -160,6 +158,7 @@ struct Histogram {
 struct Channel {
     std::string name;  // the completion's id
     std::vector<int> tokens;
+    std::vector<std::optional<TokenLogprobs>> logprobs;  // per token, when asked
     bool finished = false, admitted = false, wake_pending = false;
     std::function<void()> wake;
     Clock::time_point submitted, last;
@@ -206,20 +205,41 @@ public:
         });
     }
 
-    // Queues a parsed request: done gets its id and channel, or QueueFull or
-    // std::invalid_argument (a bad field).
+    // Queues a request's choices, one channel each: each prompt once, forked into its n
+    // samples (submissions[p · n] is prompt p's). done gets the ids in choice order, or
+    // QueueFull or std::invalid_argument (a bad field), having queued none.
     template <class Done>
-    void submit(const CompletionRequest& r, std::shared_ptr<Channel> ch, Done done) {
-        post([this, r, ch] {
+    void submit(std::vector<CompletionRequest> submissions, int n, std::vector<std::shared_ptr<Channel>> chs,
+                Done done) {
+        post([this, submissions = std::move(submissions), n, chs = std::move(chs)] {
                  if (draining_) throw QueueFull("the server is shutting down");
-                 const int id = scheduler_.submit(r);
-                 ch->submitted = ch->last = Clock::now();
+                 std::vector<int> ids;
+                 try {
+                     for (std::size_t p = 0; p < submissions.size(); p += static_cast<std::size_t>(n)) {
+                         const std::vector<int> group = scheduler_.submit(submissions[p], n);
+                         ids.insert(ids.end(), group.begin(), group.end());
+                     }
+                 } catch (...) {
+                     for (int id : ids) scheduler_.cancel(id);
+                     throw;
+                 }
                  std::lock_guard<std::mutex> lock(stream_m);
-                 channels_[id] = ch;
-                 ++accepted_;
-                 return id;
+                 for (std::size_t c = 0; c < ids.size(); ++c) {
+                     chs[c]->submitted = chs[c]->last = Clock::now();
+                     channels_[ids[c]] = chs[c];
+                     ++accepted_;
+                 }
+                 return ids;
              },
              std::move(done));
+    }
+    // A choice met a stop string: its sequence ends now, its blocks return to the pool.
+    void end_early(int id) {
+        push([this, id] {
+            scheduler_.cancel(id);
+            std::lock_guard<std::mutex> lock(stream_m);
+            channels_.erase(id);
+        });
     }
     // A client went away: its sequence ends now, its blocks return to the pool.
     void cancel(int id) {
@@ -329,6 +349,7 @@ private:
                 (ch.tokens.empty() ? first_token_ : per_token_).add(gap);
                 ch.last = now;
                 ch.tokens.push_back(e.token);
+                ch.logprobs.push_back(e.logprobs);
                 ch.finished = e.finished;
                 if (e.finished) end_to_end_.add(std::chrono::duration<double>(now - ch.submitted).count());
                 if (!ch.wake_pending && ch.wake) {
@@ -389,102 +410,6 @@ void Engine::write_metrics(std::ostream& os, const State& s) {
     end_to_end_.write(os, "serve_request_duration_seconds", "From a request's arrival to its last token.");
 }
 
-// The request's JSON, checked field by field against the model. The HTTP layer calls this
-// one function, and the JSON builders below, and nothing else of the endpoint's format.
-struct Parsed {
-    CompletionRequest request;
-    std::string prompt;
-    bool stream = false;
-};
-
-Parsed parse_completion(const std::string& body, const GPT& model, const CharVocab& vocab) {
-    json j;
-    try {
-        j = json::parse(body);
-    } catch (const json::exception& e) {  // a syntax error, or a number past double's range
-        throw BadRequest("", std::string("the body is not valid JSON: ") + e.what());
-    }
-    if (!j.is_object()) throw BadRequest("", "the body must be a JSON object");
-    const GPTConfig& cfg = model.config();
-    Parsed p;
-    SampleOptions& o = p.request.options;
-    o.max_new_tokens = 16;  // OpenAI's default
-    o.seed = 1337;
-    for (const auto& [key, value] : j.items()) {
-        if (key == "prompt") {
-            if (!value.is_string()) throw BadRequest(key, "prompt: must be a string");
-            p.prompt = value.get<std::string>();
-        } else if (key == "max_tokens") {
-            if (!value.is_number_integer() || value.get<long long>() < 1)
-                throw BadRequest(key, "max_tokens: must be a whole number ≥ 1");
-            if (value.get<long long>() > cfg.block_size)
-                throw BadRequest(key, "max_tokens: " + value.dump() + " is past the model's context of " +
-                                          std::to_string(cfg.block_size));
-            o.max_new_tokens = value.get<int>();
-        } else if (key == "temperature") {
-            if (!value.is_number() || !(value.get<double>() >= 0.0) || value.get<double>() > 100.0)
-                throw BadRequest(key, "temperature: must be a number in [0, 100] (0: greedy)");
-            const double t = value.get<double>();
-            if (t == 0.0) {
-                o.top_k = 1;  // greedy: the most likely token every time
-                o.temperature = 1.0f;
-            } else {
-                o.temperature = static_cast<float>(t);
-            }
-        } else if (key == "top_k") {
-            if (!value.is_number_integer() || value.get<long long>() < 0 ||
-                value.get<long long>() > cfg.vocab_size)
-                throw BadRequest(key, "top_k: must be a whole number in [0, " +
-                                          std::to_string(cfg.vocab_size) + "] (0: all)");
-            if (j.contains("temperature") && j["temperature"].is_number() && j["temperature"] == 0) continue;
-            o.top_k = value.get<int>();
-        } else if (key == "seed") {
-            if (!value.is_number_unsigned())  // a whole number ≥ 0, up to 2^64 - 1
-                throw BadRequest(key, "seed: must be a whole number ≥ 0");
-            o.seed = value.get<std::uint64_t>();
-        } else if (key == "stream") {
-            if (!value.is_boolean()) throw BadRequest(key, "stream: must be true or false");
-            p.stream = value.get<bool>();
-        } else if (key == "model") {
-            if (!value.is_string()) throw BadRequest(key, "model: must be a string");
-        } else {
-            throw BadRequest(key, key + ": not a field of this endpoint (prompt, max_tokens, "
-                                        "temperature, top_k, seed, stream, model)");
-        }
-    }
-    try {
-        p.request.prompt = start_tokens(vocab, cfg.vocab_size, p.prompt, o);
-    } catch (const std::invalid_argument& e) {
-        std::string what = e.what();  // "the prompt: …" from start_tokens
-        if (what.rfind("the prompt: ", 0) == 0) what = what.substr(12);
-        throw BadRequest("prompt", "prompt: " + what);
-    }
-    if (static_cast<int>(p.request.prompt.size()) > cfg.block_size)
-        throw BadRequest("prompt", "prompt: " + std::to_string(p.request.prompt.size()) +
-                                       " characters, past the model's context of " +
-                                       std::to_string(cfg.block_size));
-    return p;
-}
-
-std::string completion_json(const std::string& id, const std::string& text, bool last,
-                            int prompt_tokens, int completion_tokens) {
-    json j = {{"id", id},
-              {"object", "text_completion"},
-              {"created", std::chrono::duration_cast<std::chrono::seconds>(
-                              std::chrono::system_clock::now().time_since_epoch()).count()},
-              {"model", "attention-from-scratch"},
-              {"choices", json::array({{{"text", text},
-                                        {"index", 0},
-                                        {"logprobs", nullptr},
-                                        {"finish_reason", last ? json("length") : json(nullptr)}}})}};
-    if (completion_tokens >= 0) {
-        j["usage"] = {{"prompt_tokens", prompt_tokens},
-                      {"completion_tokens", completion_tokens},
-                      {"total_tokens", prompt_tokens + completion_tokens}};
-    }
-    return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
 std::string dump(const json& j) {
     // replace: a parse error's message may quote the body's bytes, which need not be UTF-8
     return j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -504,10 +429,12 @@ struct Route {
     const char* path;
     http::verb method;
 };
-constexpr std::array<Route, 4> routes = {{{"/health", http::verb::get},
+constexpr std::array<Route, 6> routes = {{{"/health", http::verb::get},
                                           {"/metrics", http::verb::get},
                                           {"/v1/blocks", http::verb::get},
-                                          {"/v1/completions", http::verb::post}}};
+                                          {"/v1/completions", http::verb::post},
+                                          {"/v1/chat/completions", http::verb::post},
+                                          {"/v1/models", http::verb::get}}};
 
 class Session;
 
@@ -526,6 +453,7 @@ struct Server {
     net::io_context& ioc;
     Engine& engine;
     const Flags& flags;
+    serve::ServedModel served;  // what /v1/models lists and requests must name
     tcp::acceptor acceptor;
     net::steady_timer accept_retry;
     int port = 0;
@@ -565,8 +493,9 @@ private:
     void read_body();
     void on_body(beast::error_code ec);
     void dispatch();
-    void completion(const std::string& body);
-    void on_submitted(std::exception_ptr error, int id);
+    void completion(const std::string& body, serve::Endpoint endpoint);
+    void on_submitted(std::exception_ptr error, std::vector<int> ids);
+    std::string collect();
     void on_tokens();
     void pump();
     void write_stream(std::string bytes);
@@ -575,6 +504,9 @@ private:
               const Extra& extra = {}) {
         respond(status, dump(error_body(message, error_type(status), param)) + "\n", "application/json",
                 close_after, extra);
+    }
+    void fail_api(const serve::ApiError& e) {
+        respond(e.status, dump(error_body(e)) + "\n", "application/json", false);
     }
     void finish();
     void linger();
@@ -608,9 +540,10 @@ private:
     bool working_ = false, streamed_ = false, done_ = false, writing_ = false;
     bool watching_ = false;
     std::function<void()> after_watch_;
-    int id_ = -1, prompt_tokens_ = 0;
-    std::size_t sent_ = 0;
-    std::shared_ptr<Channel> ch_;
+    std::shared_ptr<serve::Completion> completion_;
+    std::vector<int> ids_;                      // the scheduler's, one per choice
+    std::vector<std::shared_ptr<Channel>> chs_;  // one per choice
+    std::vector<std::size_t> sent_;              // per choice: tokens given to completion_
 };
 
 void Session::read_request() {
@@ -711,10 +644,15 @@ void Session::dispatch() {
     }
     const std::string target(req.target());
     const std::string path = target.substr(0, target.find('?'));
-    const auto route = std::find_if(routes.begin(), routes.end(), [&](const Route& r) { return path == r.path; });
+    // /v1/models/{id} takes what /v1/models takes
+    const bool model_path = path.rfind("/v1/models/", 0) == 0 && path.size() > 11;
+    const auto route = std::find_if(routes.begin(), routes.end(), [&](const Route& r) {
+        return path == r.path || (model_path && std::string(r.path) == "/v1/models");
+    });
     if (route == routes.end())
-        return fail(404, "no endpoint " + path + " (this server has GET /health, GET /metrics, GET /v1/blocks "
-                         "and POST /v1/completions)", "", false);
+        return fail(404, "no endpoint " + path + " (this server has GET /health, GET /metrics, GET /v1/blocks, "
+                         "POST /v1/completions, POST /v1/chat/completions, GET /v1/models and "
+                         "GET /v1/models/{id})", "", false);
     const std::string allow = std::string(http::to_string(route->method)) + ", OPTIONS";
     if (req.method() == http::verb::options) {
         Extra extra = {{"Allow", allow}};
@@ -759,40 +697,60 @@ void Session::dispatch() {
         });
         return;
     }
-    completion(req.body());
+    if (path == "/v1/models") return respond(200, dump(serve::model_list(server_.served)) + "\n", "application/json", false);
+    if (model_path) {
+        try {
+            return respond(200, dump(serve::retrieve_model(server_.served, path.substr(11))) + "\n",
+                           "application/json", false);
+        } catch (const serve::ApiError& e) {
+            return fail_api(e);
+        }
+    }
+    completion(req.body(), path == "/v1/chat/completions" ? serve::Endpoint::chat : serve::Endpoint::completions);
 }
 
-void Session::completion(const std::string& body) {
+void Session::completion(const std::string& body, serve::Endpoint endpoint) {
     if (server_.draining) return fail(503, "the server is shutting down", "", true, {{"Retry-After", "1"}});
-    Parsed p;
+    std::shared_ptr<serve::Completion> completion;
+    const std::string name = completion_id(endpoint == serve::Endpoint::chat ? "chatcmpl" : "cmpl");
     try {
-        p = parse_completion(body, server_.engine.model(), server_.engine.vocab());
-    } catch (const BadRequest& e) {
-        return fail(400, e.what(), e.param, false);
+        const serve::Request r = endpoint == serve::Endpoint::chat ? serve::parse_chat(body, server_.served)
+                                                                   : serve::parse_completions(body, server_.served);
+        const auto created = std::chrono::duration_cast<std::chrono::seconds>(
+                                 std::chrono::system_clock::now().time_since_epoch()).count();
+        completion = std::make_shared<serve::Completion>(
+            r, server_.served, name, created);
+    } catch (const serve::ApiError& e) {
+        return fail_api(e);
     }
     working_ = true;
     ++server_.in_flight;
-    streamed_ = p.stream;
+    streamed_ = completion->streaming();
     done_ = writing_ = false;
-    id_ = -1;
-    sent_ = 0;
-    prompt_tokens_ = static_cast<int>(p.request.prompt.size());
-    ch_ = std::make_shared<Channel>();
-    ch_->name = completion_id();
-    ch_->wake = on_loop([](Session& s) { s.on_tokens(); });
+    completion_ = completion;
+    ids_.clear();
+    chs_.clear();
+    sent_.assign(static_cast<std::size_t>(completion->choices()), 0);
+    for (int c = 0; c < completion->choices(); ++c) {
+        auto ch = std::make_shared<Channel>();
+        ch->name = name;
+        ch->wake = on_loop([](Session& s) { s.on_tokens(); });
+        chs_.push_back(std::move(ch));
+    }
     watch();
-    server_.engine.submit(p.request, ch_,
-                          [w = weak_from_this(), &ioc = server_.ioc, &engine = server_.engine](std::exception_ptr error,
-                                                                                                int id) {
-                              net::post(ioc, [w, error, id, &engine] {
+    server_.engine.submit(completion->submissions(), completion->samples(), chs_,
+                          [w = weak_from_this(), &ioc = server_.ioc, &engine = server_.engine](
+                              std::exception_ptr error, std::vector<int> ids) {
+                              net::post(ioc, [w, error, ids = std::move(ids), &engine] {
                                   auto self = w.lock();
-                                  if (self) return self->on_submitted(error, id);
-                                  if (!error) engine.cancel(id);  // the client left meanwhile
+                                  if (self) return self->on_submitted(error, ids);
+                                  if (!error)
+                                      for (int id : ids) engine.cancel(id);  // the client left meanwhile
                               });
                           });
 }
 
-void Session::on_submitted(std::exception_ptr error, int id) {
+void Session::on_submitted(std::exception_ptr error, std::vector<int> ids) {
     if (error) {
         end_work();
         if (closed_) return;
@@ -808,13 +766,13 @@ void Session::on_submitted(std::exception_ptr error, int id) {
             return fail(500, e.what(), "", true);
         }
     }
-    id_ = id;
+    ids_ = std::move(ids);
     if (closed_) {
-        server_.engine.cancel(id);
+        for (int id : ids_) server_.engine.cancel(id);
         return;
     }
-    if (!streamed_) return on_tokens();  // the answer comes whole, when the channel says finished
-    // Server-sent events: one per token as it comes, then [DONE], in a chunked body.
+    if (!streamed_) return on_tokens();  // the answer comes whole, when every choice has ended
+    // Server-sent events as the text comes, then [DONE], in a chunked body.
     const bool keep = keep_alive_ && !server_.draining;
     std::string head = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
                        "Transfer-Encoding: chunked\r\n";
@@ -825,26 +783,47 @@ void Session::on_submitted(std::exception_ptr error, int id) {
     write_stream(head + "\r\n");
 }
 
-void Session::on_tokens() {
-    if (closed_ || id_ < 0 || done_ || !ch_) return;
-    if (streamed_) return pump();
-    std::vector<int> tokens;
-    {
-        std::lock_guard<std::mutex> lock(server_.engine.stream_m);
-        ch_->wake_pending = false;
-        if (!ch_->finished) return;
-        tokens = ch_->tokens;
+// Gives every choice's new tokens to the completion; returns the events they make (none
+// when not streamed). A choice that met a stop string has its sequence ended at once.
+std::string Session::collect() {
+    std::string events;
+    for (std::size_t c = 0; c < chs_.size(); ++c) {
+        if (completion_->finished(static_cast<int>(c))) continue;
+        Channel& ch = *chs_[c];
+        std::vector<int> tokens;
+        std::vector<std::optional<TokenLogprobs>> logprobs;
+        bool finished = false;
+        {
+            std::lock_guard<std::mutex> lock(server_.engine.stream_m);
+            ch.wake_pending = false;
+            tokens.assign(ch.tokens.begin() + static_cast<long>(sent_[c]), ch.tokens.end());
+            logprobs.assign(ch.logprobs.begin() + static_cast<long>(sent_[c]), ch.logprobs.end());
+            finished = ch.finished;
+        }
+        for (std::size_t i = 0; i < tokens.size() && !completion_->finished(static_cast<int>(c)); ++i) {
+            events += completion_->add(static_cast<int>(c), tokens[i], logprobs[i], finished && i + 1 == tokens.size());
+            ++sent_[c];
+        }
+        if (!completion_->finished(static_cast<int>(c))) continue;
+        if (finished)
+            server_.engine.forget(ids_[c]);
+        else
+            server_.engine.end_early(ids_[c]);  // a stop string: the rest is not wanted
     }
+    return events;
+}
+
+void Session::on_tokens() {
+    if (closed_ || ids_.empty() || done_ || !completion_) return;
+    if (streamed_) return pump();
+    collect();
+    if (!completion_->finished()) return;
     done_ = true;
-    server_.engine.forget(id_);
-    std::string text;
-    for (int t : tokens) text += server_.engine.vocab().at(t);
-    respond(200, completion_json(ch_->name, text, true, prompt_tokens_, static_cast<int>(tokens.size())) + "\n",
-            "application/json", false);
+    respond(200, dump(completion_->body()) + "\n", "application/json", false);
 }
 
 void append_chunk(std::string& out, const std::string& data) {
-    char size[16];
+    char size[24];  // 16 hex digits at most, and the line's end
     std::snprintf(size, sizeof size, "%zx\r\n", data.size());
     out += size;
     out += data;
@@ -855,27 +834,15 @@ void append_chunk(std::string& out, const std::string& data) {
 // went away) closes the connection, which ends the request and frees its blocks.
 void Session::pump() {
     if (writing_ || closed_ || done_) return;
-    std::vector<int> fresh;
-    bool finished = false;
-    {
-        std::lock_guard<std::mutex> lock(server_.engine.stream_m);
-        ch_->wake_pending = false;
-        fresh.assign(ch_->tokens.begin() + static_cast<long>(sent_), ch_->tokens.end());
-        finished = ch_->finished;
-    }
-    if (fresh.empty() && !finished) return;  // still waiting in the queue
+    const std::string events = collect();
+    const bool finished = completion_->finished();
+    if (events.empty() && !finished) return;  // still waiting (in the queue, or behind a stop string's start)
     std::string out;
-    for (std::size_t i = 0; i < fresh.size(); ++i) {
-        const bool last = finished && i + 1 == fresh.size();
-        append_chunk(out, "data: " + completion_json(ch_->name, server_.engine.vocab().at(fresh[i]), last, 0, -1) +
-                              "\n\n");
-    }
-    sent_ += fresh.size();
+    if (!events.empty()) append_chunk(out, events);
     if (finished) {
-        append_chunk(out, "data: [DONE]\n\n");
+        append_chunk(out, completion_->stream_end());
         out += "0\r\n\r\n";
         done_ = true;
-        server_.engine.forget(id_);
     }
     write_stream(std::move(out));
 }
@@ -980,7 +947,9 @@ void Session::close() {
     if (closed_) return;
     auto self = shared_from_this();  // the server's reference goes below
     closed_ = true;
-    if (working_ && !done_ && id_ >= 0) server_.engine.cancel(id_);  // the client left mid-request
+    if (working_ && !done_ && completion_)  // the client left mid-request
+        for (std::size_t c = 0; c < ids_.size(); ++c)
+            if (!completion_->finished(static_cast<int>(c))) server_.engine.cancel(ids_[c]);
     end_work();
     beast::error_code ignored;
     stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
@@ -989,7 +958,11 @@ void Session::close() {
 }
 
 Server::Server(net::io_context& io, Engine& e, const Flags& f)
-    : ioc(io), engine(e), flags(f), acceptor(io), accept_retry(io) {
+    : ioc(io), engine(e), flags(f),
+      served{f.served_name, e.vocab(), e.model().config().block_size,
+             std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch())
+                 .count()},
+      acceptor(io), accept_retry(io) {
     beast::error_code ec;
     const std::string where = "cannot listen on " + f.host + ":" + std::to_string(f.port);
     tcp::resolver resolver(io);
@@ -1219,6 +1192,9 @@ int main(int argc, char** argv) {
                    "null for a page opened from a file; repeatable (none: requests with an Origin get 403)")
         ->expected(1)
         ->check([](const std::string& origin) { return origin.empty() ? std::string("an empty origin") : std::string(); });
+    app.add_option("--served-model-name", f.served_name,
+                   "the model's id in /v1/models, which a request's \"model\" must name (or leave out)")
+        ->capture_default_str();
     const auto check = [&] {
         if (f.step_tokens < f.max_running)
             throw CLI::ValidationError("--step-tokens", "must be at least --max-running (" +

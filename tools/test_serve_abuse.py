@@ -320,7 +320,7 @@ def _():
         check(status == 400 and json_error(body), f"{raw}: 400 with a JSON error ({status}: {body[:80]!r})")
     status, _, body = s.request("POST", "/v1/completions", {"prompt": "ROMEO:", "max_tokens": 2, "seed": 2 ** 64 - 1})
     check(status == 200, f"seed 2^64 - 1 is a seed ({status}: {body[:80]!r})")
-    for method, path in [("GET", "/v1/models"), ("POST", "/v1/chat/completions"), ("GET", "/" + "z" * rng.randrange(1, 40))]:
+    for method, path in [("GET", "/v1/model"), ("POST", "/v1/chat"), ("GET", "/" + "z" * rng.randrange(1, 40))]:
         status, _, body = s.request(method, path)
         check(status == 404 and json_error(body), f"{method} {path[:20]}: 404 with a JSON error ({status})")
     for method, path in [("GET", "/v1/completions"), ("PUT", "/v1/completions"), ("POST", "/health"), ("DELETE", "/metrics")]:

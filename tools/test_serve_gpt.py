@@ -8,8 +8,10 @@ with the uncached forward pass; the server must give the same characters for the
 prompt, seed, temperature and top-k. Then, each on a fresh server: 16 clients at once get
 the texts they get alone; every bad request is answered 400 (413 for a body over the limit)
 with a JSON error naming the field, and the server goes on; a full queue answers 503 with
-Retry-After; 200 clients that go away mid-stream leave the pool whole; a few thousand
-random bodies leave the server alive; SIGTERM lets the running stream finish, refuses new
+Retry-After; the OpenAI API's other fields work end to end (n samples equal to seeds
+seed + i alone, a stop string cutting streamed and whole texts alike, log-probabilities at
+temperature 0, chat, /v1/models); 200 clients that go away mid-stream leave the pool
+whole; a few thousand random bodies leave the server alive; SIGTERM lets the running stream finish, refuses new
 requests and exits 0. A request sent while another streams is answered before that stream
 ends (it joins the running batch). load_gpt's levels receive what the server counts as
 generated, and its bad input (another machine, no server, bad flags, a text the model cannot
@@ -154,6 +156,45 @@ m = s.metrics()
 check(m["serve_kv_blocks_free"] == m["serve_kv_blocks_capacity"] and m["serve_running_sequences"] == 0,
       "after them the pool is whole and nothing runs")
 
+# --- the OpenAI API's other fields: n, stop, logprobs, chat, models ---------------------------
+# n samples of one prompt are forked from one computed prompt; sample i draws with seed + i,
+# so it gives the text of a request of that seed alone.
+status, _, many = s.complete(prompt="ROMEO:", max_tokens=12, seed=40, n=3, temperature=0.9)
+alone = [s.complete(prompt="ROMEO:", max_tokens=12, seed=40 + i, temperature=0.9)[2]["choices"][0]["text"]
+         for i in range(3)]
+check(status == 200 and [c["text"] for c in many["choices"]] == alone and
+      many["usage"] == {"prompt_tokens": 6, "completion_tokens": 36, "total_tokens": 42},
+      "n 3: the texts of seeds 40, 41, 42 alone, the prompt counted once")
+# a stop string: the text before its first appearance, found by hand in the text without it
+whole = s.complete(prompt="ROMEO:", max_tokens=20, seed=7)[2]["choices"][0]["text"]
+stop = next((whole[i:i + 2] for i in range(len(whole) - 1) if whole[i:i + 2].strip()), whole[:2])
+_, _, cut = s.complete(prompt="ROMEO:", max_tokens=20, seed=7, stop=[stop])
+check(cut["choices"][0]["text"] == whole[:whole.find(stop)] and cut["choices"][0]["finish_reason"] == "stop",
+      f"stop {stop!r}: the text before it, finish_reason stop")
+status, text, _ = s.stream(prompt="ROMEO:", max_tokens=20, seed=7, stop=[stop])
+check(status == 200 and text == whole[:whole.find(stop)], "streamed, the same text: nothing past the stop is sent")
+# logprobs at temperature 0: the sampled character is the most likely one, its log-probability
+# the first alternative's, and the alternatives' probabilities add up to at most 1
+_, _, lp = s.complete(prompt="ROMEO:", max_tokens=8, temperature=0, logprobs=5)
+l = lp["choices"][0]["logprobs"]
+check(len(l["tokens"]) == 8 and all(max(t, key=t.get) == tok and abs(t[tok] - x) < 1e-12
+                                    for tok, x, t in zip(l["tokens"], l["token_logprobs"], l["top_logprobs"])) and
+      all(sum(2.718281828459045 ** v for v in t.values()) <= 1 + 1e-9 for t in l["top_logprobs"]),
+      "logprobs 5 at temperature 0: each character is its own most likely alternative")
+# chat: the template's prompt, and a reply that never holds the blank line that ends a turn
+status, _, raw = s.request("POST", "/v1/chat/completions",
+                           {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8, "seed": 5})
+chat = json.loads(raw)
+check(status == 200 and chat["object"] == "chat.completion" and
+      chat["usage"]["prompt_tokens"] == len("USER:\nHi\n\nASSISTANT:\n") and
+      "\n\n" not in chat["choices"][0]["message"]["content"],
+      "chat: the template's 21 characters in, an assistant's reply out")
+status, _, raw = s.request("GET", "/v1/models")
+listed = json.loads(raw)
+check(status == 200 and [m["id"] for m in listed["data"]] == ["attention-from-scratch"], "GET /v1/models")
+status, _, raw = s.request("GET", "/v1/models/gpt-4")
+check(status == 404 and json.loads(raw)["error"]["code"] == "model_not_found", "GET /v1/models/gpt-4: 404 model_not_found")
+
 # --- bad input: 400 naming the field, and the server goes on --------------------------------
 bad = [
     (b"{", None, 400), (b"[1, 2]", None, 400), (b"\"ROMEO\"", None, 400), (b"", None, 400),
@@ -164,9 +205,9 @@ bad = [
     ({"prompt": "a", "max_tokens": 10 ** 12}, "max_tokens", 400),
     ({"prompt": "a" * (block - 2), "max_tokens": 4}, "max_tokens", 400),
     ({"prompt": "a", "temperature": -1}, "temperature", 400), ({"prompt": "a", "temperature": "hot"}, "temperature", 400),
-    ({"prompt": "a", "top_k": vocab + 1}, "top_k", 400), ({"prompt": "a", "top_k": -1}, "top_k", 400),
+    ({"prompt": "a", "top_k": vocab + 1}, "top_k", 400), ({"prompt": "a", "top_k": -2}, "top_k", 400),
     ({"prompt": "a", "seed": -1}, "seed", 400), ({"prompt": "a", "seed": "x"}, "seed", 400),
-    ({"prompt": "a", "stream": "yes"}, "stream", 400), ({"prompt": "a", "n": 2}, "n", 400),
+    ({"prompt": "a", "stream": "yes"}, "stream", 400), ({"prompt": "a", "n": 0}, "n", 400),
     ({"prompt": "a", "model": 3}, "model", 400),
     ({"prompt": "a" * 70000}, "body", 413),
 ]
@@ -265,10 +306,10 @@ for i in range(3000):
         body = valid[:cut] + bytes([rng.getrandbits(8)]) + valid[cut + 1:]
     status, _, raw = s.request("POST", "/v1/completions", body)
     counts[status] = counts.get(status, 0) + 1
-    if status not in (200, 400):
+    if status not in (200, 400, 404):  # 404: a model other than the one served
         check(False, f"fuzz body {body[:80]!r}: status {status}")
         break
-    if status == 400 and "error" not in json.loads(raw):
+    if status in (400, 404) and "error" not in json.loads(raw):
         check(False, f"fuzz body {body[:80]!r}: a 400 without a JSON error")
         break
     if time.time() - started > 120:

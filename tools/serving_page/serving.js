@@ -21,7 +21,7 @@
   var prompt = el('textarea', {id: 'sp-prompt'});
   prompt.value = 'ROMEO:';
   var maxTokens = el('input', {type: 'number', id: 'sp-max', value: '120', min: '1'});
-  var temperature = el('input', {type: 'number', id: 'sp-temperature', value: '0.8', step: '0.1', min: '0'});
+  var temperature = el('input', {type: 'number', id: 'sp-temperature', value: '0.8', step: '0.1', min: '0', max: '2'});
   var send = el('button', {id: 'sp-send'}, 'send');
   var sendFour = el('button', {id: 'sp-send4'}, 'send four at once');
   var status = el('span', {id: 'sp-status', 'class': 'sp-status'}, 'start a server with ./workbook serve --allow-origin null, then send');
