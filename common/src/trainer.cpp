@@ -486,11 +486,87 @@ EvalRecord Trainer::evaluate() {
     return e;
 }
 
+std::string Trainer::trainer_json() const {
+    const Rng::State rs = batch_rng_.state();
+    const json j = {{"config", config_to_json(config_)},
+                    {"step", step_},
+                    {"best_val_loss", std::isfinite(best_val_loss_) ? json(best_val_loss_) : json(nullptr)},
+                    {"adamw_step_count", optimizer_.step_count},
+                    {"loss_scaler", {{"scale", scaler_.scale}, {"good_steps", scaler_.good_steps},
+                                     {"skipped_steps", scaler_.skipped_steps}}},
+                    {"batch_rng", {{"words", rs.words}, {"has_spare", rs.has_spare},
+                                   {"spare_bits", bits_of(rs.spare)}}}};
+    return j.dump(2) + "\n";
+}
+
+void Trainer::save_sharded(const fs::path& dir, const DataParallelGroup::OwnedState& own) {
+    const fs::path target = dir.filename().empty() ? dir.parent_path() : dir;
+    // Each rank's file goes first to a folder beside the checkpoint, then into the new
+    // checkpoint directory that rank 0 puts in place atomically.
+    const fs::path staging = target.parent_path() / ("." + target.filename().string() + ".shards");
+    const int rank = group_->rank(), ranks = group_->size();
+    std::error_code ec;
+    if (rank == 0) {
+        fs::remove_all(staging, ec);  // what a save killed before it was complete left
+        fs::create_directories(staging);
+    }
+    group_->barrier();
+    auto file_of = [](int r) {
+        char name[32];
+        std::snprintf(name, sizeof name, "shard-%05d.bin", r);
+        return std::string(name);
+    };
+    const std::uint64_t sum = write_shard_file(staging / file_of(rank), own.segments, own.weights, own.m, own.v);
+    {
+        json runs = json::array();
+        for (const AdamW::Segment& s : own.segments) runs.push_back({s.offset, s.size});
+        std::ofstream out(staging / (file_of(rank) + ".json"));
+        out << json{{"segments", runs}, {"checksum", sum}, {"scheme", own.scheme}}.dump() << "\n";
+        if (!out) throw CheckpointError((staging / (file_of(rank) + ".json")).string() + ": cannot write");
+    }
+    group_->barrier();
+    if (rank == 0) {
+        write_directory_atomically(target, [&](const fs::path& tmp) {
+            save_model_config(tmp, model_, {data_.vocab.chars(), step_});
+            json files = json::array();
+            std::vector<std::pair<std::string, std::uint64_t>> known;
+            for (int r = 0; r < ranks; ++r) {
+                const fs::path part = staging / (file_of(r) + ".json");
+                std::ifstream in(part);
+                json j;
+                try {
+                    j = json::parse(in);
+                } catch (const json::exception& e) {
+                    throw CheckpointError(part.string() + ": not valid JSON: " + e.what());
+                }
+                files.push_back({{"name", file_of(r)}, {"segments", j.at("segments")}});
+                known.emplace_back(file_of(r), j.at("checksum").get<std::uint64_t>());
+                fs::rename(staging / file_of(r), tmp / file_of(r));
+            }
+            std::ofstream layout(tmp / "shards.json");
+            layout << json{{"format", "attn sharded checkpoint 1"}, {"scheme", own.scheme}, {"ranks", ranks},
+                           {"parameters", model_.config().num_parameters()}, {"files", files}}.dump(1) << "\n";
+            std::ofstream out(tmp / "trainer.json");
+            out << trainer_json();
+            layout.close();
+            out.close();
+            if (!out || !layout) throw CheckpointError(target.string() + ": cannot write trainer.json or shards.json");
+            write_checksums(tmp, known);
+        });
+        fs::remove_all(staging, ec);
+    }
+    group_->barrier();
+}
+
 void Trainer::save(const fs::path& dir) {
     sync_from_device();
-    // In a group every process holds the same state (or its shard of the optimizer's, which
-    // process 0 gathers): rank 0 writes it once, and the others wait, so that a checkpoint
-    // that one process calls written is written for all.
+    DataParallelGroup::OwnedState own;
+    if (group_ && group_->owned_state(model_, optimizer_, own)) {
+        save_sharded(dir, own);
+        return;
+    }
+    // In a group every process holds the same state: rank 0 writes it once, and the others
+    // wait, so that a checkpoint that one process calls written is written for all.
     std::vector<float> m, v;
     // ZeRO stage 3's shards of the weights gathered (every process takes part), or the model's.
     std::vector<float> gathered;
@@ -515,18 +591,11 @@ void Trainer::save(const fs::path& dir) {
         v.resize(P, 0.0f);
         write_npy(tmp / "optimizer" / "m.npy", {P}, m.data());
         write_npy(tmp / "optimizer" / "v.npy", {P}, v.data());
-        const Rng::State rs = batch_rng_.state();
-        json j = {{"config", config_to_json(config_)},
-                  {"step", step_},
-                  {"best_val_loss", std::isfinite(best_val_loss_) ? json(best_val_loss_) : json(nullptr)},
-                  {"adamw_step_count", optimizer_.step_count},
-                  {"loss_scaler", {{"scale", scaler_.scale}, {"good_steps", scaler_.good_steps},
-                                   {"skipped_steps", scaler_.skipped_steps}}},
-                  {"batch_rng", {{"words", rs.words}, {"has_spare", rs.has_spare},
-                                 {"spare_bits", bits_of(rs.spare)}}}};
         std::ofstream out(tmp / "trainer.json");
-        out << j.dump(2) << "\n";
+        out << trainer_json();
+        out.close();
         if (!out) throw CheckpointError((dir / "trainer.json").string() + ": cannot write");
+        write_checksums(tmp);
     });
     if (group_) group_->barrier();
     if (device_) device_->barrier();
@@ -592,8 +661,12 @@ std::uint64_t Trainer::state_fingerprint() const {
     const std::string config = config_to_json(config_).dump();
     add(config.data(), config.size());
     add_floats(model_.parameters());
-    add_floats(optimizer_.m);
-    add_floats(optimizer_.v);
+    // The moments when a process holds them whole; a process that read only its shard of a
+    // sharded checkpoint (Trainer::load's `kept`) holds its own, which the checksums checked.
+    if (optimizer_.m.size() == model_.parameters().size()) {
+        add_floats(optimizer_.m);
+        add_floats(optimizer_.v);
+    }
     add(&optimizer_.step_count, sizeof optimizer_.step_count);
     add(&step_, sizeof step_);
     const Rng::State rs = batch_rng_.state();
@@ -607,11 +680,13 @@ std::uint64_t Trainer::state_fingerprint() const {
     return h;
 }
 
-Trainer Trainer::load(const fs::path& dir, TextDataset data) {
+Trainer Trainer::load(const fs::path& dir, TextDataset data,
+                      const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept) {
     recover_directory(dir);  // a save killed between its renames left it beside
     if (!fs::is_directory(dir)) {
         throw CheckpointError(dir.string() + ": no such checkpoint directory");
     }
+    verify_checksums(dir);  // every file as it was written, before any is read
     const fs::path file = dir / "trainer.json";
     std::ifstream in(file);
     if (!in) {
@@ -629,7 +704,7 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
     const TrainConfig config = config_from_json(field<json>(j, "config", file), file);
 
     CheckpointInfo info;
-    GPT model = load_checkpoint(dir, &info);
+    GPT model = load_checkpoint(dir, &info, false);
     const GPTConfig expected = config.model_config(model.config().vocab_size);
     const GPTConfig& got = model.config();
     if (got.n_layer != expected.n_layer || got.n_head != expected.n_head ||
@@ -676,6 +751,17 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
         throw CheckpointError(file.string() + ": " + e.what());
     }
     const std::size_t P = t.model_.parameters().size();
+    if (is_sharded_checkpoint(dir)) {
+        // Only the moments this process keeps, read from the ranks' files where they lie.
+        const ShardLayout layout = read_shard_layout(dir, P);
+        std::vector<AdamW::Segment> runs = kept ? kept(t.model_) : std::vector<AdamW::Segment>{};
+        std::size_t n = 0;
+        for (const AdamW::Segment& s : runs) n += s.size;
+        if (runs.empty() || n == P) runs = {{0, P}};  // all of them, in the flat order
+        read_shard_ranges(dir, layout, ShardPart::m, runs, t.optimizer_.m);
+        read_shard_ranges(dir, layout, ShardPart::v, runs, t.optimizer_.v);
+        return t;
+    }
     for (auto [name, target] : {std::pair{"m.npy", &t.optimizer_.m}, {"v.npy", &t.optimizer_.v}}) {
         const fs::path f = dir / "optimizer" / name;
         NpyArray a;

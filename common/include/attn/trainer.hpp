@@ -234,6 +234,25 @@ public:
         m = optimizer.m;
         v = optimizer.v;
     }
+    /// What this process writes of a sharded checkpoint (checkpoint.hpp's ShardLayout): the
+    /// runs of the flat parameter buffer it keeps, and where each run's weights and moments
+    /// lie here.
+    struct OwnedState {
+        std::string scheme;                    ///< e.g. "zero-3", recorded in shards.json
+        std::vector<AdamW::Segment> segments;  ///< its runs, in the order it keeps them
+        /// Run k's weights, first moments and second moments (m and v may give nullptr:
+        /// zeros, no step taken yet).
+        std::function<const float*(std::size_t k)> weights, m, v;
+    };
+    /// Fills `out` and returns true when each process writes its own part of a checkpoint
+    /// (ZeRO: none holds the whole state); false by default: process 0 writes it whole.
+    /// @param model the model @param optimizer this process's AdamW @param out its part
+    virtual bool owned_state(const GPT& model, const AdamW& optimizer, OwnedState& out) const {
+        (void)model;
+        (void)optimizer;
+        (void)out;
+        return false;
+    }
 };
 
 /// The sequences [begin, end) of a batch of B that process `rank` of `ranks` runs: B split
@@ -258,12 +277,21 @@ public:
     /// Resumes from a checkpoint written by save().
     /// @param dir the checkpoint directory
     /// @param data the corpus; its vocabulary must be the one the checkpoint records
-    /// @throws CheckpointError for a missing, incomplete or inconsistent checkpoint
-    static Trainer load(const std::filesystem::path& dir, TextDataset data);
+    /// Every file is first checked against the checkpoint's `checksums.json`. A sharded
+    /// checkpoint (checkpoint.hpp) may be read by a process that will keep only some of
+    /// AdamW's moments (ZeRO): it reads only those.
+    /// @param kept the runs of the flat buffer whose moments this process keeps, in the order
+    /// it keeps them (empty function, or runs covering every parameter: all of them, in the
+    /// flat order)
+    /// @throws CheckpointError for a missing, incomplete, inconsistent or damaged checkpoint
+    static Trainer load(const std::filesystem::path& dir, TextDataset data,
+                        const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept = {});
 
     /// Writes a checkpoint atomically (the old one stays until the new one is complete),
     /// first bringing the host copy up to date when a device is training. In a
-    /// data-parallel group rank 0 writes it and every process returns once it is written.
+    /// data-parallel group rank 0 writes it and every process returns once it is written;
+    /// in a group whose processes each keep a shard (DataParallelGroup::owned_state) each
+    /// writes its own file of a sharded checkpoint, and nothing is gathered.
     /// @param dir the checkpoint directory to create or replace
     void save(const std::filesystem::path& dir);
 
@@ -358,6 +386,9 @@ public:
 
 private:
     void finish_setup(bool from_weights);
+    // The sharded save: each process writes its part, process 0 the rest and the layout.
+    void save_sharded(const std::filesystem::path& dir, const DataParallelGroup::OwnedState& own);
+    std::string trainer_json() const;  // trainer.json's text
     float cpu_loss(std::uint64_t dropout_seed);  // forward on the host model
     // The backward pass (scaled, then unscaled, with loss scaling) and the clipping; false
     // when loss scaling skips the step (its gradients held an infinity or a NaN).
