@@ -1307,7 +1307,13 @@ int test_sharded(const std::string& program, const fs::path& root) {
         }
     }
     // Every kind of file, one byte changed at a drawn place: refused in one line naming it.
-    const fs::path sharded = root / "saved-parameters", single = root / "consolidated-parameters";
+    const fs::path sharded = root / "saved-parameters", single = root / "single";
+    {
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--out", single.string()});
+        const Outcome o = run(program, args, root / "single-log");
+        if (o.status != 0) fail("one process's run", o.err);
+    }
     struct Damage {
         fs::path run;
         std::string file;
@@ -1324,10 +1330,15 @@ int test_sharded(const std::string& program, const fs::path& root) {
     for (std::size_t i = 0; i < damages.size(); ++i) {
         const Damage& d = damages[i];
         const fs::path copy = root / ("damaged-" + std::to_string(i)), dir = copy / "checkpoint";
+        const fs::path source = d.run / "checkpoint" / d.file;
+        if (!fs::exists(source) || fs::file_size(source) == 0) {
+            fail(d.file, "no such file to damage: " + source.string());
+            continue;
+        }
         fs::remove_all(copy);
         fs::create_directories(copy);
-        fs::copy(d.run == sharded ? d.run / "checkpoint" : d.run, dir, fs::copy_options::recursive);
-        if (d.run == sharded) fs::copy(d.run / "metrics.jsonl", copy / "metrics.jsonl");
+        fs::copy(d.run / "checkpoint", dir, fs::copy_options::recursive);
+        fs::copy(d.run / "metrics.jsonl", copy / "metrics.jsonl");
         std::string bytes = read_text(dir / d.file);
         const std::size_t at = draw() % bytes.size();
         bytes[at] = static_cast<char>(bytes[at] ^ (1 << (draw() % 8)));
