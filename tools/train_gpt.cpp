@@ -471,18 +471,24 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
 
     std::optional<Trainer>& trainer = setup.trainer;
     setup.out = f.out;
+    // A rank that keeps a shard of AdamW's moments reads only those of a sharded checkpoint;
+    // one that keeps its gradients (ZeRO 2) or its weights too (ZeRO 3) in shards never makes
+    // the whole buffer of them: its shard of the weights is read, or computed from the seed.
+    std::function<std::vector<AdamW::Segment>(const GPT&)> kept;
+    GPTBuffers buffers;
+#if ATTN_HAVE_MPI
+    const int stage = f.shard == "optimizer" ? 1 : f.shard == "gradients" ? 2 : f.shard == "parameters" ? 3 : 0;
+    if (stage > 0 && job.parallel() && f.tensor_parallel == 0) {
+        kept = [stage, rank = job.rank, ranks = job.size](const GPT& model) {
+            return mpi::kept_segments(model, stage, rank, ranks);
+        };
+        buffers.gradients = stage == 1;
+        buffers.weights = stage < 3;
+    }
+#endif
     if (!f.resume.empty()) {
         // A rank that keeps a shard of AdamW's moments reads only those of a sharded checkpoint.
-        std::function<std::vector<AdamW::Segment>(const GPT&)> kept;
-#if ATTN_HAVE_MPI
-        const int stage = f.shard == "optimizer" ? 1 : f.shard == "gradients" ? 2 : f.shard == "parameters" ? 3 : 0;
-        if (stage > 0 && job.parallel() && f.tensor_parallel == 0) {
-            kept = [stage, rank = job.rank, ranks = job.size](const GPT& model) {
-                return mpi::kept_segments(model, stage, rank, ranks);
-            };
-        }
-#endif
-        trainer.emplace(Trainer::load(checkpoint_of(f.resume), std::move(data), kept));
+        trainer.emplace(Trainer::load(checkpoint_of(f.resume), std::move(data), kept, buffers));
         if (f.max_iters) trainer->set_max_iters(*f.max_iters);
         if (checkpoint_of(f.resume) != f.resume) setup.out = f.resume;
         if (job.rank == 0) {
@@ -500,7 +506,7 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
         }
         trainer.emplace(config, std::move(data), std::move(model));
     } else {
-        trainer.emplace(config, std::move(data));
+        trainer.emplace(config, std::move(data), buffers);
     }
     // The materialised attention is the default on both devices, as in the library: at the
     // recipes' sizes the fused one is no faster on the CPU (tools/bench/README.md), and one

@@ -547,14 +547,30 @@ void ShardedParameters::attach(GPT& model) {
     piece_at_.clear();
     weights_.clear();
     const std::vector<float>& params = model.parameters();
+    const bool whole = params.size() == model.config().num_parameters();
+    std::vector<std::pair<std::size_t, std::size_t>> runs;  // this rank's, in order
     for (const GradientBucket& bucket : model.gradient_buckets()) {
         const Shard piece = shard_of(bucket.size, rank(), size());
         bucket_sizes_.push_back(bucket.size);
         piece_at_.push_back(weights_.size());
         for_each_run(bucket, piece.begin, piece.end, [&](std::size_t offset, std::size_t, std::size_t n) {
-            weights_.insert(weights_.end(), params.begin() + static_cast<std::ptrdiff_t>(offset),
-                            params.begin() + static_cast<std::ptrdiff_t>(offset + n));
+            runs.emplace_back(offset, n);
+            if (whole) {
+                weights_.insert(weights_.end(), params.begin() + static_cast<std::ptrdiff_t>(offset),
+                                params.begin() + static_cast<std::ptrdiff_t>(offset + n));
+            }
         });
+        if (!whole) piece_at_.back() = 0;  // set below
+    }
+    if (!whole) {
+        // A model made without whole weights (GPTBuffers): its shard read from a checkpoint,
+        // or the seed's initial values of these runs alone.
+        weights_ = model.take_kept_weights(runs);
+        std::size_t at = 0;
+        for (std::size_t b = 0; b < bucket_sizes_.size(); ++b) {
+            piece_at_[b] = at;
+            at += shard_of(bucket_sizes_[b], rank(), size()).size();
+        }
     }
     weights_.shrink_to_fit();
     model.set_weight_source({[this](int bucket, float* weights) { start(bucket, weights); },

@@ -103,7 +103,7 @@ void save_optimizer(const std::filesystem::path& dir, const AdamW& optimizer);
 /// @return the optimizer, ready to take the next step
 AdamW load_optimizer(const std::filesystem::path& dir, const GPT& model);
 
-/// The FNV-1a 64-bit hash of a file's bytes, read in pieces of 1 MiB (never the whole file).
+/// The FNV-1a 64-bit hash of a file's bytes, read in pieces of 64 KiB (never the whole file).
 /// @param file the file @return the hash @throws CheckpointError when it cannot be read
 std::uint64_t file_checksum(const std::filesystem::path& file);
 

@@ -266,7 +266,10 @@ public:
     /// A fresh run: a model initialised from config.seed.
     /// @param config the recipe; validated
     /// @param data the encoded corpus; each split must hold more than block_size tokens
-    Trainer(const TrainConfig& config, TextDataset data);
+    /// @param buffers the model's whole buffers (GPTBuffers): a process of a group that keeps
+    /// the weights or gradients in shards (ZeRO stages 2 and 3) starts without them, and the
+    /// group takes its shard of the seed's weights (GPT::initial_values) when it is joined
+    Trainer(const TrainConfig& config, TextDataset data, GPTBuffers buffers = {});
     /// A run that starts from given weights (e.g. exported from PyTorch); the model's sizes
     /// replace the recipe's.
     /// @param config the recipe (its model sizes are overwritten by the model's)
@@ -284,8 +287,12 @@ public:
     /// it keeps them (empty function, or runs covering every parameter: all of them, in the
     /// flat order)
     /// @throws CheckpointError for a missing, incomplete, inconsistent or damaged checkpoint
+    /// @param buffers the model's whole buffers, as for a fresh run: without whole weights,
+    /// only the weights of `kept` are read, and left in the model for the group
+    /// (GPT::set_kept_weights)
     static Trainer load(const std::filesystem::path& dir, TextDataset data,
-                        const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept = {});
+                        const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept = {},
+                        GPTBuffers buffers = {});
 
     /// Writes a checkpoint atomically (the old one stays until the new one is complete),
     /// first bringing the host copy up to date when a device is training. In a

@@ -317,7 +317,7 @@ std::string npy_header(const std::vector<std::size_t>& shape) {
 std::uint64_t file_checksum(const fs::path& file) {
     std::ifstream in(file, std::ios::binary);
     if (!in) throw CheckpointError(file.string() + ": cannot be read");
-    std::vector<char> buf(1 << 20);
+    std::vector<char> buf(1 << 16);
     std::uint64_t h = fnv_offset;
     while (in) {
         in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
