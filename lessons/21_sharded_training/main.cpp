@@ -310,6 +310,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     // The peaks of the bytes this rank holds through `new` (attn/live_bytes.hpp): during a
     // training step (after the first), and while it saves a checkpoint (its own shard's file).
     std::size_t train_peak = 0, save_peak = 0;
+    std::int64_t saved_step = 0;
     for (int i = 0; i < s.steps; ++i) {
         const auto start = std::chrono::steady_clock::now();
         reset_peak_bytes();
@@ -320,6 +321,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
             reset_peak_bytes();
             trainer.save(out);  // sharded: each rank writes its own part, nothing is gathered
             save_peak = peak_bytes();
+            saved_step = trainer.step();
         }
     }
     const MemoryUse use = trainer.memory_use();  // what this rank allocated, by kind
@@ -359,7 +361,6 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     // The checkpoint resumed on these ranks as train_gpt --resume does it, the trainer that
     // saved it gone: the peak while it loads (each rank reads the moments it keeps, in stage 3
     // its weights too) and joins the group.
-    const std::int64_t step = trainer.step();
     holder.reset();
     group.reset();
     sharded.reset();
@@ -373,7 +374,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     Trainer resumed = Trainer::load(out, data, kept, buffers);
     resumed.use_group(group_of());
     const std::size_t resume_peak = peak_bytes();
-    if (resumed.step() != step) throw std::runtime_error("the resumed run is not at the checkpoint's step");
+    if (resumed.step() != saved_step) throw std::runtime_error("the resumed run is not at the checkpoint's step");
     mpi::say("train_peak", mpi::gather_from_ranks(static_cast<double>(train_peak)));
     mpi::say("save_peak", mpi::gather_from_ranks(static_cast<double>(save_peak)));
     mpi::say("resume_peak", mpi::gather_from_ranks(static_cast<double>(resume_peak)));
@@ -721,8 +722,8 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         resume_gap = std::max(resume_gap, largest_relative_gap(later, tail));
     }
     set_num_threads(threads);
-    std::printf("\nthe runs of stages 1, 2 and 3 on 4 ranks saved a checkpoint after step %d (rank 0 gathered the\n"
-                "moments, and in stage 3 the weights); one process resumed each for steps %d to %d: largest\n"
+    std::printf("\nthe runs of stages 1, 2 and 3 on 4 ranks saved a sharded checkpoint after step %d (each rank its\n"
+                "own weights and moments); one process resumed each for steps %d to %d: largest\n"
                 "relative gap from the 1-rank run's losses %.1e\n", s.save_at, s.save_at + 1, s.steps, resume_gap);
     print_claim("resume_gap", resume_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
 

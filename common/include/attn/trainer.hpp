@@ -6,8 +6,10 @@
 /// the weights directory of checkpoint.hpp (`config.json` + one `.npy` per parameter), plus
 /// `optimizer/m.npy` and `optimizer/v.npy` (AdamW's moments, the flat parameter layout) and
 /// `trainer.json` (the TrainConfig, the step, the best validation loss, AdamW's step count
-/// and the batch sampler's random state). Loading it and training on gives the same losses,
-/// bit for bit, as a run that never stopped.
+/// and the batch sampler's random state), and `checksums.json` (checkpoint.hpp), checked on
+/// load. Loading it and training on gives the same losses, bit for bit, as a run that never
+/// stopped. Ranks that keep shards (ZeRO) write it sharded instead: each rank its own
+/// weights and moments, `shards.json` the layout (checkpoint.hpp's ShardLayout).
 #pragma once
 
 #include "attn/data.hpp"

@@ -276,6 +276,7 @@ std::vector<float> GPT::initial_values(const std::vector<std::pair<std::size_t, 
             if (rule.kind != InitRule::normal) {
                 out.insert(out.end(), b - a, rule.kind == InitRule::one ? 1.0f : 0.0f);
             } else {
+                //! [initial_values]
                 // normal() draws two at a time from two words: normal q is the pair q/2's
                 // first (cosine) or second (sine).
                 const std::size_t q = normals_before[t] + (a - p.offset);
@@ -283,6 +284,7 @@ std::vector<float> GPT::initial_values(const std::vector<std::pair<std::size_t, 
                 rng.advance(2 * static_cast<std::uint64_t>(q / 2));
                 if (q % 2) rng.normal();
                 for (std::size_t i = a; i < b; ++i) out.push_back(rule.stddev * rng.normal());
+                //! [initial_values]
             }
             a = b;
         }
