@@ -487,7 +487,6 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
     }
 #endif
     if (!f.resume.empty()) {
-        // A rank that keeps a shard of AdamW's moments reads only those of a sharded checkpoint.
         trainer.emplace(Trainer::load(checkpoint_of(f.resume), std::move(data), kept, buffers));
         if (f.max_iters) trainer->set_max_iters(*f.max_iters);
         if (checkpoint_of(f.resume) != f.resume) setup.out = f.resume;

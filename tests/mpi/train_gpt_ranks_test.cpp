@@ -1356,6 +1356,19 @@ int test_sharded(const std::string& program, const fs::path& root) {
             ++refused;
         }
     }
+    // --consolidate's bad uses: one line each, a non-zero exit, nothing written.
+    const std::vector<std::vector<std::string>> bad = {
+        {"--consolidate", single.string(), (root / "c1").string()},              // already one process's
+        {"--consolidate", (root / "nothing").string(), (root / "c2").string()},  // no such folder
+        {"--consolidate", sharded.string(), (root / "c3").string(), "--max-iters", "3"},  // another option
+        {"--consolidate", sharded.string()}};                                    // no OUT
+    for (std::size_t i = 0; i < bad.size(); ++i) {
+        const Outcome o = run(program, bad[i], root / ("bad-consolidate-" + std::to_string(i)));
+        if (o.status == 0 || message_lines(o.err).size() != 1 || fs::exists(root / ("c" + std::to_string(i + 1)))) {
+            fail("--consolidate, bad use " + std::to_string(i), "expected one line and a non-zero exit, got exit " +
+                                                                    std::to_string(o.status) + " and: " + o.err);
+        }
+    }
     std::cout << pairs << " saved and resumed layouts; " << refused << " of " << damages.size()
               << " damaged files refused in one line naming the file\n";
     return failures == 0 ? 0 : 1;

@@ -534,6 +534,7 @@ void read_shard_ranges(const fs::path& dir, const ShardLayout& layout, ShardPart
 }
 
 void consolidate_checkpoint(const fs::path& dir, const fs::path& out) {
+    if (!fs::is_directory(dir)) throw CheckpointError(dir.string() + ": no such checkpoint directory");
     if (!is_sharded_checkpoint(dir)) {
         throw CheckpointError(dir.string() + ": not a sharded checkpoint (no shards.json): it is already one "
                               "process's");
