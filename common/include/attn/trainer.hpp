@@ -300,7 +300,8 @@ public:
     /// first bringing the host copy up to date when a device is training. In a
     /// data-parallel group rank 0 writes it and every process returns once it is written;
     /// in a group whose processes each keep a shard (DataParallelGroup::owned_state) each
-    /// writes its own file of a sharded checkpoint, and nothing is gathered.
+    /// writes its own file of a sharded checkpoint, and nothing is gathered (the processes
+    /// must see the same folder, as one machine or a shared file system gives them).
     /// @param dir the checkpoint directory to create or replace
     void save(const std::filesystem::path& dir);
 

@@ -543,9 +543,9 @@ void consolidate_checkpoint(const fs::path& dir, const fs::path& out) {
     CheckpointInfo info;
     const GPTConfig config = load_config(dir, &info);
     if (!fs::exists(dir / "trainer.json")) throw CheckpointError((dir / "trainer.json").string() + ": cannot open");
-    // The table of tensors: the model made once, its weights never filled.
-    const GPT model(config);
-    const std::size_t P = model.parameters().size();
+    // The table of tensors, from a model made without its buffers.
+    const GPT model(config, 1337, GPTBuffers{false, false});
+    const std::size_t P = config.num_parameters();
     const ShardLayout layout = read_shard_layout(dir, P);
     write_directory_atomically(out, [&](const fs::path& tmp) {
         fs::copy_file(dir / "config.json", tmp / "config.json");
