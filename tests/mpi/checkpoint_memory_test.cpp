@@ -6,6 +6,7 @@
 // trainer that saved has been dropped). Each rank's save and resume peaks must stay within
 // 1.2 times its training peak: a rank that gathered the whole weights or moments to write
 // them, or built the whole model to cut its shard from it, holds several times its shard.
+// The resumed run's next two steps are then the uninterrupted run's, bit for bit.
 //
 // Run as `mpirun -np N checkpoint_memory_test` (CTest: N = 2, 3, 4).
 #include "mpi_test.hpp"
@@ -19,6 +20,7 @@
 #include "attn/trainer.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <functional>
@@ -58,6 +60,14 @@ std::shared_ptr<mpi::DataParallel> group_of(int stage) {
     if (stage == 2) return std::make_shared<mpi::ShardedGradients>();
     if (stage == 3) return std::make_shared<mpi::ShardedParameters>();
     return std::make_shared<mpi::DataParallel>();
+}
+
+// FNV-1a of the floats' bytes.
+std::uint64_t hash_of(const std::vector<float>& values) {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+    for (std::size_t i = 0; i < values.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001B3ull;
+    return h;
 }
 
 double largest(double mine) {
@@ -108,13 +118,27 @@ int main(int argc, char** argv) {
         trainer->save(checkpoint);
         const std::size_t save = peak_bytes();
         const std::int64_t step = trainer->step();
+        // The uninterrupted run's next steps, against which the resumed run's are compared.
+        std::vector<float> uninterrupted;
+        for (int i = 0; i < 2; ++i) {
+            const StepRecord r = trainer->train_step();
+            uninterrupted.insert(uninterrupted.end(), {r.loss, r.grad_norm});
+        }
+        const std::uint64_t weights = hash_of(trainer->whole_parameters());  // not held while resuming
         trainer.reset();  // the process as a resumed run starts: no trainer yet
         MPI_Barrier(MPI_COMM_WORLD);
         reset_peak_bytes();
         trainer.emplace(Trainer::load(checkpoint, data, kept, buffers));
         trainer->use_group(group_of(stage));
         const std::size_t resume = peak_bytes();
-        const bool goes_on = trainer->step() == step && std::isfinite(trainer->train_step().loss);
+        const bool at_step = trainer->step() == step;
+        std::vector<float> resumed;
+        for (int i = 0; i < 2; ++i) {
+            const StepRecord r = trainer->train_step();
+            resumed.insert(resumed.end(), {r.loss, r.grad_norm});
+        }
+        // The same ranks, the same order of every sum: the same bits.
+        const bool same = at_step && resumed == uninterrupted && hash_of(trainer->whole_parameters()) == weights;
 
         const double save_ratio = static_cast<double>(save) / static_cast<double>(train);
         const double resume_ratio = static_cast<double>(resume) / static_cast<double>(train);
@@ -130,7 +154,8 @@ int main(int argc, char** argv) {
                                               "1.2 times its training step's", detail);
         checks.check(resume_ratio <= bound, std::string(names[stage]) + ": a rank's peak while resuming is within " +
                                                 "1.2 times its training step's", detail);
-        checks.check(goes_on, std::string(names[stage]) + ": the resumed run goes on from the checkpoint's step");
+        checks.check(same, std::string(names[stage]) + ": resumed on its own layout, the next two steps are the "
+                           "uninterrupted run's, bit for bit (losses, gradient norms, weights)");
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) fs::remove_all(dir);
