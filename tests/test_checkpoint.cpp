@@ -9,6 +9,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -28,12 +29,15 @@ GPTConfig small_config(bool bias = true) {
     return c;
 }
 
-// A fresh copy of a model's weights directory, for a test to damage.
-fs::path fresh_dir(const std::string& name) {
+// A fresh copy of a model's weights directory, for a test to damage. Without its
+// checksums.json (as nanoGPT's export has none), so that each damage meets its own check;
+// with it, any changed byte is refused first (the checksum tests below).
+fs::path fresh_dir(const std::string& name, bool checksums = false) {
     const fs::path dir = attn_test::scratch("attn_checkpoint_" + name);
     fs::remove_all(dir);
     GPT model(small_config(), 3);
     save_checkpoint(dir, model, {"abcdefghijklm", 0});
+    if (!checksums) fs::remove(dir / "checksums.json");
     return dir;
 }
 
@@ -243,4 +247,72 @@ TEST_CASE("weights_dir_of takes a run folder or a weights directory, and names a
                          doctest::Contains("not a checkpoint (no config.json in it"), std::runtime_error);
     CHECK_THROWS_WITH_AS(attn::weights_dir_of(empty / "nothing"),
                          doctest::Contains("no such checkpoint or run folder"), std::runtime_error);
+}
+
+TEST_CASE("a changed byte in any file of a checkpoint is refused by its checksum, naming the file") {
+    // Every file, one byte at a drawn place changed by a drawn bit: the load names that file.
+    std::mt19937 draw(53);
+    const fs::path good = fresh_dir("checksummed", true);
+    REQUIRE(fs::exists(good / "checksums.json"));
+    CHECK(load_error(good).empty());
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(good)) names.push_back(e.path().filename().string());
+    REQUIRE(names.size() >= 10);
+    for (const std::string& name : names) {
+        const fs::path dir = attn_test::scratch("attn_checkpoint_flipped");
+        fs::remove_all(dir);
+        fs::copy(good, dir);
+        std::ifstream in(dir / name, std::ios::binary);
+        std::string bytes((std::istreambuf_iterator<char>(in)), {});
+        in.close();
+        const std::size_t at = draw() % bytes.size();
+        bytes[at] = static_cast<char>(bytes[at] ^ (1 << (draw() % 8)));
+        std::ofstream(dir / name, std::ios::binary | std::ios::trunc) << bytes;
+        const std::string e = load_error(dir);
+        INFO(name, " byte ", at, ": ", e);
+        // checksums.json itself: no longer JSON, or an entry that no longer matches its file.
+        CHECK(e.find(name == "checksums.json" ? std::string("checksums.json") : (dir / name).string()) !=
+              std::string::npos);
+        CHECK(e.find('\n') == std::string::npos);
+    }
+}
+
+TEST_CASE("file_checksum is FNV-1a 64 of the file's bytes") {
+    // Independent reference: FNV-1a's published test vectors (Fowler, Noll, Vo): "" and "a".
+    const fs::path dir = attn_test::scratch("attn_checkpoint_fnv");
+    fs::create_directories(dir);
+    std::ofstream(dir / "empty", std::ios::binary).close();
+    std::ofstream(dir / "a", std::ios::binary) << "a";
+    CHECK(file_checksum(dir / "empty") == 0xcbf29ce484222325ull);
+    CHECK(file_checksum(dir / "a") == 0xaf63dc4c8601ec8cull);
+}
+
+TEST_CASE("initial_values gives the constructor's weights of any runs, bit for bit") {
+    // Generated models (biases or not, learned or rotary positions, 1 to 3 layers) and runs
+    // across tensor boundaries, each compared with the whole model the constructor makes.
+    std::mt19937 draw(2026);
+    for (int trial = 0; trial < 24; ++trial) {
+        GPTConfig c = small_config(trial % 2 == 0);
+        c.n_layer = 1 + trial % 3;
+        if (trial % 4 == 1) c.position = Position::rope;
+        const std::uint64_t seed = draw();
+        const GPT whole(c, seed);
+        const GPT empty(c, seed, GPTBuffers{false, false});
+        CHECK(empty.parameters().empty());
+        const std::size_t P = c.num_parameters();
+        std::vector<std::pair<std::size_t, std::size_t>> runs;
+        for (int k = 0; k < 6; ++k) {
+            const std::size_t offset = draw() % P;
+            runs.emplace_back(offset, 1 + draw() % (P - offset));
+        }
+        runs.emplace_back(0, P);
+        const std::vector<float> got = empty.initial_values(runs);
+        std::size_t at = 0, differ = 0;
+        for (const auto& [offset, size] : runs) {
+            for (std::size_t i = 0; i < size; ++i) differ += got[at + i] != whole.parameters()[offset + i];
+            at += size;
+        }
+        CHECK(at == got.size());
+        CHECK(differ == 0);
+    }
 }

@@ -12,6 +12,7 @@
 //   train_gpt --ranks 4 --shard gradients      ... and its shard of the gradients too (ZeRO 2)
 //   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP)
 //   train_gpt --ranks 4 --tensor-parallel 2    every block split over pairs of ranks, 2 pairs sharing each batch
+//   train_gpt --consolidate out out1           a --shard run's sharded checkpoint as one process's, in out1
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
@@ -68,6 +69,7 @@ struct Flags {
     std::string data;
     fs::path out = "out";
     fs::path resume, init, dump_grads;
+    std::vector<fs::path> consolidate;  // --consolidate DIR OUT
     std::optional<std::int64_t> max_iters, eval_interval, eval_iters;
     std::optional<double> learning_rate;
     std::optional<float> dropout;
@@ -532,8 +534,23 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
 
     std::optional<Trainer>& trainer = setup.trainer;
     setup.out = f.out;
+    // A rank that keeps a shard of AdamW's moments reads only those of a sharded checkpoint;
+    // one that keeps its gradients (ZeRO 2) or its weights too (ZeRO 3) in shards never makes
+    // the whole buffer of them: its shard of the weights is read, or computed from the seed.
+    std::function<std::vector<AdamW::Segment>(const GPT&)> kept;
+    GPTBuffers buffers;
+#if ATTN_HAVE_MPI
+    const int stage = f.shard == "optimizer" ? 1 : f.shard == "gradients" ? 2 : f.shard == "parameters" ? 3 : 0;
+    if (stage > 0 && job.parallel() && f.tensor_parallel == 0) {
+        kept = [stage, rank = job.rank, ranks = job.size](const GPT& model) {
+            return mpi::kept_segments(model, stage, rank, ranks);
+        };
+        buffers.gradients = stage == 1;
+        buffers.weights = stage < 3;
+    }
+#endif
     if (!f.resume.empty()) {
-        trainer.emplace(Trainer::load(checkpoint_of(f.resume), std::move(data)));
+        trainer.emplace(Trainer::load(checkpoint_of(f.resume), std::move(data), kept, buffers));
         if (f.max_iters) trainer->set_max_iters(*f.max_iters);
         if (checkpoint_of(f.resume) != f.resume) setup.out = f.resume;
         if (job.rank == 0) {
@@ -551,7 +568,7 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
         }
         trainer.emplace(config, std::move(data), std::move(model));
     } else {
-        trainer.emplace(config, std::move(data));
+        trainer.emplace(config, std::move(data), buffers);
     }
     // The materialised attention is the default on both devices, as in the library: at the
     // recipes' sizes the fused one is no faster on the CPU (tools/bench/README.md), and one
@@ -977,6 +994,11 @@ int main(int argc, char** argv) {
                    "the corpus, a UTF-8 text (default: tiny shakespeare, data/tinyshakespeare.txt)");
     app.add_option("--out", f.out, "the run folder: checkpoint/, metrics.jsonl, loss.png, sample.txt");
     auto* overwrite = app.add_flag("--overwrite", f.overwrite, "replace the run already in --out (without it, that is refused)");
+    app.add_option("--consolidate", f.consolidate,
+                   "DIR OUT: writes the sharded checkpoint of a run with --shard (DIR: the run folder or its "
+                   "checkpoint/) as one process's checkpoint in OUT, a tensor at a time, for serve_gpt and every "
+                   "reader of that format; nothing else is done")
+        ->expected(2);
     auto* resume = app.add_option("--resume", f.resume, "go on from a run folder or checkpoint");
     auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch)");
     resume->excludes(init);
@@ -1133,6 +1155,21 @@ int main(int argc, char** argv) {
     if (!parse_error.empty()) {
         errors << "train_gpt: " << parse_error << " (see --help)\n";
         return exit_usage;
+    }
+    if (!f.consolidate.empty()) {  // an offline conversion, in one process
+        if (argc != 4 || job.parallel()) {
+            errors << "train_gpt: --consolidate DIR OUT runs alone, in one process: give it no other option\n";
+            return exit_usage;
+        }
+        try {
+            consolidate_checkpoint(checkpoint_of(f.consolidate[0]), f.consolidate[1]);
+        } catch (const std::exception& e) {
+            std::cerr << "train_gpt: error: " << e.what() << "\n";
+            return exit_error;
+        }
+        std::cout << "wrote " << f.consolidate[1].string() << ": the checkpoint of "
+                  << checkpoint_of(f.consolidate[0]).string() << " in one process's format\n";
+        return 0;
     }
     if (!job.started_by_mpirun && f.ranks > 0) {
         try {

@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <cmath>
 #include <stdexcept>
@@ -151,6 +152,27 @@ void ShardedOptimizer::update(GPT& model, AdamW& optimizer, float lr) {
     last_ = traffic_;
 }
 
+bool ShardedOptimizer::owned_state(const GPT& model, const AdamW& optimizer, OwnedState& out) const {
+    out.scheme = "zero-1";
+    const Shard mine = shard(model);
+    out.segments = {{mine.begin, mine.size()}};
+    const float* params = model.parameters().data() + mine.begin;
+    out.weights = [params](std::size_t) { return params; };
+    // None yet, the whole state (read from a checkpoint, not yet cut), or the shard's.
+    const bool whole = optimizer.m.size() == model.parameters().size();
+    if (!optimizer.m.empty()) {
+        if (!whole && optimizer.m.size() != mine.size()) {
+            throw std::logic_error("ShardedOptimizer: moments of " + std::to_string(optimizer.m.size()) +
+                                   " parameters for a shard of " + std::to_string(mine.size()));
+        }
+        const float* m = optimizer.m.data() + (whole ? mine.begin : 0);
+        const float* v = optimizer.v.data() + (whole ? mine.begin : 0);
+        out.m = [m](std::size_t) { return m; };
+        out.v = [v](std::size_t) { return v; };
+    }
+    return true;
+}
+
 void ShardedOptimizer::whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m,
                                      std::vector<float>& v) {
     // Every rank is at the same step, so all hold moments of the same kind: none yet, the
@@ -189,14 +211,57 @@ std::size_t ShardedGradients::largest_piece(const GPT& model) const {
     return largest;
 }
 
-std::vector<AdamW::Segment> ShardedGradients::segments(const GPT& model) const {
+std::vector<AdamW::Segment> kept_segments(const GPT& model, int stage, int rank, int ranks) {
+    if (stage == 1) {
+        const Shard mine = shard_of(model.config().num_parameters(), rank, ranks);
+        return {{mine.begin, mine.size()}};
+    }
     std::vector<AdamW::Segment> runs;
     for (const GradientBucket& bucket : model.gradient_buckets()) {
-        const Shard piece = shard_of(bucket.size, rank(), size());
+        const Shard piece = shard_of(bucket.size, rank, ranks);
         for_each_run(bucket, piece.begin, piece.end,
                      [&](std::size_t offset, std::size_t, std::size_t n) { runs.push_back({offset, n}); });
     }
     return runs;
+}
+
+std::vector<AdamW::Segment> ShardedGradients::segments(const GPT& model) const {
+    return kept_segments(model, 2, rank(), size());
+}
+
+namespace {
+// Where run k of `runs` lies in moments that are either whole (the flat order) or this rank's
+// runs one after the other ("packed"); nullptr for none yet.
+std::function<const float*(std::size_t)> moments_at(const std::vector<float>& moments, bool packed,
+                                                    const std::vector<AdamW::Segment>& runs) {
+    if (moments.empty()) return {};
+    if (!packed) return [&moments, runs](std::size_t k) { return moments.data() + runs[k].offset; };
+    std::vector<std::size_t> at;
+    std::size_t n = 0;
+    for (const AdamW::Segment& s : runs) {
+        at.push_back(n);
+        n += s.size;
+    }
+    if (moments.size() != n) {
+        throw std::logic_error("ZeRO: moments of " + std::to_string(moments.size()) + " parameters for runs of " +
+                               std::to_string(n));
+    }
+    return [&moments, at](std::size_t k) { return moments.data() + at[k]; };
+}
+}  // namespace
+
+bool ShardedGradients::owned_state(const GPT& model, const AdamW& optimizer, OwnedState& out) const {
+    out.scheme = "zero-2";
+    out.segments = segments(model);
+    const std::vector<AdamW::Segment>& runs = out.segments;
+    const float* params = model.parameters().data();
+    out.weights = [params, runs](std::size_t k) { return params + runs[k].offset; };
+    // Cut by an update, or read cut from a sharded checkpoint; else whole (an unsharded
+    // checkpoint's, not yet cut) or none.
+    const bool packed = moments_cut_ || optimizer.m.size() != model.config().num_parameters();
+    out.m = moments_at(optimizer.m, packed, runs);
+    out.v = moments_at(optimizer.v, packed, runs);
+    return true;
 }
 
 std::size_t ShardedGradients::gradient_bytes() const {
@@ -487,14 +552,30 @@ void ShardedParameters::attach(GPT& model) {
     piece_at_.clear();
     weights_.clear();
     const std::vector<float>& params = model.parameters();
+    const bool whole = params.size() == model.config().num_parameters();
+    std::vector<std::pair<std::size_t, std::size_t>> runs;  // this rank's, in order
     for (const GradientBucket& bucket : model.gradient_buckets()) {
         const Shard piece = shard_of(bucket.size, rank(), size());
         bucket_sizes_.push_back(bucket.size);
         piece_at_.push_back(weights_.size());
         for_each_run(bucket, piece.begin, piece.end, [&](std::size_t offset, std::size_t, std::size_t n) {
-            weights_.insert(weights_.end(), params.begin() + static_cast<std::ptrdiff_t>(offset),
-                            params.begin() + static_cast<std::ptrdiff_t>(offset + n));
+            runs.emplace_back(offset, n);
+            if (whole) {
+                weights_.insert(weights_.end(), params.begin() + static_cast<std::ptrdiff_t>(offset),
+                                params.begin() + static_cast<std::ptrdiff_t>(offset + n));
+            }
         });
+        if (!whole) piece_at_.back() = 0;  // set below
+    }
+    if (!whole) {
+        // A model made without whole weights (GPTBuffers): its shard read from a checkpoint,
+        // or the seed's initial values of these runs alone.
+        weights_ = model.take_kept_weights(runs);
+        std::size_t at = 0;
+        for (std::size_t b = 0; b < bucket_sizes_.size(); ++b) {
+            piece_at_[b] = at;
+            at += shard_of(bucket_sizes_[b], rank(), size()).size();
+        }
     }
     weights_.shrink_to_fit();
     model.set_weight_source({[this](int bucket, float* weights) { start(bucket, weights); },
@@ -519,6 +600,25 @@ void ShardedParameters::start(int bucket, float* weights) {
 
 void ShardedParameters::wait(int bucket) { traffic_.all_gather_bytes += gatherer_->wait(bucket, times_); }
 //! [stage3]
+
+bool ShardedParameters::owned_state(const GPT& model, const AdamW& optimizer, OwnedState& out) const {
+    ShardedGradients::owned_state(model, optimizer, out);
+    out.scheme = "zero-3";
+    // The pieces of the weights where this rank keeps them, packed as its runs (attach()).
+    std::vector<std::size_t> at;
+    std::size_t n = 0;
+    for (const AdamW::Segment& s : out.segments) {
+        at.push_back(n);
+        n += s.size;
+    }
+    if (n != weights_.size()) {
+        throw std::logic_error("ShardedParameters: " + std::to_string(weights_.size()) + " weights kept for runs of " +
+                               std::to_string(n));
+    }
+    const float* weights = weights_.data();
+    out.weights = [weights, at](std::size_t k) { return weights + at[k]; };
+    return true;
+}
 
 void ShardedParameters::begin_gradients(GPT& model, double share) {
     const ZeroTraffic forward = traffic_;  // the forward pass's gathers, counted in this step

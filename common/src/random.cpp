@@ -1,6 +1,8 @@
 #include "attn/random.hpp"
 
+#include <array>
 #include <cmath>
+#include <vector>
 
 namespace attn {
 
@@ -46,6 +48,57 @@ std::uint64_t Rng::next_u64() {
     s_[2] ^= t;
     s_[3] = rotl(s_[3], 45);
     return result;
+}
+
+namespace {
+using Words = std::array<std::uint64_t, 4>;
+// xoshiro256's state update (next_u64 without its output): linear over GF(2).
+Words step_of(Words s) {
+    const std::uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return s;
+}
+// A 256 × 256 bit matrix as its columns: column j is the image of state bit j.
+using BitMatrix = std::vector<Words>;
+Words times(const BitMatrix& m, const Words& v) {
+    Words r{};
+    for (std::size_t j = 0; j < 256; ++j) {
+        if ((v[j / 64] >> (j % 64)) & 1u) {
+            for (std::size_t w = 0; w < 4; ++w) r[w] ^= m[j][w];
+        }
+    }
+    return r;
+}
+// M^(2^k) for k = 0 … 63, made once.
+const std::vector<BitMatrix>& step_powers() {
+    static const std::vector<BitMatrix> powers = [] {
+        std::vector<BitMatrix> p(64, BitMatrix(256));
+        for (std::size_t j = 0; j < 256; ++j) {
+            Words e{};
+            e[j / 64] = std::uint64_t{1} << (j % 64);
+            p[0][j] = step_of(e);
+        }
+        for (std::size_t k = 1; k < 64; ++k) {
+            for (std::size_t j = 0; j < 256; ++j) p[k][j] = times(p[k - 1], p[k - 1][j]);
+        }
+        return p;
+    }();
+    return powers;
+}
+}  // namespace
+
+void Rng::advance(std::uint64_t n) {
+    Words s = {s_[0], s_[1], s_[2], s_[3]};
+    const std::vector<BitMatrix>& powers = step_powers();
+    for (std::size_t k = 0; k < 64; ++k) {
+        if ((n >> k) & 1u) s = times(powers[k], s);  // the powers commute: any order
+    }
+    for (int i = 0; i < 4; ++i) s_[i] = s[static_cast<std::size_t>(i)];
 }
 
 float Rng::uniform() { return static_cast<float>(next_u64() >> 40) * 0x1.0p-24f; }

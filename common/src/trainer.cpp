@@ -253,14 +253,14 @@ void check_data(const TextDataset& data, const GPTConfig& g) {
 // Trainer
 
 namespace {
-GPT initial_model(const TrainConfig& config, const TextDataset& data) {
+GPT initial_model(const TrainConfig& config, const TextDataset& data, GPTBuffers buffers) {
     config.validate();
-    return GPT(config.model_config(static_cast<int>(data.vocab.size())), config.seed);
+    return GPT(config.model_config(static_cast<int>(data.vocab.size())), config.seed, buffers);
 }
 }  // namespace
 
-Trainer::Trainer(const TrainConfig& config, TextDataset data)
-    : config_(config), data_(std::move(data)), model_(initial_model(config_, data_)),
+Trainer::Trainer(const TrainConfig& config, TextDataset data, GPTBuffers buffers)
+    : config_(config), data_(std::move(data)), model_(initial_model(config_, data_, buffers)),
       batch_rng_(config.seed), best_val_loss_(std::numeric_limits<double>::infinity()) {
     finish_setup(false);
 }
@@ -558,22 +558,97 @@ EvalRecord Trainer::evaluate() {
     return e;
 }
 
+std::string Trainer::trainer_json() const {
+    const Rng::State rs = batch_rng_.state();
+    const json j = {{"config", config_to_json(config_)},
+                    {"step", step_},
+                    {"best_val_loss", std::isfinite(best_val_loss_) ? json(best_val_loss_) : json(nullptr)},
+                    {"adamw_step_count", optimizer_.step_count},
+                    {"loss_scaler", {{"scale", scaler_.scale}, {"good_steps", scaler_.good_steps},
+                                     {"skipped_steps", scaler_.skipped_steps}}},
+                    {"batch_rng", {{"words", rs.words}, {"has_spare", rs.has_spare},
+                                   {"spare_bits", bits_of(rs.spare)}}}};
+    return j.dump(2) + "\n";
+}
+
+void Trainer::save_sharded(const fs::path& dir, const DataParallelGroup::OwnedState& own) {
+    const fs::path target = dir.filename().empty() ? dir.parent_path() : dir;
+    // Each rank's file goes first to a folder beside the checkpoint, then into the new
+    // checkpoint directory that rank 0 puts in place atomically.
+    const fs::path staging = target.parent_path() / ("." + target.filename().string() + ".shards");
+    const int rank = group_->rank(), ranks = group_->size();
+    std::error_code ec;
+    if (rank == 0) {
+        fs::remove_all(staging, ec);  // what a save killed before it was complete left
+        fs::create_directories(staging);
+    }
+    group_->barrier();
+    auto file_of = [](int r) {
+        char name[32];
+        std::snprintf(name, sizeof name, "shard-%05d.bin", r);
+        return std::string(name);
+    };
+    const std::uint64_t sum = write_shard_file(staging / file_of(rank), own.segments, own.weights, own.m, own.v);
+    {
+        json runs = json::array();
+        for (const AdamW::Segment& s : own.segments) runs.push_back({s.offset, s.size});
+        std::ofstream out(staging / (file_of(rank) + ".json"));
+        out << json{{"segments", runs}, {"checksum", sum}, {"scheme", own.scheme}}.dump() << "\n";
+        if (!out) throw CheckpointError((staging / (file_of(rank) + ".json")).string() + ": cannot write");
+    }
+    group_->barrier();
+    if (rank == 0) {
+        write_directory_atomically(target, [&](const fs::path& tmp) {
+            save_model_config(tmp, model_, {data_.vocab.chars(), step_});
+            json files = json::array();
+            std::vector<std::pair<std::string, std::uint64_t>> known;
+            for (int r = 0; r < ranks; ++r) {
+                const fs::path part = staging / (file_of(r) + ".json");
+                std::ifstream in(part);
+                json j;
+                try {
+                    j = json::parse(in);
+                } catch (const json::exception& e) {
+                    throw CheckpointError(part.string() + ": not valid JSON: " + e.what());
+                }
+                files.push_back({{"name", file_of(r)}, {"segments", j.at("segments")}});
+                known.emplace_back(file_of(r), j.at("checksum").get<std::uint64_t>());
+                fs::rename(staging / file_of(r), tmp / file_of(r));
+            }
+            std::ofstream layout(tmp / "shards.json");
+            layout << json{{"format", "attn sharded checkpoint 1"}, {"scheme", own.scheme}, {"ranks", ranks},
+                           {"parameters", model_.config().num_parameters()}, {"files", files}}.dump(1) << "\n";
+            std::ofstream out(tmp / "trainer.json");
+            out << trainer_json();
+            layout.close();
+            out.close();
+            if (!out || !layout) throw CheckpointError(target.string() + ": cannot write trainer.json or shards.json");
+            write_checksums(tmp, known);
+        });
+        fs::remove_all(staging, ec);
+    }
+    group_->barrier();
+}
+
 void Trainer::save(const fs::path& dir) {
     sync_from_device();
-    // In a group every process holds the same state (or its shard of the optimizer's, which
-    // process 0 gathers): rank 0 writes it once, and the others wait, so that a checkpoint
-    // that one process calls written is written for all.
-    std::vector<float> m, v;
-    // ZeRO stage 3's shards of the weights gathered (every process takes part), or the model's.
+    DataParallelGroup::OwnedState own;
+    if (group_ && group_->owned_state(model_, optimizer_, own)) {
+        save_sharded(dir, own);
+        return;
+    }
+    // In a group every process holds the same state: rank 0 writes it once, and the others
+    // wait, so that a checkpoint that one process calls written is written for all.
+    // A group's shards of the weights gathered (every process takes part), or the model's.
     std::vector<float> gathered;
     if (model_.has_weight_source()) gathered = model_.gather_parameters();
     const std::vector<float>& weights = model_.has_weight_source() ? gathered : model_.parameters();
-    if (group_) {
-        group_->whole_moments(model_, optimizer_, m, v);
-    } else {
-        m = optimizer_.m;
-        v = optimizer_.v;
-    }
+    // The moments written where they lie when this process holds them whole (no copy);
+    // else gathered by the group, or zeros before the first step.
+    const std::size_t P = weights.size();
+    std::vector<float> m, v;
+    const bool whole = optimizer_.m.size() == P && optimizer_.v.size() == P;
+    if (!whole && group_) group_->whole_moments(model_, optimizer_, m, v);
     if (!writes_files()) {
         if (group_) group_->barrier();
         if (device_) device_->barrier();
@@ -582,23 +657,19 @@ void Trainer::save(const fs::path& dir) {
     write_directory_atomically(dir, [&](const fs::path& tmp) {
         save_checkpoint_weights(tmp, model_, weights, {data_.vocab.chars(), step_});
         fs::create_directory(tmp / "optimizer");
-        const std::size_t P = weights.size();
-        m.resize(P, 0.0f);
-        v.resize(P, 0.0f);
-        write_npy(tmp / "optimizer" / "m.npy", {P}, m.data());
-        write_npy(tmp / "optimizer" / "v.npy", {P}, v.data());
-        const Rng::State rs = batch_rng_.state();
-        json j = {{"config", config_to_json(config_)},
-                  {"step", step_},
-                  {"best_val_loss", std::isfinite(best_val_loss_) ? json(best_val_loss_) : json(nullptr)},
-                  {"adamw_step_count", optimizer_.step_count},
-                  {"loss_scaler", {{"scale", scaler_.scale}, {"good_steps", scaler_.good_steps},
-                                   {"skipped_steps", scaler_.skipped_steps}}},
-                  {"batch_rng", {{"words", rs.words}, {"has_spare", rs.has_spare},
-                                 {"spare_bits", bits_of(rs.spare)}}}};
+        if (!whole) {
+            if (m.empty()) m = optimizer_.m;
+            if (v.empty()) v = optimizer_.v;
+            m.resize(P, 0.0f);
+            v.resize(P, 0.0f);
+        }
+        write_npy(tmp / "optimizer" / "m.npy", {P}, whole ? optimizer_.m.data() : m.data());
+        write_npy(tmp / "optimizer" / "v.npy", {P}, whole ? optimizer_.v.data() : v.data());
         std::ofstream out(tmp / "trainer.json");
-        out << j.dump(2) << "\n";
+        out << trainer_json();
+        out.close();
         if (!out) throw CheckpointError((dir / "trainer.json").string() + ": cannot write");
+        write_checksums(tmp);
     });
     if (group_) group_->barrier();
     if (device_) device_->barrier();
@@ -670,8 +741,12 @@ std::uint64_t Trainer::state_fingerprint() const {
     const std::string config = config_to_json(config_).dump();
     add(config.data(), config.size());
     add_floats(model_.parameters());
-    add_floats(optimizer_.m);
-    add_floats(optimizer_.v);
+    // The moments when a process holds them whole; a process that read only its shard of a
+    // sharded checkpoint (Trainer::load's `kept`) holds its own, which the checksums checked.
+    if (optimizer_.m.size() == model_.parameters().size()) {
+        add_floats(optimizer_.m);
+        add_floats(optimizer_.v);
+    }
     add(&optimizer_.step_count, sizeof optimizer_.step_count);
     add(&step_, sizeof step_);
     const Rng::State rs = batch_rng_.state();
@@ -685,11 +760,57 @@ std::uint64_t Trainer::state_fingerprint() const {
     return h;
 }
 
-Trainer Trainer::load(const fs::path& dir, TextDataset data) {
+namespace {
+// The weights of `runs` of a checkpoint of either layout into `out`, one run after the other,
+// a tensor at a time (a buffer of one tensor beside them); a NaN or an infinity is refused.
+void read_weights(const fs::path& dir, const GPT& model, const std::vector<AdamW::Segment>& runs, float* out) {
+    const std::size_t P = model.config().num_parameters();
+    std::vector<float> tensor;
+    const bool sharded = is_sharded_checkpoint(dir);
+    const ShardLayout layout = sharded ? read_shard_layout(dir, P) : ShardLayout{};
+    std::size_t at = 0;  // where each run starts in `out`
+    for (const AdamW::Segment& run : runs) {
+        for (const ParameterInfo& p : model.parameter_table()) {
+            const std::size_t a = std::max(run.offset, p.offset), b = std::min(run.offset + run.size, p.offset + p.size);
+            if (a >= b) continue;
+            fs::path file = dir / (p.name + ".npy");
+            if (sharded) {
+                file = dir / "shards.json";
+                read_shard_ranges(dir, layout, ShardPart::weights, {{a, b - a}}, tensor);
+                std::copy(tensor.begin(), tensor.end(), out + at + (a - run.offset));
+            } else {
+                NpyArray t;
+                try {
+                    t = read_npy(file);
+                } catch (const NpyError& e) {
+                    throw CheckpointError(e.what());
+                }
+                if (t.dtype != "<f4" || t.shape != p.shape) {
+                    throw CheckpointError(file.string() + ": expected float32 of shape " + format_shape(p.shape) +
+                                          ", the file holds " + t.dtype + " " + format_shape(t.shape));
+                }
+                std::copy(t.data.begin() + static_cast<std::ptrdiff_t>(a - p.offset),
+                          t.data.begin() + static_cast<std::ptrdiff_t>(b - p.offset), out + at + (a - run.offset));
+            }
+            const float* first = out + at + (a - run.offset);
+            const float* bad = std::find_if(first, first + (b - a), [](float x) { return !std::isfinite(x); });
+            if (bad != first + (b - a)) {
+                throw CheckpointError(file.string() + ": " + p.name + " holds " + (std::isnan(*bad) ? "NaN" : "an infinity") +
+                                      " at index " + std::to_string(a - p.offset + static_cast<std::size_t>(bad - first)));
+            }
+        }
+        at += run.size;
+    }
+}
+}  // namespace
+
+Trainer Trainer::load(const fs::path& dir, TextDataset data,
+                      const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept, GPTBuffers buffers) {
     recover_directory(dir);  // a save killed between its renames left it beside
     if (!fs::is_directory(dir)) {
         throw CheckpointError(dir.string() + ": no such checkpoint directory");
     }
+    verify_checksums(dir);  // every file as it was written, before any is read
     const fs::path file = dir / "trainer.json";
     std::ifstream in(file);
     if (!in) {
@@ -707,7 +828,28 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
     const TrainConfig config = config_from_json(field<json>(j, "config", file), file);
 
     CheckpointInfo info;
-    GPT model = load_checkpoint(dir, &info);
+    GPT model = [&] {
+        if (buffers.weights && buffers.gradients) return load_checkpoint(dir, &info, false);
+        // A model made without some whole buffers: its weights read into it, or only the runs
+        // this process keeps, left for its group.
+        GPT m(load_config(dir, &info), config.seed, buffers);
+        const std::size_t P = m.config().num_parameters();
+        if (buffers.weights) {
+            read_weights(dir, m, {{0, P}}, m.parameters().data());
+        } else {
+            std::vector<AdamW::Segment> runs = kept ? kept(m) : std::vector<AdamW::Segment>{{0, P}};
+            std::size_t n = 0;
+            std::vector<std::pair<std::size_t, std::size_t>> pairs;
+            for (const AdamW::Segment& r : runs) {
+                n += r.size;
+                pairs.emplace_back(r.offset, r.size);
+            }
+            std::vector<float> values(n);
+            read_weights(dir, m, runs, values.data());
+            m.set_kept_weights(std::move(pairs), std::move(values));
+        }
+        return m;
+    }();
     const GPTConfig expected = config.model_config(model.config().vocab_size);
     const GPTConfig& got = model.config();
     if (got.n_layer != expected.n_layer || got.n_head != expected.n_head ||
@@ -753,7 +895,18 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
     } catch (const std::invalid_argument& e) {
         throw CheckpointError(file.string() + ": " + e.what());
     }
-    const std::size_t P = t.model_.parameters().size();
+    const std::size_t P = t.model_.config().num_parameters();
+    std::vector<AdamW::Segment> runs = kept ? kept(t.model_) : std::vector<AdamW::Segment>{};
+    std::size_t n = 0;
+    for (const AdamW::Segment& s : runs) n += s.size;
+    if (runs.empty() || n == P) runs = {{0, P}};  // all of them, in the flat order
+    if (is_sharded_checkpoint(dir)) {
+        // Only the moments this process keeps, read from the ranks' files where they lie.
+        const ShardLayout layout = read_shard_layout(dir, P);
+        read_shard_ranges(dir, layout, ShardPart::m, runs, t.optimizer_.m);
+        read_shard_ranges(dir, layout, ShardPart::v, runs, t.optimizer_.v);
+        return t;
+    }
     for (auto [name, target] : {std::pair{"m.npy", &t.optimizer_.m}, {"v.npy", &t.optimizer_.v}}) {
         const fs::path f = dir / "optimizer" / name;
         NpyArray a;
@@ -766,7 +919,17 @@ Trainer Trainer::load(const fs::path& dir, TextDataset data) {
             throw CheckpointError(f.string() + ": expected float32 of shape (" + std::to_string(P) +
                                   "), the file holds " + a.dtype + " " + format_shape(a.shape));
         }
-        *target = std::move(a.data);
+        if (runs.size() == 1 && runs[0].size == P) {
+            *target = std::move(a.data);
+            continue;
+        }
+        // The runs this process keeps, cut at once: one whole moment at a time.
+        target->clear();
+        target->reserve(n);
+        for (const AdamW::Segment& s : runs) {
+            target->insert(target->end(), a.data.begin() + static_cast<std::ptrdiff_t>(s.offset),
+                           a.data.begin() + static_cast<std::ptrdiff_t>(s.offset + s.size));
+        }
     }
     return t;
 }

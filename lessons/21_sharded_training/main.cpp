@@ -12,6 +12,7 @@
 #include "attn/data.hpp"
 #include "attn/heatmap.hpp"
 #include "attn/lesson.hpp"
+#include "attn/live_bytes.hpp"
 #include "attn/random.hpp"
 #include "attn/plot.hpp"
 #include "attn/print.hpp"
@@ -36,8 +37,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -379,22 +382,43 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
         throw std::invalid_argument("unknown scheme " + scheme);
     }
     const TextDataset data = make_dataset(read_corpus(corpus));
-    Trainer trainer(recipe(s), data);
+    const int stage = scheme == "plain" ? 0 : scheme[5] - '0';
+    // A rank never makes the whole buffers its group keeps in shards: stage 2's gradients, stage
+    // 3's weights too (its shard of the seed's initial weights computed alone).
+    GPTBuffers buffers;
+    buffers.gradients = stage < 2;
+    buffers.weights = stage < 3;
+    auto group_of = [stage]() -> std::shared_ptr<mpi::DataParallel> {
+        if (stage == 1) return std::make_shared<mpi::ShardedOptimizer>();
+        if (stage == 2) return std::make_shared<mpi::ShardedGradients>();
+        if (stage == 3) return std::make_shared<mpi::ShardedParameters>();
+        return std::make_shared<mpi::DataParallel>();  // every rank holds everything
+    };
+    std::optional<Trainer> holder;
+    holder.emplace(recipe(s), data, buffers);
+    Trainer& trainer = *holder;
     //! [schemes]
-    std::shared_ptr<mpi::DataParallel> group;
-    std::shared_ptr<mpi::ZeroGroup> sharded;
-    if (scheme == "stage1") group = sharded = std::make_shared<mpi::ShardedOptimizer>();
-    else if (scheme == "stage2") group = sharded = std::make_shared<mpi::ShardedGradients>();
-    else if (scheme == "stage3") group = sharded = std::make_shared<mpi::ShardedParameters>();
-    else group = std::make_shared<mpi::DataParallel>();  // every rank holds everything
+    std::shared_ptr<mpi::DataParallel> group = group_of();
+    std::shared_ptr<mpi::ZeroGroup> sharded = std::dynamic_pointer_cast<mpi::ZeroGroup>(group);
     trainer.use_group(group);
     std::vector<double> losses;
     double seconds = 0.0;  // the steps after the first (which allocates), on the wall clock
+    // The peaks of the bytes this rank holds through `new` (attn/live_bytes.hpp): during a
+    // training step (after the first), and while it saves a checkpoint (its own shard's file).
+    std::size_t train_peak = 0, save_peak = 0;
+    std::int64_t saved_step = 0;
     for (int i = 0; i < s.steps; ++i) {
         const auto start = std::chrono::steady_clock::now();
+        reset_peak_bytes();
         losses.push_back(trainer.train_step().loss);
+        if (i > 0) train_peak = std::max(train_peak, peak_bytes());
         if (i > 0) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        if (i + 1 == save_at) trainer.save(out);  // the whole state: rank 0 gathers the shards
+        if (i + 1 == save_at) {
+            reset_peak_bytes();
+            trainer.save(out);  // sharded: each rank writes its own part, nothing is gathered
+            save_peak = peak_bytes();
+            saved_step = trainer.step();
+        }
     }
     const MemoryUse use = trainer.memory_use();  // what this rank allocated, by kind
     //! [schemes]
@@ -429,6 +453,27 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
         identical = false;
     }
     mpi::say("identical", {identical ? 1.0 : 0.0});
+    if (save_at == 0) return;
+    // The checkpoint resumed on these ranks as train_gpt --resume does it, the trainer that
+    // saved it gone: the peak while it loads (each rank reads the moments it keeps, in stage 3
+    // its weights too) and joins the group.
+    holder.reset();
+    group.reset();
+    sharded.reset();
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    std::function<std::vector<AdamW::Segment>(const GPT&)> kept;
+    if (stage > 0) kept = [=](const GPT& m) { return mpi::kept_segments(m, stage, rank, ranks); };
+    MPI_Barrier(MPI_COMM_WORLD);
+    reset_peak_bytes();
+    Trainer resumed = Trainer::load(out, data, kept, buffers);
+    resumed.use_group(group_of());
+    const std::size_t resume_peak = peak_bytes();
+    if (resumed.step() != saved_step) throw std::runtime_error("the resumed run is not at the checkpoint's step");
+    mpi::say("train_peak", mpi::gather_from_ranks(static_cast<double>(train_peak)));
+    mpi::say("save_peak", mpi::gather_from_ranks(static_cast<double>(save_peak)));
+    mpi::say("resume_peak", mpi::gather_from_ranks(static_cast<double>(resume_peak)));
 }
 
 // The model of the lesson's recipe split over the ranks by tensor parallelism: one forward
@@ -591,7 +636,7 @@ const char* scheme_name(const std::string& scheme) {
 void schemes(const Launcher& launcher, const LessonOptions& options) {
     print_heading("Data parallelism and ZeRO stages 1, 2 and 3, trained and measured");
     std::vector<Run> runs;
-    for (int N : {1, 2, 4}) runs.push_back(launcher.run("plain", N));
+    for (int N : {1, 2, 4}) runs.push_back(launcher.run("plain", N, N == 4 ? launcher.s.save_at : 0));
     for (const char* stage : {"stage1", "stage2", "stage3"}) {
         for (int N : {1, 2, 3, 4}) runs.push_back(launcher.run(stage, N, N == 4 ? launcher.s.save_at : 0));
     }
@@ -773,10 +818,42 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         resume_gap = std::max(resume_gap, largest_relative_gap(later, tail));
     }
     set_num_threads(threads);
-    std::printf("\nthe runs of stages 1, 2 and 3 on 4 ranks saved a checkpoint after step %d (rank 0 gathered the\n"
-                "moments, and in stage 3 the weights); one process resumed each for steps %d to %d: largest\n"
+    std::printf("\nthe runs of stages 1, 2 and 3 on 4 ranks saved a sharded checkpoint after step %d (each rank its\n"
+                "own weights and moments); one process resumed each for steps %d to %d: largest\n"
                 "relative gap from the 1-rank run's losses %.1e\n", s.save_at, s.save_at + 1, s.steps, resume_gap);
     print_claim("resume_gap", resume_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
+
+    // What a rank holds at its peak while it trains, saves and resumes, on 4 ranks.
+    std::printf("\npeak bytes per rank held through `new` (attn/live_bytes.hpp), the largest over the 4 ranks: during\n"
+                "a training step, while saving the checkpoint of step %d (each rank writes its own part), and while\n"
+                "resuming it (loading what the rank keeps, joining the group); the state formula of the table above\n\n",
+                s.save_at);
+    std::printf("%-7s  %9s  %8s  %9s  %10s  %12s  %12s\n", "scheme", "train MB", "save MB", "resume MB", "formula MB",
+                "save/train", "resume/train");
+    double worst_ratio = 0.0;
+    for (const Run& run : runs) {
+        if (run.N != 4) continue;
+        double train = 0, save = 0, resume = 0, save_ratio = 0, resume_ratio = 0;
+        const std::vector<double>&t = need(run.numbers, "train_peak"), &sv = need(run.numbers, "save_peak"),
+                                  &r = need(run.numbers, "resume_peak");
+        for (std::size_t k = 0; k < t.size(); ++k) {  // each rank against its own training peak
+            train = std::max(train, t[k]);
+            save = std::max(save, sv[k]);
+            resume = std::max(resume, r[k]);
+            save_ratio = std::max(save_ratio, sv[k] / t[k]);
+            resume_ratio = std::max(resume_ratio, r[k] / t[k]);
+        }
+        worst_ratio = std::max({worst_ratio, save_ratio, resume_ratio});
+        std::printf("%-7s  %9.2f  %8.2f  %9.2f  %10.2f  %12.3f  %12.3f\n", scheme_name(run.scheme), train / mb, save / mb,
+                    resume / mb, formula(run.scheme, 4) / mb, save_ratio, resume_ratio);
+        print_claim("peak_" + run.scheme + "_train_mb", train / mb, 2);
+        print_claim("peak_" + run.scheme + "_save_mb", save / mb, 2);
+        print_claim("peak_" + run.scheme + "_resume_mb", resume / mb, 2);
+        print_claim("peak_" + run.scheme + "_save_ratio", save_ratio, 2);
+        print_claim("peak_" + run.scheme + "_resume_ratio", resume_ratio, 2);
+    }
+    print_claim("peak_worst_ratio", worst_ratio, 2);
+    print_claim("peak_within_1_2", worst_ratio <= 1.2 ? "yes" : "no");
 
     if (!options.figures.empty()) {
         // Measured only: the formulas would hide these lines (the table has both).

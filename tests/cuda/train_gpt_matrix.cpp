@@ -294,6 +294,10 @@ std::vector<Use> option_table() {
         fixed("--shard", Role::plumbing,
               "--ranks keeps the training state sharded, ZeRO stage 1, 2 or 3 (refused without ranks); "
               "tests/mpi/train_gpt_ranks_test runs every option with each stage against one process"),
+        fixed("--consolidate", Role::plumbing,
+              "converts a --shard run's sharded checkpoint and does nothing else (refused with any "
+              "other option); tests/mpi/train_gpt_ranks_test compares its output with one process's "
+              "checkpoint byte for byte"),
         fixed("--tensor-parallel", Role::plumbing,
               "--ranks split every block over groups of ranks, on the CPU (refused without ranks); "
               "tests/mpi/train_gpt_ranks_test runs every option with it against one process"),

@@ -67,10 +67,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <random>
 #include <set>
 #include <sstream>
 #include <string>
@@ -205,6 +207,39 @@ long long checkpoint_step(const fs::path& run) {
     }
 }
 
+// A sharded checkpoint's weights and moments in the flat order, read here from the bytes of
+// shards.json and the ranks' files (each: its runs' weights, then m, then v, float32), not by
+// the library's reader.
+struct Flat {
+    std::vector<float> weights, m, v;
+};
+Flat flat_of_shards(const fs::path& dir) {
+    std::ifstream in(dir / "shards.json");
+    const json layout = json::parse(in);
+    const std::size_t P = layout.at("parameters").get<std::size_t>();
+    Flat flat;
+    flat.weights.assign(P, std::nanf(""));
+    flat.m = flat.v = flat.weights;
+    for (const json& f : layout.at("files")) {
+        std::size_t n = 0;
+        for (const json& s : f.at("segments")) n += s.at(1).get<std::size_t>();
+        std::vector<float> all(3 * n);
+        std::ifstream bin(dir / f.at("name").get<std::string>(), std::ios::binary);
+        bin.read(reinterpret_cast<char*>(all.data()), static_cast<std::streamsize>(all.size() * sizeof(float)));
+        std::size_t at = 0;
+        for (const json& s : f.at("segments")) {
+            const std::size_t offset = s.at(0).get<std::size_t>(), size = s.at(1).get<std::size_t>();
+            for (std::size_t i = 0; i < size; ++i) {
+                flat.weights.at(offset + i) = all.at(at + i);
+                flat.m.at(offset + i) = all.at(n + at + i);
+                flat.v.at(offset + i) = all.at(2 * n + at + i);
+            }
+            at += size;
+        }
+    }
+    return flat;
+}
+
 // A run's numbers: metrics.jsonl's steps and evaluations, the sample, and from its
 // checkpoint's trainer.json the sizes its bounds depend on.
 struct Results {
@@ -245,6 +280,10 @@ Results results_of(const fs::path& out) {
         r.vocab = json::parse(m).at("vocab_size").get<std::size_t>();
         for (const auto& entry : fs::directory_iterator(out / "checkpoint")) {
             if (entry.path().extension() == ".npy") r.weights += read_npy(entry.path()).data.size();
+        }
+        if (fs::exists(out / "checkpoint" / "shards.json")) {  // the ranks' files: P, and the tied LM head
+            const Flat flat = flat_of_shards(out / "checkpoint");
+            r.weights += flat.weights.size() + static_cast<std::size_t>(r.vocab) * r.config.n_embd;
         }
     }
     r.sample = read_text(out / "sample.txt");
@@ -395,8 +434,14 @@ std::vector<std::string> next_step(const std::string& program, const fs::path& r
     // The state before the step as the files hold it: the moments, the step and AdamW's count
     // read here, so that a load that loses them fails (one process and the run load alike).
     mpi_test::detail::State before = mpi_test::detail::state_of(one);
-    before.m = read_npy(work / "before" / "optimizer" / "m.npy").data;
-    before.v = read_npy(work / "before" / "optimizer" / "v.npy").data;
+    if (fs::exists(work / "before" / "shards.json")) {
+        const Flat flat = flat_of_shards(work / "before");
+        before.m = flat.m;
+        before.v = flat.v;
+    } else {
+        before.m = read_npy(work / "before" / "optimizer" / "m.npy").data;
+        before.v = read_npy(work / "before" / "optimizer" / "v.npy").data;
+    }
     {
         std::ifstream t(work / "before" / "trainer.json");
         const json j = json::parse(t);
@@ -500,6 +545,7 @@ std::vector<Use> option_table() {
         {"--batch-size", Role::varied, {"6"}, ""},
         {"--grad-accum", Role::varied, {"2"}, ""},
         {"--recipe", Role::varied, {"cpu"}, "shakespeare not tried: its 10.7M parameters take seconds a step"},
+        {"--consolidate", Role::plumbing, {}, "runs alone (the sharded part of this test)"},
         {"--resume", Role::varied, {resume_value}, ""},
         {"--init", Role::varied, {init_value}, ""},
         {"--max-iters", Role::varied, {"5"}, ""},
@@ -1331,6 +1377,200 @@ int test_freeze(const std::string& program, const fs::path& root) {
     return failures ? 1 : 0;
 }
 
+
+// Sharded checkpoints.
+
+// The bytes of every file under `dir`, by relative path.
+std::map<std::string, std::string> files_of(const fs::path& dir) {
+    std::map<std::string, std::string> files;
+    for (const auto& e : fs::recursive_directory_iterator(dir)) {
+        if (e.is_regular_file()) files[e.path().lexically_relative(dir).generic_string()] = read_text(e.path());
+    }
+    return files;
+}
+
+// Bitwise equality of two float vectors (NaN never equal: a parameter no file held).
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+    if (a.size() != b.size()) return false;
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        if (std::isnan(a[i]) || std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
+    }
+    return true;
+}
+
+int test_sharded(const std::string& program, const fs::path& root) {
+    const fs::path corpus = root / "corpus.txt";
+    write_corpus(corpus);
+    const TextDataset data = make_dataset(read_text(corpus));
+    const std::vector<std::string> base = {"--recipe", "tiny", "--max-iters", "3", "--eval-interval", "3",
+                                           "--eval-iters", "1", "--sample", "0", "--threads", "1",
+                                           "--data", corpus.string()};
+    // The layouts: saved by each ZeRO stage, on 2, 3 and 4 ranks in a drawn order; resumed on
+    // three layouts each, drawn without repeats from every other one (one process, plain data
+    // parallelism, the three stages on 2 to 4 ranks, tensor parallelism).
+    std::mt19937 draw(20261128);
+    const std::vector<std::string> stages = {"optimizer", "gradients", "parameters"};
+    std::vector<std::string> saving_ranks = {"2", "3", "4"};  // one each, in a drawn order
+    std::shuffle(saving_ranks.begin(), saving_ranks.end(), draw);
+    std::vector<std::vector<std::string>> layouts = {{}, {"--ranks", "2"}, {"--ranks", "3"},
+                                                     {"--ranks", "2", "--tensor-parallel", "2"},
+                                                     {"--ranks", "4", "--tensor-parallel", "2"}};
+    for (const std::string& s : stages) {
+        for (const char* n : {"2", "3", "4"}) layouts.push_back({"--ranks", n, "--shard", s});
+    }
+    auto name_of = [](const std::vector<std::string>& flags) {
+        std::string name;
+        for (const std::string& f : flags) name += (name.empty() ? "" : " ") + f;
+        return name.empty() ? std::string("one process") : name;
+    };
+    std::shuffle(layouts.begin(), layouts.end(), draw);  // taken in turn: no layout twice
+    std::size_t next_layout = 0;
+    int pairs = 0;
+    for (const std::string& stage : stages) {
+        const std::string ranks = saving_ranks[static_cast<std::size_t>(&stage - stages.data())];
+        const std::vector<std::string> saved_as = {"--ranks", ranks, "--shard", stage};
+        const fs::path run_dir = root / ("saved-" + stage);
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--out", run_dir.string()});
+        args.insert(args.end(), saved_as.begin(), saved_as.end());
+        const Outcome o = run(program, args, root / ("saved-" + stage + "-log"));
+        if (o.status != 0 || !fs::exists(run_dir / "checkpoint" / "shards.json")) {
+            fail(name_of(saved_as), "no sharded checkpoint (exit " + std::to_string(o.status) + "): " + o.err.substr(0, 300));
+            continue;
+        }
+        // Its layout: one file per rank, and the runs of the flat buffer every parameter in one.
+        const Flat flat = flat_of_shards(run_dir / "checkpoint");
+        {
+            std::ifstream in(run_dir / "checkpoint" / "shards.json");
+            const json layout = json::parse(in);
+            if (std::to_string(layout.at("ranks").get<int>()) != ranks ||
+                layout.at("files").size() != static_cast<std::size_t>(std::stoi(ranks))) {
+                fail(name_of(saved_as), "shards.json names " + layout.at("ranks").dump() + " ranks");
+            }
+        }
+        // The library reads what the bytes say: one process's load of it holds those weights.
+        Trainer one = Trainer::load(run_dir / "checkpoint", data);
+        if (!same_bits(flat.weights, one.model().parameters()) || !same_bits(flat.m, one.optimizer().m) ||
+            !same_bits(flat.v, one.optimizer().v)) {
+            fail(name_of(saved_as), "one process's load differs from the weights and moments its files hold");
+        }
+        // Consolidated, it is byte for byte what one process writes of the same state, and every
+        // tensor and moment is the files' own.
+        const fs::path whole = root / ("consolidated-" + stage), reference = root / ("one-" + stage);
+        const Outcome c = run(program, {"--consolidate", run_dir.string(), whole.string()}, root / ("consolidate-" + stage));
+        one.save(reference);
+        if (c.status != 0) {
+            fail("--consolidate of " + name_of(saved_as), "exit " + std::to_string(c.status) + ": " + c.err);
+        } else {
+            const auto got = files_of(whole), expected = files_of(reference);
+            std::vector<std::string> differ;
+            for (const auto& [name, bytes] : expected) {
+                if (!got.count(name) || got.at(name) != bytes) differ.push_back(name);
+            }
+            if (got.size() != expected.size() || !differ.empty()) {
+                fail("--consolidate of " + name_of(saved_as), std::to_string(differ.size()) + " of " +
+                     std::to_string(expected.size()) + " files differ from one process's checkpoint (" +
+                     (differ.empty() ? "another file count" : differ[0]) + ")");
+            }
+            GPT model = load_checkpoint(whole);
+            const bool weights = same_bits(flat.weights, model.parameters());
+            if (!weights || !same_bits(flat.m, read_npy(whole / "optimizer" / "m.npy").data) ||
+                !same_bits(flat.v, read_npy(whole / "optimizer" / "v.npy").data)) {
+                fail("--consolidate of " + name_of(saved_as), "its tensors are not those of the ranks' files");
+            } else if (differ.empty()) {
+                std::cout << "ok: " << name_of(saved_as) << ": the sharded checkpoint consolidated is one process's, "
+                          << expected.size() << " files byte for byte\n";
+            }
+        }
+        // Resumed on other layouts: the first step is one process's step from the checkpoint.
+        for (int k = 0; k < 3; ++k) {
+            std::vector<std::string> as = layouts[next_layout++ % layouts.size()];
+            if (as == saved_as) as = layouts[next_layout++ % layouts.size()];
+            std::vector<std::string> resume = {"--resume", run_dir.string(), "--sample", "0", "--threads", "1",
+                                               "--data", corpus.string()};
+            resume.insert(resume.end(), as.begin(), as.end());
+            std::string summary;
+            const fs::path copy = root / ("resumed-" + stage + "-" + std::to_string(k));
+            fs::remove_all(copy);
+            fs::copy(run_dir, copy, fs::copy_options::recursive);
+            resume[1] = copy.string();
+            const std::vector<std::string> problems = next_step(program, copy, resume, corpus, copy.string() + "-next", summary);
+            ++pairs;
+            for (const std::string& p : problems) fail(name_of(saved_as) + " resumed as " + name_of(as), p);
+            if (problems.empty()) {
+                std::cout << "ok: saved by " << name_of(saved_as) << ", resumed as " << name_of(as)
+                          << ": its step is one process's from the checkpoint: " << summary << "\n";
+            }
+        }
+    }
+    // Every kind of file, one byte changed at a drawn place: refused in one line naming it.
+    const fs::path sharded = root / "saved-parameters", single = root / "single";
+    {
+        std::vector<std::string> args = base;
+        args.insert(args.end(), {"--out", single.string()});
+        const Outcome o = run(program, args, root / "single-log");
+        if (o.status != 0) fail("one process's run", o.err);
+    }
+    struct Damage {
+        fs::path run;
+        std::string file;
+        std::vector<std::string> flags;
+    };
+    const std::vector<std::string> two = {"--ranks", "2", "--shard", "parameters"};
+    const std::vector<Damage> damages = {{sharded, "shard-00001.bin", two}, {sharded, "shards.json", two},
+                                         {sharded, "trainer.json", two},    {sharded, "config.json", {}},
+                                         {sharded, "checksums.json", {}},   {single, "transformer.h.0.mlp.c_fc.weight.npy", {}},
+                                         {single, "lm_head.weight.npy", {}}, {single, "optimizer/m.npy", {}},
+                                         {single, "optimizer/v.npy", two},  {single, "trainer.json", {}},
+                                         {single, "config.json", {}},       {single, "checksums.json", {}}};
+    int refused = 0;
+    for (std::size_t i = 0; i < damages.size(); ++i) {
+        const Damage& d = damages[i];
+        const fs::path copy = root / ("damaged-" + std::to_string(i)), dir = copy / "checkpoint";
+        const fs::path source = d.run / "checkpoint" / d.file;
+        if (!fs::exists(source) || fs::file_size(source) == 0) {
+            fail(d.file, "no such file to damage: " + source.string());
+            continue;
+        }
+        fs::remove_all(copy);
+        fs::create_directories(copy);
+        fs::copy(d.run / "checkpoint", dir, fs::copy_options::recursive);
+        fs::copy(d.run / "metrics.jsonl", copy / "metrics.jsonl");
+        std::string bytes = read_text(dir / d.file);
+        const std::size_t at = draw() % bytes.size();
+        bytes[at] = static_cast<char>(bytes[at] ^ (1 << (draw() % 8)));
+        std::ofstream(dir / d.file, std::ios::binary | std::ios::trunc) << bytes;
+        std::vector<std::string> args = {"--resume", copy.string(), "--max-iters", "5", "--sample", "0",
+                                         "--threads", "1", "--data", corpus.string()};
+        args.insert(args.end(), d.flags.begin(), d.flags.end());
+        const Outcome o = run(program, args, root / ("damaged-" + std::to_string(i) + "-log"));
+        const std::vector<std::string> lines = message_lines(o.err);
+        const std::string where = d.file + " with byte " + std::to_string(at) + " changed (" + name_of(d.flags) + ")";
+        if (o.status == 0 || lines.size() != 1 || lines[0].find(fs::path(d.file).filename().string()) == std::string::npos) {
+            fail(where, "expected a non-zero exit and one line naming the file, got exit " + std::to_string(o.status) +
+                            " and: " + o.err.substr(0, 400));
+        } else {
+            ++refused;
+        }
+    }
+    // --consolidate's bad uses: one line each, a non-zero exit, nothing written.
+    const std::vector<std::vector<std::string>> bad = {
+        {"--consolidate", single.string(), (root / "c1").string()},              // already one process's
+        {"--consolidate", (root / "nothing").string(), (root / "c2").string()},  // no such folder
+        {"--consolidate", sharded.string(), (root / "c3").string(), "--max-iters", "3"},  // another option
+        {"--consolidate", sharded.string()}};                                    // no OUT
+    for (std::size_t i = 0; i < bad.size(); ++i) {
+        const Outcome o = run(program, bad[i], root / ("bad-consolidate-" + std::to_string(i)));
+        if (o.status == 0 || message_lines(o.err).size() != 1 || fs::exists(root / ("c" + std::to_string(i + 1)))) {
+            fail("--consolidate, bad use " + std::to_string(i), "expected one line and a non-zero exit, got exit " +
+                                                                    std::to_string(o.status) + " and: " + o.err);
+        }
+    }
+    std::cout << pairs << " saved and resumed layouts; " << refused << " of " << damages.size()
+              << " damaged files refused in one line naming the file\n";
+    return failures == 0 ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1344,7 +1584,7 @@ int main(int argc, char** argv) {
         return failures ? 1 : 0;
     }
     if (argc != 4 && argc != 5) {
-        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|kill-sharded-parameters|kill-tensor-parallel|stop|faults|freeze [MPIRUN]\n"
+        std::cerr << "usage: train_gpt_ranks_test TRAIN_GPT WORK_DIR options|refusals|kill|kill-sharded|kill-sharded-gradients|kill-sharded-parameters|kill-tensor-parallel|stop|faults|freeze|sharded [MPIRUN]\n"
                      "       train_gpt_ranks_test compare RUN REFERENCE_RUN CORPUS [TRAIN_GPT_FLAGS...]\n";
         return 2;
     }
@@ -1363,6 +1603,7 @@ int main(int argc, char** argv) {
     else if (part == "stop") status = test_stop(program, root);
     else if (part == "faults") status = test_faults(program, root);
     else if (part == "freeze") status = test_freeze(program, root);
+    else if (part == "sharded") status = test_sharded(program, root);
     else std::cerr << "unknown part '" << part << "'\n";
     std::cout << (status == 0 ? "passed" : "FAILED") << " (" << failures << " failures)\n";
     return status;

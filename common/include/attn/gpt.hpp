@@ -238,13 +238,38 @@ struct MemoryUse {
 /// each element's index in the whole batch (dropout_mask.hpp), so the slices draw the
 /// masks the whole batch would, and the GPU model draws the same ones. The results agree
 /// with a single thread's to float rounding (tests/test_threads.cpp).
+/// Which whole buffers a GPT allocates (GPT's constructor).
+struct GPTBuffers {
+    bool weights = true;    ///< the flat parameter buffer, initialised
+    bool gradients = true;  ///< the flat gradient buffer
+};
+
 class GPT {
 public:
     /// A model with nanoGPT's initialisation: weights N(0, 0.02), the residual projections
     /// (`attn.c_proj`, `mlp.c_proj`) N(0, 0.02/√(2·n_layer)), biases 0, LayerNorm weights 1.
     /// @param config the sizes; validated
     /// @param seed seeds the initialisation and the dropout masks
-    explicit GPT(const GPTConfig& config, std::uint64_t seed = 1337);
+    /// @param buffers which whole buffers to allocate: a model whose weights a group keeps in
+    /// shards (ZeRO stage 3) or whose gradients go to a sink (stages 2 and 3) starts without
+    /// them, so that no process ever holds the whole model (PyTorch's meta-device init); such
+    /// a model runs only once the group has given it a weight source and a gradient sink
+    explicit GPT(const GPTConfig& config, std::uint64_t seed = 1337, GPTBuffers buffers = {});
+
+    /// The values the constructor gives (or gave) the parameters of `runs` of the flat
+    /// buffer, computed alone, bit for bit the same: each run's place in the random stream
+    /// of the initialisation is reached with Rng::advance, without drawing what comes
+    /// before it. @param runs (offset, size) of each run @return their values, one run after
+    /// the other
+    std::vector<float> initial_values(const std::vector<std::pair<std::size_t, std::size_t>>& runs) const;
+    /// Leaves weights of `runs` for the group that will keep them (a checkpoint's shard that
+    /// Trainer::load read into a model made without whole weights).
+    /// @param runs (offset, size) of each run @param values their weights, one run after the other
+    void set_kept_weights(std::vector<std::pair<std::size_t, std::size_t>> runs, std::vector<float> values);
+    /// The weights of `runs` for a model without whole weights: those set_kept_weights() left
+    /// for these runs (handed over once), else the initial ones (initial_values).
+    /// @param runs (offset, size) of each run @return their values, one run after the other
+    std::vector<float> take_kept_weights(const std::vector<std::pair<std::size_t, std::size_t>>& runs);
 
     GPT(const GPT&) = delete;                  ///< not copyable
     GPT& operator=(const GPT&) = delete;       ///< not copyable
@@ -471,6 +496,9 @@ private:
     GradientScratch scratch_;
     std::vector<int> inputs_;   // (B, T) of the last forward call
     std::vector<int> targets_;  // (B, T) of the last forward call
+    std::uint64_t init_seed_;           // the constructor's seed (initial_values)
+    std::vector<std::pair<std::size_t, std::size_t>> kept_runs_;  // set_kept_weights()
+    std::vector<float> kept_values_;
     std::uint64_t dropout_seed_;        // seed_dropout's seed
     std::uint64_t forward_calls_ = 0;  // forward passes since it was set
     std::vector<float> alibi_slopes_;  // (NH) with Position::alibi, else empty

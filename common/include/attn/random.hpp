@@ -33,6 +33,13 @@ public:
     static Rng from_state(const State& state);
 
     std::uint64_t next_u64();          ///< 64 uniformly random bits
+    /// Skips `n` draws of next_u64() at once: afterwards the stream is where n calls would
+    /// have left it (normal()'s held second draw, if any, stays held). xoshiro256's step is
+    /// linear over GF(2), so n steps are the n-th power of its 256 × 256 bit matrix, applied
+    /// as the powers M^(2^k) of n's set bits: at most 64 matrix-vector products, whatever n.
+    /// It lets a process start a stream at any place, e.g. a shard of a model's
+    /// initialisation (GPT::initial_values). @param n the draws to skip
+    void advance(std::uint64_t n);
     float uniform();                   ///< uniform in [0, 1), 24 random bits
     float uniform(float lo, float hi); ///< uniform in [lo, hi)
     float normal();                    ///< standard normal (Box-Muller)

@@ -6,8 +6,10 @@
 /// the weights directory of checkpoint.hpp (`config.json` + one `.npy` per parameter), plus
 /// `optimizer/m.npy` and `optimizer/v.npy` (AdamW's moments, the flat parameter layout) and
 /// `trainer.json` (the TrainConfig, the step, the best validation loss, AdamW's step count
-/// and the batch sampler's random state). Loading it and training on gives the same losses,
-/// bit for bit, as a run that never stopped.
+/// and the batch sampler's random state), and `checksums.json` (checkpoint.hpp), checked on
+/// load. Loading it and training on gives the same losses, bit for bit, as a run that never
+/// stopped. Ranks that keep shards (ZeRO) write it sharded instead: each rank its own
+/// weights and moments, `shards.json` the layout (checkpoint.hpp's ShardLayout).
 #pragma once
 
 #include "attn/data.hpp"
@@ -252,6 +254,25 @@ public:
         m = optimizer.m;
         v = optimizer.v;
     }
+    /// What this process writes of a sharded checkpoint (checkpoint.hpp's ShardLayout): the
+    /// runs of the flat parameter buffer it keeps, and where each run's weights and moments
+    /// lie here.
+    struct OwnedState {
+        std::string scheme;                    ///< e.g. "zero-3", recorded in shards.json
+        std::vector<AdamW::Segment> segments;  ///< its runs, in the order it keeps them
+        /// Run k's weights, first moments and second moments (m and v may give nullptr:
+        /// zeros, no step taken yet).
+        std::function<const float*(std::size_t k)> weights, m, v;
+    };
+    /// Fills `out` and returns true when each process writes its own part of a checkpoint
+    /// (ZeRO: none holds the whole state); false by default: process 0 writes it whole.
+    /// @param model the model @param optimizer this process's AdamW @param out its part
+    virtual bool owned_state(const GPT& model, const AdamW& optimizer, OwnedState& out) const {
+        (void)model;
+        (void)optimizer;
+        (void)out;
+        return false;
+    }
 };
 
 /// The sequences [begin, end) of a batch of B that process `rank` of `ranks` runs: B split
@@ -265,7 +286,10 @@ public:
     /// A fresh run: a model initialised from config.seed.
     /// @param config the recipe; validated
     /// @param data the encoded corpus; each split must hold more than block_size tokens
-    Trainer(const TrainConfig& config, TextDataset data);
+    /// @param buffers the model's whole buffers (GPTBuffers): a process of a group that keeps
+    /// the weights or gradients in shards (ZeRO stages 2 and 3) starts without them, and the
+    /// group takes its shard of the seed's weights (GPT::initial_values) when it is joined
+    Trainer(const TrainConfig& config, TextDataset data, GPTBuffers buffers = {});
     /// A run that starts from given weights (e.g. exported from PyTorch); the model's sizes
     /// replace the recipe's.
     /// @param config the recipe (its model sizes are overwritten by the model's)
@@ -276,12 +300,26 @@ public:
     /// Resumes from a checkpoint written by save().
     /// @param dir the checkpoint directory
     /// @param data the corpus; its vocabulary must be the one the checkpoint records
-    /// @throws CheckpointError for a missing, incomplete or inconsistent checkpoint
-    static Trainer load(const std::filesystem::path& dir, TextDataset data);
+    /// Every file is first checked against the checkpoint's `checksums.json`. A sharded
+    /// checkpoint (checkpoint.hpp) may be read by a process that will keep only some of
+    /// AdamW's moments (ZeRO): it reads only those.
+    /// @param kept the runs of the flat buffer whose moments this process keeps, in the order
+    /// it keeps them (empty function, or runs covering every parameter: all of them, in the
+    /// flat order)
+    /// @throws CheckpointError for a missing, incomplete, inconsistent or damaged checkpoint
+    /// @param buffers the model's whole buffers, as for a fresh run: without whole weights,
+    /// only the weights of `kept` are read, and left in the model for the group
+    /// (GPT::set_kept_weights)
+    static Trainer load(const std::filesystem::path& dir, TextDataset data,
+                        const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept = {},
+                        GPTBuffers buffers = {});
 
     /// Writes a checkpoint atomically (the old one stays until the new one is complete),
     /// first bringing the host copy up to date when a device is training. In a
-    /// data-parallel group rank 0 writes it and every process returns once it is written.
+    /// data-parallel group rank 0 writes it and every process returns once it is written;
+    /// in a group whose processes each keep a shard (DataParallelGroup::owned_state) each
+    /// writes its own file of a sharded checkpoint, and nothing is gathered (the processes
+    /// must see the same folder, as one machine or a shared file system gives them).
     /// @param dir the checkpoint directory to create or replace
     void save(const std::filesystem::path& dir);
 
@@ -384,6 +422,9 @@ public:
 
 private:
     void finish_setup(bool from_weights);
+    // The sharded save: each process writes its part, process 0 the rest and the layout.
+    void save_sharded(const std::filesystem::path& dir, const DataParallelGroup::OwnedState& own);
+    std::string trainer_json() const;  // trainer.json's text
     // The forward pass of micro-batch k of the step on the host model (this process's share
     // of it in a group): the loss, weighted by the share in a group.
     double cpu_loss(std::uint64_t dropout_seed, int k);

@@ -112,8 +112,26 @@ std::size_t GPTConfig::num_parameters() const {
     return V * C + wpe + L * per_layer + C + (bias ? C : 0);
 }
 
-GPT::GPT(const GPTConfig& config, std::uint64_t seed)
-    : config_(config), dropout_seed_(seed ^ 0x5eed) {
+namespace {
+// nanoGPT's _init_weights for one tensor: 0 (biases), 1 (LayerNorm weights) or N(0, std²).
+struct InitRule {
+    enum { zero, one, normal } kind;
+    float stddev;
+};
+InitRule init_rule(const ParameterInfo& p, std::size_t L) {
+    const bool is_norm = p.name.find("ln_") != std::string::npos;
+    const bool is_bias = p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
+    if (is_bias) return {InitRule::zero, 0.0f};
+    if (is_norm) return {InitRule::one, 0.0f};
+    // the scaled init of the residual projections
+    const float std_residual = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
+    const bool residual = p.name.find("c_proj.weight") != std::string::npos;
+    return {InitRule::normal, residual ? std_residual : 0.02f};
+}
+}  // namespace
+
+GPT::GPT(const GPTConfig& config, std::uint64_t seed, GPTBuffers buffers)
+    : config_(config), init_seed_(seed), dropout_seed_(seed ^ 0x5eed) {
     config_.validate();
     const size_t V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
                  Tb = config_.block_size;
@@ -168,13 +186,13 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
     for (const Kind& k : embeddings) place(k, 1);
     for (const Kind& k : per_layer) place(k, L);
     for (const Kind& k : final_norm) place(k, 1);
-    params_memory_.assign(total, 0.0f);
-    grads_memory_.assign(total, 0.0f);
+    if (buffers.weights) params_memory_.assign(total, 0.0f);
+    if (buffers.gradients) grads_memory_.assign(total, 0.0f);
     for (const Placed& p : placed) {
         if (p.kind->present) whole_layout_.emplace_back(p.kind->member, p.offset);
     }
-    params_ = whole_at(params_memory_.data());
-    grads_ = whole_at(grads_memory_.data());
+    if (buffers.weights) params_ = whole_at(params_memory_.data());
+    if (buffers.gradients) grads_ = whole_at(grads_memory_.data());
     auto add = [&](const std::string& name, const Kind& k, size_t offset) {
         table_.push_back({name, k.shape, offset, product(k.shape), k.shape.size() >= 2});
     };
@@ -196,22 +214,19 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
         }
     }
 
-    // nanoGPT's _init_weights, then the scaled init of the residual projections.
+    // nanoGPT's _init_weights, then the scaled init of the residual projections: one random
+    // stream drawn tensor after tensor in the table's order (initial_values skips into it).
     Rng rng(seed);
-    const float std_residual = 0.02f / std::sqrt(2.0f * static_cast<float>(L));
     for (const ParameterInfo& p : table_) {
+        if (!buffers.weights) break;  // initial_values() gives a shard of them
         float* w = params_memory_.data() + p.offset;
-        const bool is_norm = p.name.find("ln_") != std::string::npos;
-        const bool is_bias =
-            p.name.size() >= 5 && p.name.compare(p.name.size() - 5, 5, ".bias") == 0;
-        if (is_bias) continue;  // already 0
-        if (is_norm) {
+        const InitRule rule = init_rule(p, L);
+        if (rule.kind == InitRule::zero) continue;  // already 0
+        if (rule.kind == InitRule::one) {
             std::fill(w, w + p.size, 1.0f);
             continue;
         }
-        const bool residual = p.name.find("c_proj.weight") != std::string::npos;
-        const float stddev = residual ? std_residual : 0.02f;
-        for (size_t i = 0; i < p.size; ++i) w[i] = stddev * rng.normal();
+        for (size_t i = 0; i < p.size; ++i) w[i] = rule.stddev * rng.normal();
     }
     if (config_.position == Position::alibi) alibi_slopes_ = alibi_slopes(config_.n_head);
 
@@ -243,6 +258,74 @@ GPT::GPT(const GPTConfig& config, std::uint64_t seed)
             rest_floats_ += product(k.shape);
         }
     }
+}
+
+std::vector<float> GPT::initial_values(const std::vector<std::pair<std::size_t, std::size_t>>& runs) const {
+    const std::size_t L = static_cast<std::size_t>(config_.n_layer);
+    // The normals the constructor draws before each tensor (in the table's order), and the
+    // tensors by offset (the table's order is not the buffer's).
+    std::vector<std::size_t> normals_before(table_.size()), by_offset(table_.size());
+    std::size_t drawn = 0;
+    for (std::size_t i = 0; i < table_.size(); ++i) {
+        normals_before[i] = drawn;
+        if (init_rule(table_[i], L).kind == InitRule::normal) drawn += table_[i].size;
+        by_offset[i] = i;
+    }
+    std::sort(by_offset.begin(), by_offset.end(),
+              [this](std::size_t a, std::size_t b) { return table_[a].offset < table_[b].offset; });
+    std::size_t total = 0;
+    for (const auto& [offset, size] : runs) total += size;
+    std::vector<float> out;
+    out.reserve(total);
+    for (const auto& [offset, size] : runs) {
+        require(offset + size <= config_.num_parameters() && offset + size >= offset,
+                "GPT::initial_values: a run outside the parameters");
+        std::size_t a = offset;
+        const std::size_t end = offset + size;
+        while (a < end) {
+            // The tensor that holds parameter a: the last one starting at or before it.
+            const auto it = std::upper_bound(by_offset.begin(), by_offset.end(), a,
+                                             [this](std::size_t x, std::size_t i) { return x < table_[i].offset; });
+            const std::size_t t = *(it - 1);
+            const ParameterInfo& p = table_[t];
+            const std::size_t b = std::min(end, p.offset + p.size);
+            const InitRule rule = init_rule(p, L);
+            if (rule.kind != InitRule::normal) {
+                out.insert(out.end(), b - a, rule.kind == InitRule::one ? 1.0f : 0.0f);
+            } else {
+                //! [initial_values]
+                // normal() draws two at a time from two words: normal q is the pair q/2's
+                // first (cosine) or second (sine).
+                const std::size_t q = normals_before[t] + (a - p.offset);
+                Rng rng(init_seed_);
+                rng.advance(2 * static_cast<std::uint64_t>(q / 2));
+                if (q % 2) rng.normal();
+                for (std::size_t i = a; i < b; ++i) out.push_back(rule.stddev * rng.normal());
+                //! [initial_values]
+            }
+            a = b;
+        }
+    }
+    return out;
+}
+
+void GPT::set_kept_weights(std::vector<std::pair<std::size_t, std::size_t>> runs, std::vector<float> values) {
+    std::size_t n = 0;
+    for (const auto& r : runs) n += r.second;
+    require(n == values.size(), "GPT::set_kept_weights: " + std::to_string(values.size()) + " values for runs of " +
+                                    std::to_string(n));
+    kept_runs_ = std::move(runs);
+    kept_values_ = std::move(values);
+}
+
+std::vector<float> GPT::take_kept_weights(const std::vector<std::pair<std::size_t, std::size_t>>& runs) {
+    if (!kept_values_.empty() && kept_runs_ == runs) {
+        std::vector<float> values = std::move(kept_values_);
+        std::vector<float>().swap(kept_values_);
+        kept_runs_.clear();
+        return values;
+    }
+    return initial_values(runs);
 }
 
 void GPT::set_gradient_ready_hook(std::function<void(int bucket)> ready) {
@@ -407,7 +490,7 @@ void GPT::rethrow_master_error() {
 MemoryUse GPT::memory_use() const {
     const auto bytes = [](const std::vector<float>& v) { return v.capacity() * sizeof(float); };
     MemoryUse use;
-    use.weights = bytes(params_memory_) + bytes(product_weights_) + bytes(source_blocks_[0]) +
+    use.weights = bytes(params_memory_) + bytes(kept_values_) + bytes(product_weights_) + bytes(source_blocks_[0]) +
                   bytes(source_blocks_[1]) + bytes(source_rest_);
     use.gradients = bytes(grads_memory_);
     for (const std::vector<float>& g : slice_grads_) use.gradients += bytes(g);

@@ -68,6 +68,8 @@ public:
     float clip_gradients(GPT& model, float max_norm) override;
     void update(GPT& model, AdamW& optimizer, float lr) override;
     void whole_moments(const GPT& model, const AdamW& optimizer, std::vector<float>& m, std::vector<float>& v) override;
+    /// Its shard's weights and moments ("zero-1"). @return true
+    bool owned_state(const GPT& model, const AdamW& optimizer, OwnedState& out) const override;
     /// The ring's buffer for a piece received (at most 64 KiB). @return its bytes
     std::size_t gradient_bytes() const override { return scratch_.capacity() * sizeof(float); }
 
@@ -96,6 +98,8 @@ public:
     /// False: the backward pass hands each block's gradients to the ring as it finishes them,
     /// with no whole buffer to add several passes' gradients in. @return false
     bool accumulates_in_model() const override { return false; }
+    /// Its pieces' weights and moments ("zero-2"; stage 3's "zero-3"). @return true
+    bool owned_state(const GPT& model, const AdamW& optimizer, OwnedState& out) const override;
     /// Its pieces of the summed gradients and the rings' buffers (a piece received; in stage 2 a piece sent too). @return their bytes
     std::size_t gradient_bytes() const override;
 
@@ -159,6 +163,8 @@ public:
     void attach(GPT& model) override;
     void begin_gradients(GPT& model, double share) override;
     void update(GPT& model, AdamW& optimizer, float lr) override;
+    /// Its pieces' weights (where it keeps them) and moments ("zero-3"). @return true
+    bool owned_state(const GPT& model, const AdamW& optimizer, OwnedState& out) const override;
     /// This rank's pieces of the parameters. @return their bytes
     std::size_t weight_bytes() const override { return weights_.capacity() * sizeof(float); }
     /// The gathers' times in the last step (its forward and backward passes).
@@ -178,6 +184,13 @@ private:
     GatherTimes times_, last_times_;         // the step under way's, and the last step's
     std::unique_ptr<Gatherer> gatherer_;     // made by the first attach()
 };
+
+/// The runs of a model's flat parameter buffer whose moments rank `rank` of `ranks` keeps under
+/// ZeRO stage `stage`, in the order it keeps them: its shard of the whole buffer (stage 1), its
+/// piece of every bucket (stages 2 and 3: ShardedGradients::segments). What Trainer::load
+/// reads of a sharded checkpoint for that rank. @param model the model @param stage 1, 2 or 3
+/// @param rank the rank @param ranks the ranks @return the runs
+std::vector<AdamW::Segment> kept_segments(const GPT& model, int stage, int rank, int ranks);
 
 /// The floats of the buffer a ring collective over `n` floats on `ranks` ranks receives into
 /// (the rings of ShardedOptimizer and ShardedGradients move a shard in pieces of at most 64
