@@ -466,6 +466,9 @@ void measure_step_cost(const GPT& model, const LessonOptions& opts) {
         "%d rounds, the median of each. products: the matrix products alone for the same rows\n"
         "(the weights); the rest: attention over each row's blocks, LayerNorm, GELU, RoPE.\n\n",
         context, context + 2 * rounds + 1, rounds);
+    const double kv_kb = static_cast<double>(PagedKVCache(model.config(), 1, 16).bytes_per_position()) / 1024.0;
+    out("a row's own keys and values: %.1f KB per position of its sequence, %.0f KB at %d positions\n\n",
+        kv_kb, kv_kb * context, context);
     out("  %9s  %9s  %10s  %11s  %9s  %14s\n", "rows/step", "ms/step", "ms per row", "products ms",
         "rest ms", "step / 1 row's");
     const double one = c.step_ms.at(1);
@@ -485,6 +488,8 @@ void measure_step_cost(const GPT& model, const LessonOptions& opts) {
         "cores busy) %.1fx\n", big, ratio, busy_ratio);
     out.save(opts);
     print_claim("step_rows_big", std::to_string(big));
+    print_claim("step_context", std::to_string(context));
+    print_claim("kv_kb_per_position", kv_kb, 1);
     print_claim("step_one_ms", one, 3);
     print_claim("step_big_ms", c.step_ms.at(big), 3);
     print_claim("step_ratio", ratio, 1);
