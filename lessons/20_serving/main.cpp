@@ -467,8 +467,11 @@ void measure_step_cost(const GPT& model, const LessonOptions& opts) {
         "(the weights); the rest: attention over each row's blocks, LayerNorm, GELU, RoPE.\n\n",
         context, context + 2 * rounds + 1, rounds);
     const double kv_kb = static_cast<double>(PagedKVCache(model.config(), 1, 16).bytes_per_position()) / 1024.0;
-    out("a row's own keys and values: %.1f KB per position of its sequence, %.0f KB at %d positions\n\n",
+    out("a row's own keys and values: %.1f KB per position of its sequence, %.0f KB at %d positions\n",
         kv_kb, kv_kb * context, context);
+    const int blas_threads = thread_config().blas_threads;
+    out("threads: forward_paged has no parallel loop, and OpenBLAS runs each product on %d thread%s:\n"
+        "a step runs on the thread that calls it\n\n", blas_threads, blas_threads == 1 ? "" : "s");
     out("  %9s  %9s  %10s  %11s  %9s  %14s\n", "rows/step", "ms/step", "ms per row", "products ms",
         "rest ms", "step / 1 row's");
     const double one = c.step_ms.at(1);
@@ -490,6 +493,7 @@ void measure_step_cost(const GPT& model, const LessonOptions& opts) {
     print_claim("step_rows_big", std::to_string(big));
     print_claim("step_context", std::to_string(context));
     print_claim("kv_kb_per_position", kv_kb, 1);
+    print_claim("step_blas_threads", std::to_string(blas_threads));
     print_claim("step_one_ms", one, 3);
     print_claim("step_big_ms", c.step_ms.at(big), 3);
     print_claim("step_ratio", ratio, 1);
