@@ -4,8 +4,10 @@
 // It walks a small pool of blocks through appends, a fork and a copy on write; measures the
 // memory a server holds for its keys and values when each sequence reserves its whole
 // context against blocks taken as they fill; stores one prompt once for 16 continuations;
-// and runs a load of requests through the scheduler one at a time, in static batches and
-// with continuous batching, for 1 to 32 clients. Timings are printed, never checked.
+// measures what one batched decode step costs against its rows (the matrix products apart
+// from the rest, and again with two threads keeping both cores busy); and runs a load of
+// requests through the scheduler one at a time, in static batches and with continuous
+// batching, for 1 to 32 clients. Timings are printed, never checked.
 // Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/gpt_layers.hpp"
 #include "attn/kv_cache.hpp"
