@@ -133,6 +133,66 @@ const float* KVCache::values(int layer) const { return values_.data() + layer_of
 
 namespace detail {
 
+// a[t] = lane_dot(q_h, key t, hs) · scale for the T keys of the runs; returns T. HS is hs
+// when known at compile time, 0 otherwise: the same sums in the same order either way.
+template <size_t HS>
+[[gnu::always_inline]] inline size_t lane_scores(float* a, const float* q_h, const RowRun* runs,
+                                                 int n_runs, size_t hs_runtime, float scale) {
+    const size_t hs = HS > 0 ? HS : hs_runtime;
+    constexpr int chunk = 64;
+    float part[chunk][8];
+    size_t T = 0;
+    for (int r = 0; r < n_runs; ++r) {
+        const float* k_run = runs[r].keys;
+        for (int j0 = 0; j0 < runs[r].rows; j0 += chunk) {
+            const int n = std::min(chunk, runs[r].rows - j0);
+            for (int jj = 0; jj < n; ++jj) {
+                const float* k = k_run + static_cast<size_t>(j0 + jj) * hs;
+                float p[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+                size_t i = 0;
+                for (; i + 8 <= hs; i += 8)
+                    for (size_t u = 0; u < 8; ++u) p[u] += q_h[i + u] * k[i + u];
+                if (HS == 0 || HS % 8 != 0)  // lane_dot's tail: the last hs mod 8 terms, one per lane
+                    for (size_t u = 0; i < hs && u < 8; ++i, ++u) p[u] += q_h[i] * k[i];
+                for (size_t u = 0; u < 8; ++u) part[jj][u] = p[u];
+            }
+            for (int jj = 0; jj < n; ++jj) a[T + static_cast<size_t>(jj)] = lane_total(part[jj]) * scale;
+            T += static_cast<size_t>(n);
+        }
+    }
+    return T;
+}
+
+// out_h (hs) = Σ_j a[j] · value j over the runs' rows, added in the order of j. Four value
+// rows per pass over out_h: (((out + w0·v0) + w1·v1) + w2·v2) + w3·v3 is the sum of four
+// passes, in their order, with a quarter of out_h's loads and stores. HS as lane_scores.
+template <size_t HS>
+[[gnu::always_inline]] inline void lane_blend(float* out_h, const float* a, const RowRun* runs,
+                                              int n_runs, size_t hs_runtime) {
+    const size_t hs = HS > 0 ? HS : hs_runtime;
+    std::fill(out_h, out_h + hs, 0.0f);
+    size_t j = 0;
+    for (int r = 0; r < n_runs; ++r) {
+        const float* v_row = runs[r].values;
+        const int rows = runs[r].rows;
+        int i_row = 0;
+        for (; i_row + 4 <= rows; i_row += 4, j += 4) {
+            const float w0 = a[j], w1 = a[j + 1], w2 = a[j + 2], w3 = a[j + 3];
+            const float* v0 = v_row + static_cast<size_t>(i_row) * hs;
+            const float* v1 = v0 + hs;
+            const float* v2 = v1 + hs;
+            const float* v3 = v2 + hs;
+            for (size_t i = 0; i < hs; ++i)
+                out_h[i] = (((out_h[i] + w0 * v0[i]) + w1 * v1[i]) + w2 * v2[i]) + w3 * v3[i];
+        }
+        for (; i_row < rows; ++i_row, ++j) {
+            const float w = a[j];
+            const float* v_j = v_row + static_cast<size_t>(i_row) * hs;
+            for (size_t i = 0; i < hs; ++i) out_h[i] += w * v_j[i];
+        }
+    }
+}
+
 // One head's query over its cached rows, in the fast CPU attention's way (flash_cpu.cpp):
 // dot products and the row sum in eight lanes, e^x by exp_approx, so that the compiler
 // vectorises every loop (AVX2 chosen at load time). The T positions are the rows of the
@@ -143,10 +203,18 @@ void attend_one_query(float* out_h, float* a, const float* q_h, const RowRun* ru
     // scores (T) = K_h (T, hs) · q_h / √hs, the scale applied after the sum as
     // attention_forward's sgemm does. Plain loops, not BLAS: one query row is a
     // matrix-vector product, T·hs multiply-adds, too small to pay for a BLAS call.
+    //
+    // Each score is lane_dot's sum, in lane_dot's order, taken apart in two passes over up to
+    // 64 keys: first every key's eight lane sums (vector multiply-adds), then the eight of
+    // every key added pairwise (lane_total). One key at a time, that last step is a row of
+    // shuffles per key; and a head size known to the compiler (16, 32 or 64 here) leaves
+    // straight-line code where a run-time one leaves a loop for every key.
     size_t T = 0;
-    for (int r = 0; r < n_runs; ++r) {
-        const float* k_row = runs[r].keys;
-        for (int j = 0; j < runs[r].rows; ++j, ++T) a[T] = lane_dot(q_h, k_row + j * hs, hs) * scale;
+    switch (hs) {
+        case 16: T = lane_scores<16>(a, q_h, runs, n_runs, hs, scale); break;
+        case 32: T = lane_scores<32>(a, q_h, runs, n_runs, hs, scale); break;
+        case 64: T = lane_scores<64>(a, q_h, runs, n_runs, hs, scale); break;
+        default: T = lane_scores<0>(a, q_h, runs, n_runs, hs, scale); break;
     }
     // ALiBi: the query is the last of the T positions, position j is T − 1 − j before it
     if (slope != 0.0f) {
@@ -159,16 +227,11 @@ void attend_one_query(float* out_h, float* a, const float* q_h, const RowRun* ru
     for (size_t j = 0; j < T; ++j) a[j] = exp_approx(a[j] - maxval);
     const float inv = 1.0f / lane_sum(a, T);
     for (size_t j = 0; j < T; ++j) a[j] *= inv;
-    // out_h (hs) = Σ_j att[j] · V_h[j]
-    std::fill(out_h, out_h + hs, 0.0f);
-    size_t j = 0;
-    for (int r = 0; r < n_runs; ++r) {
-        const float* v_row = runs[r].values;
-        for (int i_row = 0; i_row < runs[r].rows; ++i_row, ++j) {
-            const float w = a[j];
-            const float* v_j = v_row + i_row * hs;
-            for (size_t i = 0; i < hs; ++i) out_h[i] += w * v_j[i];
-        }
+    switch (hs) {
+        case 16: lane_blend<16>(out_h, a, runs, n_runs, hs); break;
+        case 32: lane_blend<32>(out_h, a, runs, n_runs, hs); break;
+        case 64: lane_blend<64>(out_h, a, runs, n_runs, hs); break;
+        default: lane_blend<0>(out_h, a, runs, n_runs, hs); break;
     }
 }
 

@@ -4,11 +4,14 @@
 // It walks a small pool of blocks through appends, a fork and a copy on write; measures the
 // memory a server holds for its keys and values when each sequence reserves its whole
 // context against blocks taken as they fill; stores one prompt once for 16 continuations;
-// finds the system prompt 16 clients share in the cache (automatic prefix caching); runs
-// a load of requests through the scheduler one at a time, in static batches and
-// with continuous batching, for 1 to 32 clients; and shows what the API's log-probabilities
-// and nucleus sampling do to one distribution. Timings are printed, never checked.
+// finds the system prompt 16 clients share in the cache (automatic prefix caching);
+// measures what one batched decode step costs against its rows (the matrix products apart
+// from the rest, and again with two threads keeping both cores busy); runs a load of
+// requests through the scheduler one at a time, in static batches and with continuous
+// batching, for 1 to 32 clients; and shows what the API's log-probabilities and nucleus
+// sampling do to one distribution. Timings are printed, never checked.
 // Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
+#include "attn/gpt_layers.hpp"
 #include "attn/kv_cache.hpp"
 #include "attn/lesson.hpp"
 #include "attn/paged_cache.hpp"
@@ -19,6 +22,7 @@
 #include "attn/threads.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
@@ -26,6 +30,7 @@
 #include <fstream>
 #include <map>
 #include <string>
+#include <thread>
 #include <vector>
 
 using namespace attn;
@@ -519,6 +524,164 @@ void measure_prefix_caching(const GPT& model, int rounds, const LessonOptions& o
     print_claim("prefix_hit_pct", hit_rate, 0);
     print_claim("prefix_speedup", faster, 1);
     print_claim("prefix_same_texts", on.texts == off.texts ? "yes" : "no");
+
+// ---------------------------------------------------------------------------------------
+// The cost of one decode step against its rows
+
+// R sequences of `context` positions, each given one decode row per step. Their keys and
+// values are random numbers written straight into the blocks: the time of a step depends
+// on how many positions it reads, not on what they hold.
+struct StepBench {
+    PagedKVCache cache;
+    DecodeScratch scratch;
+    std::vector<PagedRow> rows;
+    StepBench(const GPTConfig& cfg, int R, int context, int steps)
+        : cache(cfg, R * ((context + steps + 15) / 16), 16) {
+        const int kv = cfg.kv_heads() * (cfg.n_embd / cfg.n_head);
+        Rng rng(static_cast<std::uint64_t>(R));
+        std::vector<float> k(static_cast<std::size_t>(kv)), v(k.size());
+        for (int r = 0; r < R; ++r) {
+            const int seq = cache.add_sequence();
+            for (int p = 0; p < context; ++p) {
+                const BlockSlot slot = cache.append_slot(seq);
+                for (int l = 0; l < cfg.n_layer; ++l) {
+                    for (float& x : k) x = rng.normal();
+                    for (float& x : v) x = rng.normal();
+                    cache.write(l, slot, k.data(), v.data());
+                }
+            }
+            rows.push_back({seq, r % cfg.vocab_size, context});
+        }
+    }
+    // one step: every sequence's next position
+    void step(const GPT& model) {
+        forward_paged(scratch, model, cache, rows);
+        for (PagedRow& r : rows) ++r.pos;
+    }
+};
+
+// The model's matrix products alone for R rows: per layer c_attn, c_proj, c_fc and the
+// MLP's c_proj, then the LM head; what a step spends reading weights.
+void products(std::vector<float>& in, std::vector<float>& out, const GPT& model, int R) {
+    const GPTConfig& cfg = model.config();
+    const int C = cfg.n_embd, QKV = cfg.qkv_channels();
+    const std::size_t uC = static_cast<std::size_t>(C);
+    const ParameterTensors& p = model.params();
+    for (int l = 0; l < cfg.n_layer; ++l) {
+        matmul_forward(out.data(), in.data(), p.qkvw + static_cast<std::size_t>(l) * QKV * uC, nullptr, R, C, QKV);
+        matmul_forward(out.data(), in.data(), p.attprojw + l * uC * uC, nullptr, R, C, C);
+        matmul_forward(out.data(), in.data(), p.fcw + l * 4 * uC * uC, nullptr, R, C, 4 * C);
+        matmul_forward(out.data(), in.data(), p.fcprojw + l * 4 * uC * uC, nullptr, R, 4 * C, C);
+    }
+    matmul_forward(out.data(), in.data(), p.wte, nullptr, R, C, cfg.vocab_size);
+}
+
+struct StepCosts {
+    std::map<int, double> step_ms, products_ms;  // rows per step → median milliseconds
+};
+
+// Every step size in turn, round after round, so that whatever else the machine does falls
+// on all of them alike; the median of each over the rounds. Each round moves every sequence
+// two positions on.
+StepCosts measure_steps(const GPT& model, const std::vector<int>& sizes, int context, int rounds) {
+    const GPTConfig& cfg = model.config();
+    std::map<int, StepBench> benches;
+    for (int R : sizes) benches.emplace(std::piecewise_construct, std::forward_as_tuple(R),
+                                        std::forward_as_tuple(cfg, R, context, 2 * rounds + 1));
+    const int largest = *std::max_element(sizes.begin(), sizes.end());
+    std::vector<float> in(static_cast<std::size_t>(largest) * 4 * cfg.n_embd, 0.5f);
+    std::vector<float> out(static_cast<std::size_t>(largest) * 4 * cfg.n_embd);
+    for (auto& [R, b] : benches) b.step(model);  // first touch of the scratch buffers
+    std::map<int, std::vector<double>> step, prod;
+    for (int k = 0; k < rounds; ++k) {
+        for (int R : sizes) {
+            // one step untimed: the rows' blocks back in the CPU's caches, as they are when a
+            // server steps the same sequences again and again
+            benches.at(R).step(model);
+            Clock::time_point t0 = Clock::now();
+            benches.at(R).step(model);
+            step[R].push_back(std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
+            t0 = Clock::now();
+            products(in, out, model, R);
+            prod[R].push_back(std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
+        }
+    }
+    StepCosts c;
+    for (int R : sizes) {
+        c.step_ms[R] = percentile(step[R], 50);
+        c.products_ms[R] = percentile(prod[R], 50);
+    }
+    return c;
+}
+
+// Two threads that keep both cores busy while they live: another program's load.
+class BusyCores {
+public:
+    BusyCores() {
+        for (int i = 0; i < 2; ++i)
+            threads_.emplace_back([this] {
+                volatile double x = 1.0;
+                while (!stop_.load(std::memory_order_relaxed)) x = x * 1.0000001 + 1e-9;
+            });
+    }
+    ~BusyCores() {
+        stop_ = true;
+        for (std::thread& t : threads_) t.join();
+    }
+
+private:
+    std::atomic<bool> stop_{false};
+    std::vector<std::thread> threads_;
+};
+
+void measure_step_cost(const GPT& model, const LessonOptions& opts) {
+    print_heading("What a batched step costs");
+    Section out("step_cost");
+    const int context = opts.quick ? 32 : 96, rounds = opts.quick ? 5 : 40;
+    const std::vector<int> sizes = opts.quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
+    const int big = opts.quick ? 4 : 16;
+    const StepCosts c = measure_steps(model, sizes, context, rounds);
+    out("one decode row per sequence, each sequence at %d-%d positions; the step sizes in turn,\n"
+        "%d rounds, the median of each. products: the matrix products alone for the same rows\n"
+        "(the weights); the rest: attention over each row's blocks, LayerNorm, GELU, RoPE.\n\n",
+        context, context + 2 * rounds + 1, rounds);
+    const double kv_kb = static_cast<double>(PagedKVCache(model.config(), 1, 16).bytes_per_position()) / 1024.0;
+    out("a row's own keys and values: %.1f KB per position of its sequence, %.0f KB at %d positions\n",
+        kv_kb, kv_kb * context, context);
+    const int blas_threads = thread_config().blas_threads;
+    out("threads: forward_paged has no parallel loop, and OpenBLAS runs each product on %d thread%s:\n"
+        "a step runs on the thread that calls it\n\n", blas_threads, blas_threads == 1 ? "" : "s");
+    out("  %9s  %9s  %10s  %11s  %9s  %14s\n", "rows/step", "ms/step", "ms per row", "products ms",
+        "rest ms", "step / 1 row's");
+    const double one = c.step_ms.at(1);
+    for (int R : sizes) {
+        const double step = c.step_ms.at(R), prod = c.products_ms.at(R);
+        out("  %9d  %9.3f  %10.4f  %11.3f  %9.3f  %13.1fx\n", R, step, step / R, prod,
+            std::max(0.0, step - prod), step / one);
+    }
+    const double ratio = c.step_ms.at(big) / one;
+    double busy_ratio = 0.0;
+    {
+        const BusyCores busy;
+        const StepCosts b = measure_steps(model, {1, big}, context, rounds);
+        busy_ratio = b.step_ms.at(big) / b.step_ms.at(1);
+    }
+    out("\na step of %d rows costs %.1fx a step of one; with two threads spinning beside it (both\n"
+        "cores busy) %.1fx\n", big, ratio, busy_ratio);
+    out.save(opts);
+    print_claim("step_rows_big", std::to_string(big));
+    print_claim("step_context", std::to_string(context));
+    print_claim("kv_kb_per_position", kv_kb, 1);
+    print_claim("step_blas_threads", std::to_string(blas_threads));
+    print_claim("step_one_ms", one, 3);
+    print_claim("step_big_ms", c.step_ms.at(big), 3);
+    print_claim("step_ratio", ratio, 1);
+    print_claim("step_ratio_busy", busy_ratio, 1);
+    print_claim("products_one_ms", c.products_ms.at(1), 3);
+    print_claim("products_big_ms", c.products_ms.at(big), 3);
+    print_claim("products_ratio", c.products_ms.at(big) / c.products_ms.at(1), 1);
+    print_claim("rest_ratio", (c.step_ms.at(big) - c.products_ms.at(big)) /
+                                  std::max(1e-9, one - c.products_ms.at(1)), 1);
 }
 
 void lesson(const LessonOptions& opts) {
@@ -545,6 +708,8 @@ void lesson(const LessonOptions& opts) {
     measure_memory(model, load, opts.quick ? 4 : 16, opts);
     measure_sharing(model, opts.quick ? 20 : 200, 16, opts.quick ? 8 : 40, opts);
     measure_prefix_caching(model, opts.quick ? 2 : 8, opts);
+
+    measure_step_cost(model, opts);
 
     print_heading("Throughput and latency: one at a time, static batches, continuous batching");
     Section out("throughput");

@@ -319,6 +319,78 @@ TEST_CASE("a batch of sequences with prompt chunks and decode rows gives each se
     CHECK(paged.free_blocks() == 40);
 }
 
+// The same comparison over drawn batches: any number of sequences joining at any step, prompt
+// chunks of any size beside decode rows, every position scheme, one or two heads (head sizes
+// 16 and 8: the attention's fixed-size and run-time paths), grouped keys and windows; each
+// row's logits against its sequence's own steps of one row through forward_paged. The
+// tolerance is the one above, derived in test_kv_cache.cpp for this C = 16, L = 2 model.
+TEST_CASE("drawn batches give every row the logits of its sequence's own single-row steps") {
+    Rng draw(77);
+    float worst = 0.0f;
+    for (int trial = 0; trial < 24; ++trial) {
+        GPTConfig cfg = small_config(32);
+        cfg.position = static_cast<Position>(trial % 3);
+        cfg.n_head = 1 + static_cast<int>(draw.below(2));
+        cfg.n_kv_head = cfg.n_head == 2 && draw.below(2) == 1 ? 1 : 0;
+        cfg.window = draw.below(3) == 0 ? 3 + static_cast<int>(draw.below(8)) : 0;
+        CAPTURE(trial);
+        CAPTURE(cfg.n_head);
+        CAPTURE(cfg.n_kv_head);
+        CAPTURE(cfg.window);
+        GPT model = sharp_model(cfg, 100 + static_cast<std::uint64_t>(trial));
+        model.train(false);
+        const int n_seq = 1 + static_cast<int>(draw.below(6));
+        std::vector<std::vector<int>> texts(static_cast<std::size_t>(n_seq));
+        std::vector<int> start(static_cast<std::size_t>(n_seq)), prompt(start.size());
+        for (int s = 0; s < n_seq; ++s) {
+            texts[s].resize(8 + draw.below(25));
+            for (int& x : texts[s]) x = static_cast<int>(draw.below(static_cast<std::uint64_t>(cfg.vocab_size)));
+            start[s] = static_cast<int>(draw.below(6));
+            prompt[s] = 1 + static_cast<int>(draw.below(texts[s].size()));
+        }
+        // each sequence alone, one row per step
+        std::vector<std::vector<float>> alone(static_cast<std::size_t>(n_seq));
+        for (int s = 0; s < n_seq; ++s) {
+            PagedKVCache cache(cfg, 8, 4);
+            DecodeScratch scratch;
+            const int seq = cache.add_sequence();
+            for (int p = 0; p < static_cast<int>(texts[s].size()); ++p) {
+                const std::vector<float>& l = forward_paged(scratch, model, cache, {PagedRow{seq, texts[s][p], p}});
+                alone[s].insert(alone[s].end(), l.begin(), l.end());
+            }
+        }
+        // together: sequence s joins at step start[s], reads its prompt in chunks of drawn
+        // sizes, then decodes one row per step
+        PagedKVCache paged(cfg, 8 * n_seq, 4);
+        DecodeScratch scratch;
+        std::vector<int> seq(static_cast<std::size_t>(n_seq), -1), done(seq.size(), 0);
+        for (int step = 0; step < 200; ++step) {
+            std::vector<PagedRow> rows;
+            for (int s = 0; s < n_seq; ++s) {
+                const int length = static_cast<int>(texts[s].size());
+                if (step < start[s] || done[s] == length) continue;
+                if (seq[s] < 0) seq[s] = paged.add_sequence();
+                const int n = done[s] < prompt[s] ? 1 + static_cast<int>(draw.below(static_cast<std::uint64_t>(prompt[s] - done[s])))
+                                                  : 1;
+                for (int k = 0; k < n; ++k) rows.push_back({seq[s], texts[s][done[s] + k], done[s] + k});
+                done[s] += n;
+            }
+            if (rows.empty() && step > 6) break;
+            if (rows.empty()) continue;
+            const std::vector<float>& logits = forward_paged(scratch, model, paged, rows);
+            for (std::size_t r = 0; r < rows.size(); ++r) {
+                const int s = static_cast<int>(std::find(seq.begin(), seq.end(), rows[r].seq) - seq.begin());
+                const float* want = &alone[s][static_cast<std::size_t>(rows[r].pos) * cfg.vocab_size];
+                for (int v = 0; v < cfg.vocab_size; ++v)
+                    worst = std::max(worst, std::fabs(logits[r * cfg.vocab_size + v] - want[v]));
+            }
+        }
+        for (int s = 0; s < n_seq; ++s) CHECK(done[s] == static_cast<int>(texts[s].size()));
+        CHECK(worst < 1e-4f);
+    }
+    MESSAGE("largest |batched - single-row steps| logit over the drawn batches: " << worst);
+}
+
 TEST_CASE("bad rows are refused in one line and change nothing") {
     const GPTConfig cfg = small_config(8);
     GPT model(cfg, 1);
