@@ -524,6 +524,7 @@ void measure_prefix_caching(const GPT& model, int rounds, const LessonOptions& o
     print_claim("prefix_hit_pct", hit_rate, 0);
     print_claim("prefix_speedup", faster, 1);
     print_claim("prefix_same_texts", on.texts == off.texts ? "yes" : "no");
+}
 
 // ---------------------------------------------------------------------------------------
 // The cost of one decode step against its rows
