@@ -265,12 +265,15 @@ public:
     struct State {
         long preemptions = 0, steps = 0;
         int running = 0, waiting = 0, free = 0, total = 0;
+        long prefix_queries = 0, prefix_hits = 0, prefix_evictions = 0;  // automatic prefix caching
     };
     template <class Done>
     void state(Done done) {
         post([this] {
-                 return State{scheduler_.stats().preemptions, scheduler_.stats().steps, scheduler_.running(),
-                              scheduler_.waiting(), cache_.free_blocks(), cache_.num_blocks()};
+                 const SchedulerStats st = scheduler_.stats();
+                 return State{st.preemptions, st.steps, scheduler_.running(), scheduler_.waiting(),
+                              cache_.free_blocks(), cache_.num_blocks(), st.prefix_cache_queries,
+                              st.prefix_cache_hits, st.prefix_cache_evictions};
              },
              std::move(done));
     }
@@ -392,6 +395,12 @@ void Engine::write_metrics(std::ostream& os, const State& s) {
           "# TYPE serve_disconnects_total counter\nserve_disconnects_total " << disconnects_ << "\n"
        << "# HELP serve_preemptions_total Sequences sent back to the queue for want of blocks.\n"
           "# TYPE serve_preemptions_total counter\nserve_preemptions_total " << s.preemptions << "\n"
+       << "# HELP serve_prefix_cache_queries_total Full prompt blocks looked up in the prefix cache.\n"
+          "# TYPE serve_prefix_cache_queries_total counter\nserve_prefix_cache_queries_total " << s.prefix_queries << "\n"
+       << "# HELP serve_prefix_cache_hits_total Prompt blocks found in the prefix cache, not computed again.\n"
+          "# TYPE serve_prefix_cache_hits_total counter\nserve_prefix_cache_hits_total " << s.prefix_hits << "\n"
+       << "# HELP serve_prefix_cache_evictions_total Cached blocks given to other sequences.\n"
+          "# TYPE serve_prefix_cache_evictions_total counter\nserve_prefix_cache_evictions_total " << s.prefix_evictions << "\n"
        << "# HELP serve_steps_total Batched forward passes.\n"
           "# TYPE serve_steps_total counter\nserve_steps_total " << s.steps << "\n"
        << "# HELP serve_running_sequences Sequences in the batch.\n"

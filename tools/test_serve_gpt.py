@@ -156,6 +156,20 @@ m = s.metrics()
 check(m["serve_kv_blocks_free"] == m["serve_kv_blocks_capacity"] and m["serve_running_sequences"] == 0,
       "after them the pool is whole and nothing runs")
 
+# --- automatic prefix caching: a prompt's full blocks (16 positions) found again ------------
+# A prompt of 19 characters fills one block of 16; sent twice, the second finds that block in
+# the cache (one hit) and gives the same greedy text as the first, which computed it.
+prompt20 = "KING HENRY VI: What"  # 19 characters: one full block and 3 positions of the next
+before = s.metrics()
+first = s.complete(prompt=prompt20, max_tokens=4, temperature=0)[2]["choices"][0]["text"]
+middle = s.metrics()
+second = s.complete(prompt=prompt20, max_tokens=4, temperature=0)[2]["choices"][0]["text"]
+after = s.metrics()
+check(after["serve_prefix_cache_hits_total"] - middle["serve_prefix_cache_hits_total"] == 1 and
+      after["serve_prefix_cache_queries_total"] - middle["serve_prefix_cache_queries_total"] == 1 and
+      first == second,
+      "the same prompt again: its one full block found in the prefix cache (/metrics), the same text")
+
 # --- the OpenAI API's other fields: n, stop, logprobs, chat, models ---------------------------
 # n samples of one prompt are forked from one computed prompt; sample i draws with seed + i,
 # so it gives the text of a request of that seed alone.

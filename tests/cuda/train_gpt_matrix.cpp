@@ -279,6 +279,10 @@ std::vector<Use> option_table() {
               "micro-batches whose gradients the CPU model adds before one step (with --device sim or "
               "cuda it is refused in one line); tests/test_grad_accum.cpp and tests/mpi/grad_accum_test "
               "compare it with one batch as many times larger, step by step"),
+        fixed("--recompute", Role::plumbing,
+              "activations the CPU model recomputes in the backward pass instead of keeping (with "
+              "--device sim or cuda it is refused in one line); tests/test_recompute.cpp and "
+              "tools/test_train_gpt_recompute.sh compare it with none, bit for bit"),
         fixed("--batch-per-rank", Role::plumbing,
               "gives each of --ranks its own batch (refused without ranks); "
               "tests/mpi/train_gpt_ranks_test compares 2 ranks with one process of twice the batch"),

@@ -13,6 +13,7 @@
 
 #include "format.hpp"
 
+#include "attn/checkpoint.hpp"
 #include "attn/gpt.hpp"
 #include "attn/trainer.hpp"
 
@@ -206,6 +207,8 @@ inline void as_one_batch(const std::filesystem::path& from, const std::filesyste
     c["batch_size"] = c.at("batch_size").get<int>() * c.at("grad_accum").get<int>();
     c["grad_accum"] = 1;
     std::ofstream(to / "trainer.json") << j.dump(2);
+    // a checkpoint of its own, so its files' checksums are written again
+    attn::write_checksums(to);
 }
 
 inline std::string worst(const char* name, const Worst& w) {

@@ -544,6 +544,7 @@ std::vector<Use> option_table() {
                                                  "freeze part, refused without ranks"},
         {"--batch-size", Role::varied, {"6"}, ""},
         {"--grad-accum", Role::varied, {"2"}, ""},
+        {"--recompute", Role::varied, {"attention", "blocks"}, ""},
         {"--recipe", Role::varied, {"cpu"}, "shakespeare not tried: its 10.7M parameters take seconds a step"},
         {"--consolidate", Role::plumbing, {}, "runs alone (the sharded part of this test)"},
         {"--resume", Role::varied, {resume_value}, ""},
