@@ -1198,8 +1198,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0.001, 3600.0));
     app.add_option("--allow-origin", f.allow_origins,
                    "a web page's origin that may call the server (CORS), e.g. http://127.0.0.1:8080, or "
-                   "null for a page opened from a file; repeatable (none: requests with an Origin get 403)")
+                   "null for a page opened from a file (file:// where the browser was started with "
+                   "--allow-file-access-from-files); repeatable (none: requests with an Origin get 403)")
         ->expected(1)
+        ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll)
         ->check([](const std::string& origin) { return origin.empty() ? std::string("an empty origin") : std::string(); });
     app.add_option("--served-model-name", f.served_name,
                    "the model's id in /v1/models, which a request's \"model\" must name (or leave out)")

@@ -47,7 +47,9 @@ def main():
     if not page.is_file():
         check_site.fail(f"no serving page at {page} (./workbook docs builds the site)")
     server = subprocess.Popen([str(args.serve), str(args.checkpoint), "--port", "0", "--step-ms", "30",
-                               "--max-running", "4", "--allow-origin", "null"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                               "--max-running", "4", "--allow-origin", "null",
+                               # Chromium started with --allow-file-access-from-files sends file://
+                               "--allow-origin", "file://"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     problems = []
     try:
         line = server.stdout.readline()
