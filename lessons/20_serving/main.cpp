@@ -761,6 +761,8 @@ void lesson(const LessonOptions& opts) {
     print_claim("continuous_ttft_p99", results[{at, Policy::continuous}].ttft_p99, 0);
     print_claim("one_at_a_time_ttft_p99", results[{at, Policy::one_at_a_time}].ttft_p99, 0);
     print_claim("static_ttft_p99", results[{at, Policy::static_batches}].ttft_p99, 0);
+    print_claim("static_over_continuous_ttft_p99",
+                results[{at, Policy::static_batches}].ttft_p99 / results[{at, Policy::continuous}].ttft_p99, 2);
     print_claim("continuous_ttft_p50", results[{at, Policy::continuous}].ttft_p50, 1);
     print_claim("static_ttft_p50", results[{at, Policy::static_batches}].ttft_p50, 1);
 
