@@ -279,6 +279,9 @@ std::vector<Use> option_table() {
               "micro-batches whose gradients the CPU model adds before one step (with --device sim or "
               "cuda it is refused in one line); tests/test_grad_accum.cpp and tests/mpi/grad_accum_test "
               "compare it with one batch as many times larger, step by step"),
+        fixed("--collective-timeout", Role::plumbing,
+              "the watchdog of --ranks' collective calls (refused without ranks); "
+              "tests/mpi/train_gpt_ranks_test freezes a rank to show it end the job in one line"),
         fixed("--recompute", Role::plumbing,
               "activations the CPU model recomputes in the backward pass instead of keeping (with "
               "--device sim or cuda it is refused in one line); tests/test_recompute.cpp and "

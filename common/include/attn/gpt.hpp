@@ -225,6 +225,12 @@ struct MemoryUse {
     std::size_t total() const { return weights + gradients + optimizer + activations; }
 };
 
+/// Which whole buffers a GPT allocates (GPT's constructor).
+struct GPTBuffers {
+    bool weights = true;    ///< the flat parameter buffer, initialised
+    bool gradients = true;  ///< the flat gradient buffer
+};
+
 /// nanoGPT's GPT with its parameters, gradients and activations in preallocated buffers.
 ///
 /// Typical step: `float loss = model.forward(x, y, B, T); model.zero_grad();
@@ -238,12 +244,6 @@ struct MemoryUse {
 /// each element's index in the whole batch (dropout_mask.hpp), so the slices draw the
 /// masks the whole batch would, and the GPU model draws the same ones. The results agree
 /// with a single thread's to float rounding (tests/test_threads.cpp).
-/// Which whole buffers a GPT allocates (GPT's constructor).
-struct GPTBuffers {
-    bool weights = true;    ///< the flat parameter buffer, initialised
-    bool gradients = true;  ///< the flat gradient buffer
-};
-
 class GPT {
 public:
     /// A model with nanoGPT's initialisation: weights N(0, 0.02), the residual projections

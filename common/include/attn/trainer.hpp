@@ -260,9 +260,12 @@ public:
     struct OwnedState {
         std::string scheme;                    ///< e.g. "zero-3", recorded in shards.json
         std::vector<AdamW::Segment> segments;  ///< its runs, in the order it keeps them
-        /// Run k's weights, first moments and second moments (m and v may give nullptr:
-        /// zeros, no step taken yet).
-        std::function<const float*(std::size_t k)> weights, m, v;
+        /// Run k's weights.
+        std::function<const float*(std::size_t k)> weights;
+        /// Run k's first moments (nullptr: zeros, no step taken yet).
+        std::function<const float*(std::size_t k)> m;
+        /// Run k's second moments (nullptr: zeros, no step taken yet).
+        std::function<const float*(std::size_t k)> v;
     };
     /// Fills `out` and returns true when each process writes its own part of a checkpoint
     /// (ZeRO: none holds the whole state); false by default: process 0 writes it whole.
