@@ -6,7 +6,10 @@
 //
 // The bound. In float32 the steps are compared with the bounds of one step that
 // step_bounds.hpp derives (the sums over the batch's rows and the ranks regrouped). In
-// bfloat16 the same bounds hold: every value that is rounded to bfloat16 (a product's input)
+// bfloat16 the same bounds hold where one row's float32 products do not depend on the rows
+// beside it, plus one bfloat16 ulp on each product's inputs where they do (OpenBLAS's Haswell
+// kernel gives a row other last bits by the rows around it: step_bounds.hpp's `flip`). Why
+// they hold: every value that is rounded to bfloat16 (a product's input)
 // belongs to one position and is computed for it by the same float operations on a rank as
 // in one process: its forward pass from the same weights, and its backward pass from the
 // logits' gradient (p − y)/(B·T), divided by the whole batch's positions in every rank

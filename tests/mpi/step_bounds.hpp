@@ -155,7 +155,14 @@ inline void compare_step(StepGaps& gaps, int t, const State& before, const attn:
     // single-pass gradient checks here rest on; clipping scales them all alike), and each
     // side's product with its factor rounds by u of it, a third u for the factor's own ulp:
     //   |x̃ − k·g| ≤ Δ = k·(2γ_backward·max|g|·(1 + 2u) + 3u·|g|).
-    const double noise = k * 2 * gamma_of(chains.backward) * g_max * (1 + 2 * u);
+    //
+    // In bfloat16 the products' inputs are rounded to 8 bits. Where the two sides' float32
+    // values differ in their last bits (an OpenBLAS kernel may give a row other last bits
+    // when the rows beside it differ), the two roundings can land one bfloat16 ulp apart,
+    // 2^-7 of the value, on each input of a product: 2^-6 of the product, taken here once
+    // on the gradient's magnitude (first order, as the γ estimate above).
+    const double flip = one.config().precision == attn::Precision::bf16 ? 0x1p-6 : 0.0;
+    const double noise = k * (2 * gamma_of(chains.backward) + flip) * g_max * (1 + 2 * u);
     const double b1 = opt.beta1, b2 = opt.beta2;
     const double a1 = double(1.0f - opt.beta1), a2 = double(1.0f - opt.beta2);  // as optim.cpp rounds them
     // The update's constants, as optim.cpp computes them (the bias corrections in double).
