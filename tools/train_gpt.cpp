@@ -826,8 +826,10 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
     if (job.world && job.size > 1 && timeout > 0) {
         watchdog.emplace(timeout, [&f, &job](const std::string& why) {
             std::cout.flush();
-            std::cerr << "train_gpt: error: rank " << job.rank << ": " << why << "; " << checkpoint_left(f)
-                      << "\n";
+            // one write: mpirun's own lines may come between two writes of the line
+            const std::string line = "train_gpt: error: rank " + std::to_string(job.rank) + ": " + why + "; " +
+                                     checkpoint_left(f) + "\n";
+            std::cerr << line << std::flush;
             mpi::abort_job(exit_error);
         });
         options.stop_requested = [&stop, &job, &watchdog] {
@@ -1202,8 +1204,10 @@ int main(int argc, char** argv) {
         // The other ranks may be waiting for this one in a collective call: end them all,
         // in one line that says where the run can go on from.
         if (job.size > 1) {
-            std::cerr << "train_gpt: error: rank " << job.rank << ": " << e.what() << "; " << checkpoint_left(f)
-                      << "\n";
+            // one write: mpirun's own lines may come between two writes of the line
+            const std::string line = "train_gpt: error: rank " + std::to_string(job.rank) + ": " + e.what() +
+                                     "; " + checkpoint_left(f) + "\n";
+            std::cerr << line << std::flush;
             mpi::abort_job(exit_error);
         }
 #endif
