@@ -8,8 +8,10 @@
 // measures what one batched decode step costs against its rows (the matrix products apart
 // from the rest, and again with two threads keeping both cores busy); runs a load of
 // requests through the scheduler one at a time, in static batches and with continuous
-// batching, for 1 to 32 clients; and shows what the API's log-probabilities and nucleus
-// sampling do to one distribution. Timings are printed, never checked.
+// batching, for 1 to 32 clients; measures the step and the three policies again for a model
+// whose weights do not fit in the CPU's caches (where a batch shares their reading); prints
+// the serving goals against what it measured; and shows what the API's log-probabilities and
+// nucleus sampling do to one distribution. Timings are printed, never checked.
 // Timed: this program prints measured times, so CTest runs it with nothing beside it (RUN_SERIAL).
 #include "attn/gpt_layers.hpp"
 #include "attn/kv_cache.hpp"
@@ -107,12 +109,13 @@ struct Load {
     int max_tokens;
 };
 
-std::vector<Load> make_load(int n, int vocab, int block, std::uint64_t seed) {
+// n requests: prompts of 16-64 random tokens, each asking for `fewest` to `most` new ones.
+std::vector<Load> make_load(int n, int vocab, int block, std::uint64_t seed, int fewest = 32, int most = 128) {
     Rng rng(seed);
     std::vector<Load> load;
     for (int i = 0; i < n; ++i) {
         const int prompt = 16 + static_cast<int>(rng.below(49));     // 16..64 tokens
-        const int tokens = 32 + static_cast<int>(rng.below(97));     // 32..128 new ones
+        const int tokens = fewest + static_cast<int>(rng.below(static_cast<std::uint64_t>(most - fewest + 1)));
         Load l{std::vector<int>(static_cast<std::size_t>(prompt)), std::min(tokens, block - prompt + 1)};
         for (int& t : l.prompt) t = static_cast<int>(rng.below(static_cast<std::uint64_t>(vocab)));
         load.push_back(l);
@@ -473,7 +476,7 @@ PrefixRun serve_with_prefix(const GPT& model, const std::vector<std::vector<int>
     return run;
 }
 
-void measure_prefix_caching(const GPT& model, int rounds, const LessonOptions& opts) {
+double measure_prefix_caching(const GPT& model, int rounds, const LessonOptions& opts) {
     print_heading("A common system prompt, found in the cache");
     const GPTConfig& cfg = model.config();
     const int clients = 16, system = 48, new_tokens = 8;
@@ -524,6 +527,7 @@ void measure_prefix_caching(const GPT& model, int rounds, const LessonOptions& o
     print_claim("prefix_hit_pct", hit_rate, 0);
     print_claim("prefix_speedup", faster, 1);
     print_claim("prefix_same_texts", on.texts == off.texts ? "yes" : "no");
+    return faster;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -635,10 +639,19 @@ private:
     std::vector<std::thread> threads_;
 };
 
-void measure_step_cost(const GPT& model, const LessonOptions& opts) {
-    print_heading("What a batched step costs");
-    Section out("step_cost");
-    const int context = opts.quick ? 32 : 96, rounds = opts.quick ? 5 : 40;
+// What a step of one row and a step of `big` rows cost, and the ratio again with both cores
+// busy.
+struct StepSummary {
+    int big = 0;
+    double one_ms = 0, big_ms = 0, ratio = 0, busy_ratio = 0;
+};
+
+// The step-cost table of `model`, printed into section `name`; its claims are named with
+// `prefix` in front.
+StepSummary measure_step_cost(const GPT& model, const LessonOptions& opts, const std::string& name,
+                              const std::string& prefix, int full_rounds) {
+    Section out(name);
+    const int context = opts.quick ? 32 : 96, rounds = opts.quick ? 5 : full_rounds;
     const std::vector<int> sizes = opts.quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
     const int big = opts.quick ? 4 : 16;
     const StepCosts c = measure_steps(model, sizes, context, rounds);
@@ -647,8 +660,9 @@ void measure_step_cost(const GPT& model, const LessonOptions& opts) {
         "(the weights); the rest: attention over each row's blocks, LayerNorm, GELU, RoPE.\n\n",
         context, context + 2 * rounds + 1, rounds);
     const double kv_kb = static_cast<double>(PagedKVCache(model.config(), 1, 16).bytes_per_position()) / 1024.0;
-    out("a row's own keys and values: %.1f KB per position of its sequence, %.0f KB at %d positions\n",
-        kv_kb, kv_kb * context, context);
+    out("weights: %.1f MB, read once per step; a row's own keys and values: %.1f KB per position of\n"
+        "its sequence, %.0f KB at %d positions\n",
+        static_cast<double>(model.parameters().size() * sizeof(float)) / 1e6, kv_kb, kv_kb * context, context);
     const int blas_threads = thread_config().blas_threads;
     out("threads: forward_paged has no parallel loop, and OpenBLAS runs each product on %d thread%s:\n"
         "a step runs on the thread that calls it\n\n", blas_threads, blas_threads == 1 ? "" : "s");
@@ -660,29 +674,160 @@ void measure_step_cost(const GPT& model, const LessonOptions& opts) {
         out("  %9d  %9.3f  %10.4f  %11.3f  %9.3f  %13.1fx\n", R, step, step / R, prod,
             std::max(0.0, step - prod), step / one);
     }
-    const double ratio = c.step_ms.at(big) / one;
-    double busy_ratio = 0.0;
+    StepSummary r;
+    r.big = big;
+    r.one_ms = one;
+    r.big_ms = c.step_ms.at(big);
+    r.ratio = r.big_ms / one;
     {
         const BusyCores busy;
         const StepCosts b = measure_steps(model, {1, big}, context, rounds);
-        busy_ratio = b.step_ms.at(big) / b.step_ms.at(1);
+        r.busy_ratio = b.step_ms.at(big) / b.step_ms.at(1);
     }
     out("\na step of %d rows costs %.1fx a step of one; with two threads spinning beside it (both\n"
-        "cores busy) %.1fx\n", big, ratio, busy_ratio);
+        "cores busy) %.1fx\n", big, r.ratio, r.busy_ratio);
     out.save(opts);
-    print_claim("step_rows_big", std::to_string(big));
-    print_claim("step_context", std::to_string(context));
-    print_claim("kv_kb_per_position", kv_kb, 1);
-    print_claim("step_blas_threads", std::to_string(blas_threads));
-    print_claim("step_one_ms", one, 3);
-    print_claim("step_big_ms", c.step_ms.at(big), 3);
-    print_claim("step_ratio", ratio, 1);
-    print_claim("step_ratio_busy", busy_ratio, 1);
-    print_claim("products_one_ms", c.products_ms.at(1), 3);
-    print_claim("products_big_ms", c.products_ms.at(big), 3);
-    print_claim("products_ratio", c.products_ms.at(big) / c.products_ms.at(1), 1);
-    print_claim("rest_ratio", (c.step_ms.at(big) - c.products_ms.at(big)) /
-                                  std::max(1e-9, one - c.products_ms.at(1)), 1);
+    print_claim(prefix + "step_rows_big", std::to_string(big));
+    print_claim(prefix + "step_context", std::to_string(context));
+    print_claim(prefix + "kv_kb_per_position", kv_kb, 1);
+    print_claim(prefix + "step_blas_threads", std::to_string(blas_threads));
+    print_claim(prefix + "step_one_ms", one, 3);
+    print_claim(prefix + "step_big_ms", c.step_ms.at(big), 3);
+    print_claim(prefix + "step_ratio", r.ratio, 1);
+    print_claim(prefix + "step_ratio_busy", r.busy_ratio, 1);
+    print_claim(prefix + "products_one_ms", c.products_ms.at(1), 3);
+    print_claim(prefix + "products_big_ms", c.products_ms.at(big), 3);
+    print_claim(prefix + "products_ratio", c.products_ms.at(big) / c.products_ms.at(1), 1);
+    print_claim(prefix + "rest_ratio", (c.step_ms.at(big) - c.products_ms.at(big)) /
+                                           std::max(1e-9, one - c.products_ms.at(1)), 1);
+    return r;
+}
+
+using Results = std::map<std::pair<int, Policy>, Measured>;
+
+// The load served under each policy for each number of clients, a row each into `out`; the
+// better of `tries` runs (on a shared machine the faster run is the one less disturbed), of
+// `alone_tries` for one request at a time.
+Results throughput_table(const GPT& model, const std::vector<Load>& load, const std::vector<int>& client_counts,
+                         int tries, int alone_tries, Section& out) {
+    out("%7s  %-13s  %9s  %10s  %10s  %10s  %10s  %6s\n", "clients", "policy", "tokens/s",
+        "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "batch");
+    Results results;
+    for (int clients : client_counts) {
+        for (Policy p : {Policy::one_at_a_time, Policy::static_batches, Policy::continuous}) {
+            Measured m = serve(model, load, clients, p);
+            for (int t = 1; t < (p == Policy::one_at_a_time ? alone_tries : tries); ++t) {
+                const Measured again = serve(model, load, clients, p);
+                if (again.tokens_per_second > m.tokens_per_second) m = again;
+            }
+            results[{clients, p}] = m;
+            out("%7d  %-13s  %9.0f  %8.1f ms %8.1f ms %8.2f ms %8.2f ms  %6.1f\n", clients, name_of(p),
+                m.tokens_per_second, m.ttft_p50, m.ttft_p99, m.tpot_p50, m.tpot_p99, m.mean_batch);
+        }
+        out("\n");
+    }
+    return results;
+}
+
+double tokens_ratio(const Results& r, int clients, Policy a, Policy b) {
+    return r.at({clients, a}).tokens_per_second / r.at({clients, b}).tokens_per_second;
+}
+
+// A model whose weights do not fit in the CPU's caches: 8 layers, C 512, and the grouped keys
+// and values of lesson 16 (8 query heads, 2 key/value heads), as served models have them.
+// Random weights again.
+struct LargeModel {
+    StepSummary step;
+    Results results;
+    int clients = 0;
+};
+
+LargeModel measure_large_model(const LessonOptions& opts) {
+    print_heading("The same, for a model larger than the CPU's caches");
+    GPTConfig cfg;
+    cfg.vocab_size = 65;
+    cfg.block_size = opts.quick ? 64 : 256;
+    cfg.n_layer = opts.quick ? 2 : 8;
+    cfg.n_head = 8;
+    cfg.n_kv_head = 2;
+    cfg.n_embd = opts.quick ? 64 : 512;
+    GPT model(cfg, 1337);
+    model.train(false);
+    const double weights_mb = static_cast<double>(model.parameters().size() * sizeof(float)) / 1e6;
+    std::printf("\nthe model: %d layers, %d heads sharing %d key/value heads, C %d, context %d, %zu parameters,\n"
+                "%.1f MB of weights (random)\n\n", cfg.n_layer, cfg.n_head, cfg.n_kv_head, cfg.n_embd,
+                cfg.block_size, model.parameters().size(), weights_mb);
+    print_claim("large_layers", std::to_string(cfg.n_layer));
+    print_claim("large_embd", std::to_string(cfg.n_embd));
+    print_claim("large_parameters_m", static_cast<double>(model.parameters().size()) / 1e6, 1);
+    print_claim("large_weights_mb", weights_mb, 0);
+    LargeModel r;
+    r.step = measure_step_cost(model, opts, "large_step_cost", "large_", 10);
+
+    Section out("large_throughput");
+    const int requests = opts.quick ? 4 : 64;
+    r.clients = opts.quick ? 2 : 16;
+    const std::vector<Load> load = make_load(requests, cfg.vocab_size, cfg.block_size, 21, 8, 48);
+    out("\n%d requests (prompts of 16-64 tokens, 8-48 new ones), %d clients, as above: the\n"
+        "better of two runs for static and continuous batching, one run one at a time (%d\n"
+        "requests one after another: it varies least)\n\n", requests, r.clients, requests);
+    r.results = throughput_table(model, load, {r.clients}, opts.quick ? 1 : 2, 1, out);
+    const double speedup = tokens_ratio(r.results, r.clients, Policy::continuous, Policy::one_at_a_time);
+    const double over_static = tokens_ratio(r.results, r.clients, Policy::continuous, Policy::static_batches);
+    out("continuous batching serves %.1fx the tokens/s of one request at a time, %.2fx those of\n"
+        "static batches\n", speedup, over_static);
+    out.save(opts);
+    print_claim("large_continuous_speedup", speedup, 1);
+    print_claim("large_continuous_over_static", over_static, 2);
+    print_claim("large_one_at_a_time_tps", r.results.at({r.clients, Policy::one_at_a_time}).tokens_per_second, 0);
+    print_claim("large_continuous_tps", r.results.at({r.clients, Policy::continuous}).tokens_per_second, 0);
+    return r;
+}
+
+// The serving goals this lesson measures in-process, for both models, each against its aim.
+void print_goals(const LessonOptions& opts, const StepSummary& small_step, const Results& small, int at,
+                 const LargeModel& large, double prefix_speedup) {
+    print_heading("The goals, measured");
+    Section out("goals");
+    int met = 0, rows = 0;
+    const auto cell = [&](double value, bool ok, int decimals) {
+        ++rows;
+        met += ok ? 1 : 0;
+        char text[32];
+        std::snprintf(text, sizeof text, "%.*fx %s", decimals, value, ok ? "met" : "short");
+        return std::string(text);
+    };
+    const auto row = [&](const char* goal, const char* aim, const std::string& a, const std::string& b) {
+        out("%-36s %-9s %-12s %s\n", goal, aim, a.c_str(), b.c_str());
+    };
+    char step_goal[64], tokens_goal[64];
+    std::snprintf(step_goal, sizeof step_goal, "%d-row step / 1-row step", small_step.big);
+    std::snprintf(tokens_goal, sizeof tokens_goal, "tokens/s, continuous / one at a time");
+    out("measured in this process, on this machine: the small model\n"
+        "(4 layers, C 128) and the large one (8 layers, C 512) above;\n"
+        "tokens/s at %d clients\n\n", at);
+    row("goal", "aim", "small model", "large model");
+    row(step_goal, "<= 4x", cell(small_step.ratio, small_step.ratio <= 4.0, 1),
+        cell(large.step.ratio, large.step.ratio <= 4.0, 1));
+    const double small_busy = small_step.busy_ratio / small_step.ratio,
+                 large_busy = large.step.busy_ratio / large.step.ratio;
+    row("that ratio, cores busy / idle", "0.7-1.3x", cell(small_busy, std::fabs(small_busy - 1) <= 0.3, 2),
+        cell(large_busy, std::fabs(large_busy - 1) <= 0.3, 2));
+    const double small_speedup = tokens_ratio(small, at, Policy::continuous, Policy::one_at_a_time),
+                 large_speedup = tokens_ratio(large.results, large.clients, Policy::continuous, Policy::one_at_a_time);
+    row(tokens_goal, ">= 3x", cell(small_speedup, small_speedup >= 3.0, 1), cell(large_speedup, large_speedup >= 3.0, 1));
+    const double small_static = tokens_ratio(small, at, Policy::continuous, Policy::static_batches),
+                 large_static = tokens_ratio(large.results, large.clients, Policy::continuous, Policy::static_batches);
+    row("tokens/s, continuous / static", ">= 1.3x", cell(small_static, small_static >= 1.3, 2),
+        cell(large_static, large_static >= 1.3, 2));
+    row("TTFT p50, prefix caching off / on", ">= 2x", cell(prefix_speedup, prefix_speedup >= 2.0, 1),
+        "not measured");
+    out("\n%d of %d met\n", met, rows);
+    out.save(opts);
+    print_claim("goals_met", std::to_string(met));
+    print_claim("goals_rows", std::to_string(rows));
+    print_claim("goal_busy_small", small_busy, 2);
+    print_claim("goal_busy_large", large_busy, 2);
 }
 
 void lesson(const LessonOptions& opts) {
@@ -708,69 +853,54 @@ void lesson(const LessonOptions& opts) {
     const std::vector<Load> load = make_load(requests, cfg.vocab_size, cfg.block_size, 20);
     measure_memory(model, load, opts.quick ? 4 : 16, opts);
     measure_sharing(model, opts.quick ? 20 : 200, 16, opts.quick ? 8 : 40, opts);
-    measure_prefix_caching(model, opts.quick ? 2 : 8, opts);
+    const double prefix_speedup = measure_prefix_caching(model, opts.quick ? 2 : 8, opts);
 
-    measure_step_cost(model, opts);
+    print_heading("What a batched step costs");
+    const StepSummary small_step = measure_step_cost(model, opts, "step_cost", "", 40);
 
     print_heading("Throughput and latency: one at a time, static batches, continuous batching");
     Section out("throughput");
     out("%d requests (prompts of 16-64 tokens, 32-128 new ones), each client sending its next\n"
-                "request when its last is answered. tokens/s: generated tokens over the wall time (the\n"
-                "better of two runs); TTFT: a request's first token after it was sent; TPOT: between two\n"
-                "tokens of one request; batch: decode rows per step.\n\n",
-                requests);
-    out("%7s  %-13s  %9s  %10s  %10s  %10s  %10s  %6s\n", "clients", "policy", "tokens/s",
-                "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "batch");
+        "request when its last is answered. tokens/s: generated tokens over the wall time (the\n"
+        "better of two runs); TTFT: a request's first token after it was sent; TPOT: between two\n"
+        "tokens of one request; batch: decode rows per step.\n\n",
+        requests);
     const std::vector<int> client_counts = opts.quick ? std::vector<int>{1, 4} : std::vector<int>{1, 2, 4, 8, 16, 32};
-    std::map<Policy, PlotSeries> lines;
-    std::map<Policy, PlotSeries> p99;
-    std::map<std::pair<int, Policy>, Measured> results;
-    for (int clients : client_counts) {
-        for (Policy p : {Policy::one_at_a_time, Policy::static_batches, Policy::continuous}) {
-            // best of two: on a shared machine the faster run is the one less disturbed
-            Measured m = serve(model, load, clients, p);
-            if (!opts.quick) {
-                const Measured again = serve(model, load, clients, p);
-                if (again.tokens_per_second > m.tokens_per_second) m = again;
-            }
-            results[{clients, p}] = m;
-            out("%7d  %-13s  %9.0f  %8.1f ms %8.1f ms %8.2f ms %8.2f ms  %6.1f\n", clients, name_of(p),
-                        m.tokens_per_second, m.ttft_p50, m.ttft_p99, m.tpot_p50, m.tpot_p99, m.mean_batch);
-            lines[p].name = name_of(p);
-            lines[p].x.push_back(clients);
-            lines[p].y.push_back(m.tokens_per_second);
-            p99[p].name = name_of(p);
-            p99[p].x.push_back(clients);
-            p99[p].y.push_back(m.ttft_p99);
-        }
-        out("\n");
-    }
+    const Results results = throughput_table(model, load, client_counts, opts.quick ? 1 : 2, opts.quick ? 1 : 2, out);
     const int at = opts.quick ? 4 : 16;
-    const double speedup = results[{at, Policy::continuous}].tokens_per_second /
-                           results[{at, Policy::one_at_a_time}].tokens_per_second;
-    const double over_static = results[{at, Policy::continuous}].tokens_per_second /
-                               results[{at, Policy::static_batches}].tokens_per_second;
+    const double speedup = tokens_ratio(results, at, Policy::continuous, Policy::one_at_a_time);
+    const double over_static = tokens_ratio(results, at, Policy::continuous, Policy::static_batches);
     out("at %d clients continuous batching serves %.1fx the tokens/s of one request at a time, "
-                "%.2fx those of static batches\n", at, speedup, over_static);
+        "%.2fx those of static batches\n", at, speedup, over_static);
     out.save(opts);
     print_claim("clients_compared", std::to_string(at));
     print_claim("continuous_speedup", speedup, 1);
     print_claim("continuous_over_static", over_static, 2);
-    print_claim("one_at_a_time_tps", results[{at, Policy::one_at_a_time}].tokens_per_second, 0);
-    print_claim("continuous_tps", results[{at, Policy::continuous}].tokens_per_second, 0);
-    print_claim("continuous_ttft_p99", results[{at, Policy::continuous}].ttft_p99, 0);
-    print_claim("one_at_a_time_ttft_p99", results[{at, Policy::one_at_a_time}].ttft_p99, 0);
-    print_claim("static_ttft_p99", results[{at, Policy::static_batches}].ttft_p99, 0);
+    print_claim("one_at_a_time_tps", results.at({at, Policy::one_at_a_time}).tokens_per_second, 0);
+    print_claim("continuous_tps", results.at({at, Policy::continuous}).tokens_per_second, 0);
+    print_claim("continuous_ttft_p99", results.at({at, Policy::continuous}).ttft_p99, 0);
+    print_claim("one_at_a_time_ttft_p99", results.at({at, Policy::one_at_a_time}).ttft_p99, 0);
+    print_claim("static_ttft_p99", results.at({at, Policy::static_batches}).ttft_p99, 0);
     print_claim("static_over_continuous_ttft_p99",
-                results[{at, Policy::static_batches}].ttft_p99 / results[{at, Policy::continuous}].ttft_p99, 2);
-    print_claim("continuous_ttft_p50", results[{at, Policy::continuous}].ttft_p50, 1);
-    print_claim("static_ttft_p50", results[{at, Policy::static_batches}].ttft_p50, 1);
+                results.at({at, Policy::static_batches}).ttft_p99 / results.at({at, Policy::continuous}).ttft_p99, 2);
+    print_claim("continuous_ttft_p50", results.at({at, Policy::continuous}).ttft_p50, 1);
+    print_claim("static_ttft_p50", results.at({at, Policy::static_batches}).ttft_p50, 1);
+
+    const LargeModel large = measure_large_model(opts);
+    print_goals(opts, small_step, results, at, large, prefix_speedup);
 
     if (!opts.figures.empty()) {
         std::vector<PlotSeries> tps, lat;
         for (Policy p : {Policy::one_at_a_time, Policy::static_batches, Policy::continuous}) {
-            tps.push_back(lines[p]);
-            lat.push_back(p99[p]);
+            PlotSeries t{name_of(p), {}, {}}, l{name_of(p), {}, {}};
+            for (int clients : client_counts) {
+                t.x.push_back(clients);
+                t.y.push_back(results.at({clients, p}).tokens_per_second);
+                l.x.push_back(clients);
+                l.y.push_back(results.at({clients, p}).ttft_p99);
+            }
+            tps.push_back(t);
+            lat.push_back(l);
         }
         line_plot_png(opts.figures / "lesson20_throughput.png", tps,
                       "Generated tokens per second against clients", "clients", "tokens/s");
