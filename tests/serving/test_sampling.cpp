@@ -22,6 +22,17 @@ using gpt_checks::sharp_model;
 
 namespace {
 
+// The smallest model the refusal tests run: one layer, 12 tokens, a context of 16.
+GPTConfig small_config() {
+    GPTConfig cfg;
+    cfg.vocab_size = 12;
+    cfg.block_size = 16;
+    cfg.n_layer = 1;
+    cfg.n_head = 2;
+    cfg.n_embd = 8;
+    return cfg;
+}
+
 // Logits over every magnitude a trained model gives: a scale drawn from 0.01 to 30.
 std::vector<float> random_logits(Rng& rng, int V) {
     const float scale = std::pow(10.0f, rng.uniform(-2.0f, 1.5f));
@@ -315,12 +326,7 @@ TEST_CASE("the scheduler applies top_p, penalties and logprobs per request as a 
 }
 
 TEST_CASE("the scheduler refuses a top_p, a penalty or a top_logprobs out of range, naming it") {
-    GPTConfig cfg;
-    cfg.vocab_size = 12;
-    cfg.block_size = 16;
-    cfg.n_layer = 1;
-    cfg.n_head = 2;
-    cfg.n_embd = 8;
+    const GPTConfig cfg = small_config();
     GPT model(cfg, 1);
     PagedKVCache cache(cfg, 8, 4);
     Scheduler scheduler(model, cache);
@@ -354,12 +360,7 @@ TEST_CASE("the scheduler refuses a top_p, a penalty or a top_logprobs out of ran
 
 TEST_CASE("the generators outside the scheduler refuse the settings only the scheduler applies") {
     const CharVocab vocab = CharVocab::from_chars("\n abcdefghij");
-    GPTConfig cfg;
-    cfg.vocab_size = 12;
-    cfg.block_size = 16;
-    cfg.n_layer = 1;
-    cfg.n_head = 2;
-    cfg.n_embd = 8;
+    const GPTConfig cfg = small_config();
     GPT model(cfg, 1);
     for (int which = 0; which < 4; ++which) {
         SampleOptions o;
