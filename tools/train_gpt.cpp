@@ -536,7 +536,8 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
     setup.out = f.out;
     // A rank that keeps a shard of AdamW's moments reads only those of a sharded checkpoint;
     // one that keeps its gradients (ZeRO 2) or its weights too (ZeRO 3) in shards never makes
-    // the whole buffer of them: its shard of the weights is read, or computed from the seed.
+    // the whole buffer of them: its shard of the weights is read (from a checkpoint or --init's
+    // weights), or computed from the seed.
     std::function<std::vector<AdamW::Segment>(const GPT&)> kept;
     GPTBuffers buffers;
 #if ATTN_HAVE_MPI
@@ -559,7 +560,14 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
         }
     } else if (!f.init.empty()) {
         CheckpointInfo info;
-        GPT model = with_flags(load_checkpoint(f.init, &info), f);
+        // A rank that keeps its shard of the weights (ZeRO stage 3) reads only that shard,
+        // a tensor at a time; the others read them whole.
+        GPT model = [&] {
+            if (buffers.weights) return with_flags(load_checkpoint(f.init, &info), f);
+            GPTConfig weights_config = load_config(f.init, &info);
+            if (f.dropout) weights_config.dropout = *f.dropout;
+            return load_kept_weights(f.init, weights_config, buffers, kept);
+        }();
         if (!info.vocab.empty() && info.vocab != data.vocab.chars()) {
             throw std::runtime_error(f.init.string() + ": its vocabulary (" +
                                      std::to_string(model.config().vocab_size) +
