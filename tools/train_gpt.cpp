@@ -10,7 +10,9 @@
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
 //   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
 //   train_gpt --ranks 4 --shard gradients      ... and its shard of the gradients too (ZeRO 2)
-//   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP)
+//   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP); no rank
+//                                              ever holds the whole weights: each draws its shard of
+//                                              the seed's, or reads its runs of --init's or --resume's
 //   train_gpt --ranks 4 --tensor-parallel 2    every block split over pairs of ranks, 2 pairs sharing each batch
 //   train_gpt --consolidate out out1           a --shard run's sharded checkpoint as one process's, in out1
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
@@ -1010,7 +1012,7 @@ int main(int argc, char** argv) {
                    "reader of that format; nothing else is done")
         ->expected(2);
     auto* resume = app.add_option("--resume", f.resume, "go on from a run folder or checkpoint");
-    auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch)");
+    auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch); with --shard parameters each rank reads only its shard of them, a tensor at a time");
     resume->excludes(init);
     resume->excludes(overwrite);  // a resumed run goes on in its own folder
     resume->excludes(recipe);  // a resumed run keeps its checkpoint's settings
