@@ -10,7 +10,9 @@
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
 //   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
 //   train_gpt --ranks 4 --shard gradients      ... and its shard of the gradients too (ZeRO 2)
-//   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP)
+//   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP); no rank
+//                                              ever holds the whole weights: each draws its shard of
+//                                              the seed's, or reads its runs of --init's or --resume's
 //   train_gpt --ranks 4 --tensor-parallel 2    every block split over pairs of ranks, 2 pairs sharing each batch
 //   train_gpt --consolidate out out1           a --shard run's sharded checkpoint as one process's, in out1
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
@@ -536,7 +538,8 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
     setup.out = f.out;
     // A rank that keeps a shard of AdamW's moments reads only those of a sharded checkpoint;
     // one that keeps its gradients (ZeRO 2) or its weights too (ZeRO 3) in shards never makes
-    // the whole buffer of them: its shard of the weights is read, or computed from the seed.
+    // the whole buffer of them: its shard of the weights is read (from a checkpoint or --init's
+    // weights), or computed from the seed.
     std::function<std::vector<AdamW::Segment>(const GPT&)> kept;
     GPTBuffers buffers;
 #if ATTN_HAVE_MPI
@@ -559,7 +562,14 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
         }
     } else if (!f.init.empty()) {
         CheckpointInfo info;
-        GPT model = with_flags(load_checkpoint(f.init, &info), f);
+        // A rank that keeps its shard of the weights (ZeRO stage 3) reads only that shard,
+        // a tensor at a time; the others read them whole.
+        GPT model = [&] {
+            if (buffers.weights) return with_flags(load_checkpoint(f.init, &info), f);
+            GPTConfig weights_config = load_config(f.init, &info);
+            if (f.dropout) weights_config.dropout = *f.dropout;
+            return load_kept_weights(f.init, weights_config, buffers, kept);
+        }();
         if (!info.vocab.empty() && info.vocab != data.vocab.chars()) {
             throw std::runtime_error(f.init.string() + ": its vocabulary (" +
                                      std::to_string(model.config().vocab_size) +
@@ -1002,7 +1012,7 @@ int main(int argc, char** argv) {
                    "reader of that format; nothing else is done")
         ->expected(2);
     auto* resume = app.add_option("--resume", f.resume, "go on from a run folder or checkpoint");
-    auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch)");
+    auto* init = app.add_option("--init", f.init, "start from a weights directory (e.g. from PyTorch); with --shard parameters each rank reads only its shard of them, a tensor at a time");
     resume->excludes(init);
     resume->excludes(overwrite);  // a resumed run goes on in its own folder
     resume->excludes(recipe);  // a resumed run keeps its checkpoint's settings

@@ -213,4 +213,10 @@ void DataParallel::check_same(std::uint64_t fingerprint, const std::string& what
 
 void DataParallel::barrier() { MPI_Barrier(MPI_COMM_WORLD); }
 
+std::size_t DataParallel::gradient_bytes() const {
+    std::size_t bytes = 0;
+    for (const std::vector<float>& b : buckets_) bytes += b.capacity() * sizeof(float);
+    return bytes;
+}
+
 }  // namespace attn::mpi

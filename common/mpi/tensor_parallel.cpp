@@ -92,21 +92,51 @@ TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(co
     width_ = c.n_embd / c.n_head * heads_;
     hidden_ = 4 * c.n_embd / N;
 
-    // The whole model's tensors, from its pointers into its flat buffer.
-    const ParameterTensors& p = whole.params();
-    const float* base = whole.parameters().data();
-    whole_size_ = whole.parameters().size();
-    const float* kinds[whole_count + block_count] = {p.wte,  p.wpe,      p.lnfw,     p.lnfb, p.ln1w, p.ln1b,
-                                                     p.qkvw, p.qkvb,     p.attprojw, p.attprojb, p.ln2w, p.ln2b,
-                                                     p.fcw,  p.fcb,      p.fcprojw,  p.fcprojb};
-    for (const float* k : kinds) bases_.push_back(k ? static_cast<std::size_t>(k - base) : 0);  // 0: absent, unused
+    // Where each kind of tensor starts in the whole model's flat buffer (the blocks' stacked:
+    // block 0's), from its parameter table, which a model made without whole weights has too.
+    whole_size_ = c.num_parameters();
+    const char* kinds[whole_count + block_count] = {
+        "transformer.wte.weight",           "transformer.wpe.weight",          "transformer.ln_f.weight",
+        "transformer.ln_f.bias",            "transformer.h.0.ln_1.weight",     "transformer.h.0.ln_1.bias",
+        "transformer.h.0.attn.c_attn.weight", "transformer.h.0.attn.c_attn.bias", "transformer.h.0.attn.c_proj.weight",
+        "transformer.h.0.attn.c_proj.bias", "transformer.h.0.ln_2.weight",     "transformer.h.0.ln_2.bias",
+        "transformer.h.0.mlp.c_fc.weight",  "transformer.h.0.mlp.c_fc.bias",   "transformer.h.0.mlp.c_proj.weight",
+        "transformer.h.0.mlp.c_proj.bias"};
+    for (const char* name : kinds) {
+        const auto& table = whole.parameter_table();
+        const auto it = std::find_if(table.begin(), table.end(), [name](const ParameterInfo& t) { return t.name == name; });
+        bases_.push_back(it == table.end() ? 0 : it->offset);  // 0: absent, unused
+    }
     const Layout layout = this->layout();
-    // This rank's slices, copied; the start of each tensor noted for the passes.
+    // This rank's slices: copied from the whole weights, or, from a model made without them
+    // (GPTBuffers), the seed's initial values of these runs alone (GPT::initial_values), so
+    // that no rank holds the whole model. The start of each tensor noted for the passes.
+    std::size_t count = 0;  // the runs, counted first so that their lists take no more
+    layout.for_each_run(rank_, [&count](std::size_t, std::size_t, std::size_t, bool) { ++count; });
+    std::vector<std::pair<std::size_t, std::size_t>> from_whole;  // (offset, floats) of each run
+    from_whole.reserve(count);
+    runs_.reserve(count);
+    std::size_t size = 0;  // floats of params_
+    bool in_order = true;  // the runs fill params_ one after the other
     layout.for_each_run(rank_, [&](std::size_t from, std::size_t local, std::size_t n, bool replicated) {
-        params_.resize(local + n);
-        std::copy(base + from, base + from + n, params_.begin() + static_cast<std::ptrdiff_t>(local));
+        in_order = in_order && local == size;
+        size = std::max(size, local + n);
+        from_whole.emplace_back(from, n);
         runs_.emplace_back(local, n, replicated);
     });
+    if (whole.parameters().empty() && in_order) {
+        params_ = whole.initial_values(from_whole);  // drawn into place: no second copy
+    } else {
+        params_.resize(size);
+        const std::vector<float> drawn = whole.parameters().empty() ? whole.initial_values(from_whole) : std::vector<float>{};
+        std::size_t at = 0;  // in `drawn`
+        for (std::size_t i = 0; i < from_whole.size(); ++i) {
+            const auto [from, n] = from_whole[i];
+            const float* source = whole.parameters().empty() ? drawn.data() + at : whole.parameters().data() + from;
+            std::copy(source, source + n, params_.begin() + static_cast<std::ptrdiff_t>(std::get<0>(runs_[i])));
+            at += n;
+        }
+    }
     grads_.assign(params_.size(), 0.0f);
     // The start of each tensor in params_: sizes as in Layout, in its order.
     const std::size_t V = layout.V, Tb = layout.Tb, C = layout.C, A = layout.A, H = layout.H;

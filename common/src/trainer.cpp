@@ -804,6 +804,28 @@ void read_weights(const fs::path& dir, const GPT& model, const std::vector<AdamW
 }
 }  // namespace
 
+GPT load_kept_weights(const fs::path& dir, const GPTConfig& config, GPTBuffers buffers,
+                      const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept) {
+    verify_checksums(dir);
+    GPT m(config, 1337, buffers);  // load_checkpoint's seed (the dropout masks draw from it)
+    const std::size_t P = config.num_parameters();
+    if (buffers.weights) {
+        read_weights(dir, m, {{0, P}}, m.parameters().data());
+        return m;
+    }
+    const std::vector<AdamW::Segment> runs = kept ? kept(m) : std::vector<AdamW::Segment>{{0, P}};
+    std::size_t n = 0;
+    std::vector<std::pair<std::size_t, std::size_t>> pairs;
+    for (const AdamW::Segment& r : runs) {
+        n += r.size;
+        pairs.emplace_back(r.offset, r.size);
+    }
+    std::vector<float> values(n);
+    read_weights(dir, m, runs, values.data());
+    m.set_kept_weights(std::move(pairs), std::move(values));
+    return m;
+}
+
 Trainer Trainer::load(const fs::path& dir, TextDataset data,
                       const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept, GPTBuffers buffers) {
     recover_directory(dir);  // a save killed between its renames left it beside

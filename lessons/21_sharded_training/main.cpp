@@ -405,18 +405,25 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     double seconds = 0.0;  // the steps after the first (which allocates), on the wall clock
     // The peaks of the bytes this rank holds through `new` (attn/live_bytes.hpp): during a
     // training step (after the first), and while it saves a checkpoint (its own shard's file).
-    std::size_t train_peak = 0, save_peak = 0;
+    // Beside them the peak resident set (VmHWM), started again before each phase: what the
+    // machine gave the process, the allocator's kept pages and MPI's buffers included.
+    std::size_t train_peak = 0, save_peak = 0, train_resident = 0, save_resident = 0;
+    bool resident = true;  // whether every reset of the peak resident set worked
     std::int64_t saved_step = 0;
     for (int i = 0; i < s.steps; ++i) {
         const auto start = std::chrono::steady_clock::now();
         reset_peak_bytes();
+        resident = mpi::reset_peak_resident() && resident;
         losses.push_back(trainer.train_step().loss);
         if (i > 0) train_peak = std::max(train_peak, peak_bytes());
+        if (i > 0) train_resident = std::max(train_resident, mpi::peak_resident_bytes());
         if (i > 0) seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         if (i + 1 == save_at) {
             reset_peak_bytes();
+            resident = mpi::reset_peak_resident() && resident;
             trainer.save(out);  // sharded: each rank writes its own part, nothing is gathered
             save_peak = peak_bytes();
+            save_resident = mpi::peak_resident_bytes();
             saved_step = trainer.step();
         }
     }
@@ -467,13 +474,18 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     if (stage > 0) kept = [=](const GPT& m) { return mpi::kept_segments(m, stage, rank, ranks); };
     MPI_Barrier(MPI_COMM_WORLD);
     reset_peak_bytes();
+    resident = mpi::reset_peak_resident() && resident;
     Trainer resumed = Trainer::load(out, data, kept, buffers);
     resumed.use_group(group_of());
-    const std::size_t resume_peak = peak_bytes();
+    const std::size_t resume_peak = peak_bytes(), resume_resident = mpi::peak_resident_bytes();
     if (resumed.step() != saved_step) throw std::runtime_error("the resumed run is not at the checkpoint's step");
     mpi::say("train_peak", mpi::gather_from_ranks(static_cast<double>(train_peak)));
     mpi::say("save_peak", mpi::gather_from_ranks(static_cast<double>(save_peak)));
     mpi::say("resume_peak", mpi::gather_from_ranks(static_cast<double>(resume_peak)));
+    mpi::say("resident_reset", mpi::gather_from_ranks(resident ? 1.0 : 0.0));
+    mpi::say("train_resident", mpi::gather_from_ranks(static_cast<double>(train_resident)));
+    mpi::say("save_resident", mpi::gather_from_ranks(static_cast<double>(save_resident)));
+    mpi::say("resume_resident", mpi::gather_from_ranks(static_cast<double>(resume_resident)));
 }
 
 // The model of the lesson's recipe split over the ranks by tensor parallelism: one forward
@@ -659,13 +671,15 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         if (scheme == "stage2") return 4.0 * P + (4.0 + 8.0) * P / N;
         return (4.0 + 4.0 + 8.0) * P / N;  // stage 3
     };
-    // What each keeps besides: the rings' buffers for a piece of at most 64 KiB (stage 2: one
-    // to send, one to receive), in stages 2 and 3 the backward pass's buffer of one block's
+    // What each keeps besides: plain data parallelism's packed buffer of each bucket, which
+    // lesson 19's overlapped allreduce sums in one call (a second copy of every gradient, 4P),
+    // the rings' buffers for a piece of at most 64 KiB (stage 2: one to send, one to
+    // receive), in stages 2 and 3 the backward pass's buffer of one block's
     // and the embeddings' and ln_f's gradients, which it hands over bucket by bucket, and in
     // stage 3 the buffers of two blocks' weights (one computing, the next one's arriving) and
     // the embeddings', which it gathers
     const auto buffers = [&](const std::string& scheme, int N) {
-        if (scheme == "plain") return 0.0;
+        if (scheme == "plain") return 4.0 * P;
         if (scheme == "stage1") return 4.0 * static_cast<double>(mpi::ring_buffer_floats(static_cast<std::size_t>(P), N));
         std::size_t piece = 0;
         for (std::size_t b : buckets) piece = std::max(piece, mpi::ring_buffer_floats(b, N));
@@ -684,7 +698,9 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         const double gap = largest_relative_gap(need(run.numbers, "losses"), reference);
         const bool same = need(run.numbers, "identical")[0] == 1.0;
         worst_gap = std::max(worst_gap, gap);
-        if (run.scheme == "plain" || run.scheme == "stage1") worst_off = std::max(worst_off, std::fabs(off));
+        // plain beside the formula once its packed buckets are added; stage 1 beside it alone
+        if (run.scheme == "plain") worst_off = std::max(worst_off, std::fabs((state - extra) / expected - 1.0));
+        if (run.scheme == "stage1") worst_off = std::max(worst_off, std::fabs(off));
         worst_unexplained = std::max(worst_unexplained, std::fabs(unexplained) / state);
         worst_unexplained_bytes = std::max(worst_unexplained_bytes, std::fabs(unexplained));
         identical = identical && same;
@@ -701,10 +717,10 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         print_claim(key + "_activations_mb", run.largest("activations") / mb, 2);
     }
     std::printf("(MB = 10^6 bytes; state = weights + gradients + AdamW; off by: from ZeRO's formula; buffers: the\n"
-                "rings', the backward pass's (stages 2, 3) and the gathered weights' (stage 3), from the sizes\n"
-                "above; unexplained: state - formula - buffers, from a shard's size differing by one float from\n"
-                "rank to rank; loss gap: the largest relative difference from the plain run on 1 rank over the\n"
-                "%d steps)\n", launcher.s.steps);
+                "packed buckets' (plain), the rings', the backward pass's (stages 2, 3) and the gathered weights'\n"
+                "(stage 3), from the sizes above; unexplained: state - formula - buffers, from a shard's size\n"
+                "differing by one float from rank to rank; loss gap: the largest relative difference from the\n"
+                "plain run on 1 rank over the %d steps)\n", launcher.s.steps);
     print_claim("block_floats", std::to_string(buckets.front()));
     print_claim("blocks", std::to_string(buckets.size() - 1));
     print_claim("state_worst_off_percent", 100.0 * worst_off, 1);
@@ -854,6 +870,50 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     }
     print_claim("peak_worst_ratio", worst_ratio, 2);
     print_claim("peak_within_1_2", worst_ratio <= 1.2 ? "yes" : "no");
+
+    // The same phases as the resident set: the peak of VmHWM in each, started again before it
+    // by writing 5 to /proc/self/clear_refs (Linux, man 5 proc).
+    std::printf("\nthe same phases as peak resident memory per rank (VmHWM, its peak started again before each\n"
+                "phase; the largest over the 4 ranks): what the machine gave the process, the allocator's kept\n"
+                "pages, the program's code and MPI's buffers included\n\n");
+    bool resident = true;
+    for (const Run& run : runs) {
+        if (run.N != 4) continue;
+        for (double ok : need(run.numbers, "resident_reset")) resident = resident && ok == 1.0;
+    }
+    if (!resident) {
+        std::printf("n/a: this system did not let the program write /proc/self/clear_refs, so the peak resident set\n"
+                    "cannot be started again between phases\n");
+        print_claim("resident_measured", "no");
+    } else {
+        std::printf("%-7s  %9s  %8s  %9s  %12s  %12s\n", "scheme", "train MB", "save MB", "resume MB", "save/train",
+                    "resume/train");
+        double worst_resident = 0.0;
+        for (const Run& run : runs) {
+            if (run.N != 4) continue;
+            double train = 0, save = 0, resume = 0, save_ratio = 0, resume_ratio = 0;
+            const std::vector<double>&t = need(run.numbers, "train_resident"), &sv = need(run.numbers, "save_resident"),
+                                      &r = need(run.numbers, "resume_resident");
+            for (std::size_t k = 0; k < t.size(); ++k) {  // each rank against its own training peak
+                train = std::max(train, t[k]);
+                save = std::max(save, sv[k]);
+                resume = std::max(resume, r[k]);
+                save_ratio = std::max(save_ratio, sv[k] / t[k]);
+                resume_ratio = std::max(resume_ratio, r[k] / t[k]);
+            }
+            worst_resident = std::max({worst_resident, save_ratio, resume_ratio});
+            std::printf("%-7s  %9.2f  %8.2f  %9.2f  %12.3f  %12.3f\n", scheme_name(run.scheme), train / mb, save / mb,
+                        resume / mb, save_ratio, resume_ratio);
+            print_claim("resident_" + run.scheme + "_train_mb", train / mb, 1);
+            print_claim("resident_" + run.scheme + "_save_mb", save / mb, 1);
+            print_claim("resident_" + run.scheme + "_resume_mb", resume / mb, 1);
+            print_claim("resident_" + run.scheme + "_save_ratio", save_ratio, 2);
+            print_claim("resident_" + run.scheme + "_resume_ratio", resume_ratio, 2);
+        }
+        print_claim("resident_measured", "yes");
+        print_claim("resident_worst_ratio", worst_resident, 2);
+        print_claim("resident_within_1_2", worst_resident <= 1.2 ? "yes" : "no");
+    }
 
     if (!options.figures.empty()) {
         // Measured only: the formulas would hide these lines (the table has both).

@@ -18,6 +18,7 @@
 #include "attn/data.hpp"
 #include "attn/gpt.hpp"
 #include "attn/threads.hpp"
+#include "attn/mpi/data_parallel.hpp"
 #include "attn/mpi/world.hpp"
 #include "attn/mpi/zero.hpp"
 #include "attn/trainer.hpp"
@@ -79,6 +80,37 @@ int main(int argc, char** argv) {
     // the ring receiving the piece the rank itself sends) moved the losses or the norms by 5e-4
     // to 7e-2 relative, far beyond those bounds.
     const fs::path dir = job_folder("attn_zero_test");
+
+    // Plain data parallelism, the scheme the stages are measured against (lesson 21's
+    // "plain" rows): each rank holds the model's whole gradient buffer per thread's slice of
+    // the batch and, with the overlapped schedule's packed buckets, a second whole copy, 4P
+    // bytes (DataParallel::gradient_bytes); summed in place (BucketPlan::view) or after the
+    // pass (one allreduce of the model's buffer), no copy. Every combination of the two.
+    {
+        const std::size_t slices = static_cast<std::size_t>(std::min(12 / N, num_threads()));
+        for (const mpi::AllreduceSchedule schedule : {mpi::AllreduceSchedule::overlapped, mpi::AllreduceSchedule::after}) {
+            for (const bool view : {false, true}) {
+                mpi::BucketPlan plan;
+                plan.view = view;
+                Trainer plain(recipe(0.0f), data);
+                plain.use_group(std::make_shared<mpi::DataParallel>(schedule, plan));
+                take_steps(plain, 2);
+                const bool packed = schedule == mpi::AllreduceSchedule::overlapped && !view;
+                const std::size_t expected = sizeof(float) * (slices * P + (packed ? P : 0));
+                const MemoryUse use = plain.memory_use();
+                checks.check(use.gradients == expected,
+                             std::string("plain, ") + mpi::schedule_name(schedule) +
+                                 (!packed ? view ? ", in place" : "" : ", packed buckets") +
+                                 ": each rank's gradients are a whole buffer per thread" +
+                                 (packed ? " and the buckets' packed copy, 4P bytes" : ", no copy"),
+                             format("%.0f bytes measured, %.0f expected (%.0f for one whole buffer)",
+                                    double(use.gradients), double(expected), double(sizeof(float) * P)));
+                checks.check(use.weights == sizeof(float) * P && use.optimizer == 2 * sizeof(float) * P,
+                             std::string("plain, ") + mpi::schedule_name(schedule) +
+                                 ": each rank's weights and moments are the whole model's, 4P and 8P bytes");
+            }
+        }
+    }
 
     for (const std::string stage : {"stage 1", "stage 2", "stage 3"}) {
         for (float dropout : {0.0f, 0.1f}) {

@@ -613,6 +613,22 @@ struct RunSummary {
     double step_seconds = 0.0;       ///< of which the training steps (no evaluation, no files)
 };
 
+/// Starting weights from a weights directory (load_checkpoint's layouts, whole or sharded)
+/// for a process that keeps only its shard of them (ZeRO stage 3), as Trainer::load reads a
+/// checkpoint for it: the model is made without the whole buffers `buffers` leaves out, and
+/// without whole weights only the runs `kept` names are read, a tensor at a time (one
+/// tensor's buffer beside them), and left in the model for its group
+/// (GPT::set_kept_weights), so that the process never holds the whole weights. With whole
+/// weights every parameter is read into them.
+/// @param dir the weights directory (its checksums, where it has them, are checked first)
+/// @param config its model (load_config's, with the run's changes such as the dropout)
+/// @param buffers the model's whole buffers
+/// @param kept the runs of the flat buffer this process keeps, in the order it keeps them
+/// @return the model, for Trainer's constructor from weights
+/// @throws CheckpointError for a missing, damaged or non-finite tensor
+GPT load_kept_weights(const std::filesystem::path& dir, const GPTConfig& config, GPTBuffers buffers,
+                      const std::function<std::vector<AdamW::Segment>(const GPT&)>& kept);
+
 /// Trains until max_iters or a stop request, evaluating at step 0, every eval_interval
 /// steps and at the end, and writing checkpoints and metrics when out_dir is given. A
 /// resumed run appends to metrics.jsonl after dropping lines past its checkpoint's step.

@@ -102,6 +102,10 @@ public:
     bool any(bool flag) override;
     void check_same(std::uint64_t fingerprint, const std::string& what) override;
     void barrier() override;
+    /// The packed buffers of the buckets (one float per gradient, a whole copy of them), which
+    /// the overlapped schedule keeps unless BucketPlan::view sums in place; none with `after`.
+    /// @return their bytes
+    std::size_t gradient_bytes() const override;
 
     /// The schedule in use.
     AllreduceSchedule schedule() const { return schedule_; }

@@ -41,7 +41,10 @@ struct TensorParallelTraffic {
 /// refused in one line.
 class TensorParallelGPT {
 public:
-    /// @param whole the model to split (its weights are copied; it is not kept)
+    /// @param whole the model to split: its weights are copied (it is not kept), or, where it
+    /// was made without whole weights (GPTBuffers), each rank computes its slices of the
+    /// seed's initial weights alone (GPT::initial_values), bit for bit the whole model's, and
+    /// no rank ever holds the whole weights
     /// @param comm the ranks that share every block (MPI must be initialised)
     /// @throws std::invalid_argument when the heads or the MLP's 4C hidden units do not
     ///         divide among the ranks, or for a setting this split does not implement
@@ -62,6 +65,9 @@ public:
     std::vector<float>& local_gradients() { return grads_; }
     /// The parameters this rank holds: its slices and the whole tensors. @return floats
     std::size_t local_parameters() const { return params_.size(); }
+    /// The contiguous runs of the whole model's buffer that parameters() is made of (a
+    /// matrix split by columns is a run per row). @return their count
+    std::size_t local_runs() const { return runs_.size(); }
     /// This rank's parameters, in place (AdamW updates them). @return its slices and the
     /// whole tensors, in the order of local_table()
     std::vector<float>& parameters() { return params_; }
