@@ -42,4 +42,34 @@ void paged_attention_forward(float* out, const float* q, int q_stride, const flo
                              int Bt, int C, int NH, int G, const float* alibi_slopes,
                              stream_t stream);
 
+/// The embeddings of a batch of rows, each at its own position (rows of many sequences):
+/// `out[r] = wte[tokens[r]] + wpe[positions[r]]`, as attn::encoder_forward row by row.
+/// @param out (R, C) device memory  @param tokens (R) device ids in [0, V)
+/// @param positions (R) device positions, below block_size  @param wte (V, C)
+/// @param wpe (block_size, C), or null for a model without learned positions
+/// @param R rows  @param C channels  @param stream the stream
+void rows_encoder_forward(float* out, const int* tokens, const int* positions, const float* wte,
+                          const float* wpe, int R, int C, stream_t stream);
+
+/// RoPE on a batch of rows, each at its own position, as attn::rope_forward row by row: every
+/// pair (2i, 2i+1) of each query head and key head of row r rotated by the angle of
+/// (positions[r], i), whose cosine and sine the host computed (attn::rope_angle, in double,
+/// then rounded to float as the CPU's rope_forward rounds them).
+/// @param qkv (R, C + 2·G·hs) device memory, changed in place  @param positions (R) device
+/// @param cos_sin (block_size, hs/2, 2) device: cos, sin of each position's angles
+/// @param R rows  @param C channels  @param NH query heads  @param G key/value heads
+/// @param stream the stream
+void rows_rope_forward(float* qkv, const int* positions, const float* cos_sin, int R, int C,
+                       int NH, int G, stream_t stream);
+
+/// Stores each row's key and value in its slot of a paged pool, as attn::PagedKVCache::write:
+/// key head g of row r goes to row slots[2r + 1] of block slots[2r] (keys (g, offset, :)).
+/// @param key_pool one layer's keys, (num_blocks, G, Bt, hs) device memory
+/// @param value_pool one layer's values, same layout  @param qkv (R, C + 2·G·hs) device: q,
+/// then G keys, then G values per row  @param slots (R, 2) device: block, offset
+/// @param R rows  @param C channels  @param G key/value heads  @param hs head size
+/// @param Bt positions per block  @param stream the stream
+void rows_store_keys_values(float* key_pool, float* value_pool, const float* qkv, const int* slots,
+                            int R, int C, int G, int hs, int Bt, stream_t stream);
+
 }  // namespace attn::cuda
