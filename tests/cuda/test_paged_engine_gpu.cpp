@@ -274,6 +274,105 @@ TEST_CASE("the GPU step's logits equal the CPU's within the bound for every mode
     CHECK(total.chunks > 0);
 }
 
+namespace {
+
+// Every event of a run, per request, in order.
+std::map<int, std::vector<StepEvent>> run_scheduler(Scheduler& scheduler) {
+    std::map<int, std::vector<StepEvent>> out;
+    for (int step = 0; step < 100000 && !scheduler.idle(); ++step)
+        for (StepEvent& e : scheduler.step()) out[e.request].push_back(std::move(e));
+    CHECK(scheduler.idle());
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("the scheduler gives the same tokens on both devices where the margins allow: batches, chunks, preemption, forks and prefix caching") {
+    int compared = 0, events = 0, cases = 0;
+    long preemptions = 0, hits = 0, forks = 0;
+    double worst = 0.0;
+    for (const GPTConfig& config : option_combinations()) {
+        // one of each position scheme, with grouped heads, and with a window
+        if (config.bias != (config.position != Position::rope) || config.kv_heads() != 2) continue;
+        for (const int blocks : {40, 10}) {  // plenty, and too few for all: preemption
+            Rng rng(300 + static_cast<std::uint64_t>(cases++));
+            const std::string what = describe(config, 4) + ", " + std::to_string(blocks) + " blocks";
+            CAPTURE(what);
+            const GPT model = sharp(config, 90 + static_cast<std::uint64_t>(cases));
+            // generated prompts, every other one starting with the first one's 8 tokens
+            std::vector<CompletionRequest> requests;
+            std::vector<int> shared;
+            for (int i = 0; i < 8; ++i) shared.push_back(static_cast<int>(rng.below(13)));
+            for (int i = 0; i < 7; ++i) {
+                CompletionRequest r;
+                if (i % 2 == 0) r.prompt = shared;
+                const int tail = 1 + static_cast<int>(rng.below(10));
+                for (int k = 0; k < tail; ++k) r.prompt.push_back(static_cast<int>(rng.below(13)));
+                r.options.max_new_tokens = 6 + static_cast<int>(rng.below(12));
+                r.options.top_k = 1;  // greedy: the largest logit, whose margin is known
+                r.options.top_logprobs = 2;
+                requests.push_back(r);
+            }
+            SchedulerOptions so;
+            so.max_running = 5;
+            so.step_tokens = 9;  // prompts longer than a step's rows: chunked prefill
+            auto run = [&](PagedStep& step, PagedKVCache& cache, SchedulerStats& stats) {
+                Scheduler scheduler(step, cache, so);
+                for (std::size_t i = 0; i < requests.size(); ++i) {
+                    if (i == 3) scheduler.submit(requests[i], 3);  // three continuations, forked
+                    else scheduler.submit(requests[i]);
+                    if (i % 3 == 1) scheduler.step();  // arrivals while others decode (events dropped
+                                                       // on both sides alike)
+                }
+                std::map<int, std::vector<StepEvent>> out = run_scheduler(scheduler);
+                stats = scheduler.stats();
+                CHECK(cache.free_blocks() == blocks);
+                return out;
+            };
+            PagedKVCache cpu_cache(config, blocks, 4), gpu_cache(config, blocks, 4);
+            CpuPagedStep cpu(model);
+            cuda::PagedEngine gpu(model, gpu_cache);
+            SchedulerStats cpu_stats, gpu_stats;
+            const auto on_cpu = run(cpu, cpu_cache, cpu_stats);
+            const auto on_gpu = run(gpu, gpu_cache, gpu_stats);
+            preemptions += cpu_stats.preemptions;
+            hits += cpu_stats.prefix_cache_hits;
+            forks += cpu_stats.forks;
+            if (blocks == 10) CHECK(cpu_stats.preemptions > 0);
+            // A token is the largest logit: while the CPU's margin over the runner-up exceeds
+            // twice the step's bound (each side's logits within the bound of the exact ones,
+            // their difference within it of the CPU's), the GPU picks the same one. Past the
+            // first token decided by less, the two texts may part, so the comparison stops.
+            const double bound = logit_bound(model, config.block_size);
+            REQUIRE(on_cpu.size() == on_gpu.size());
+            for (const auto& [id, cpu_events] : on_cpu) {
+                CAPTURE(id);
+                const std::vector<StepEvent>& gpu_events = on_gpu.at(id);
+                for (std::size_t k = 0; k < cpu_events.size(); ++k) {
+                    ++events;
+                    const TokenLogprobs& lp = *cpu_events[k].logprobs;
+                    REQUIRE(lp.top.size() == 2);
+                    if (lp.top[0].second - lp.top[1].second <= 2 * bound) break;
+                    REQUIRE(k < gpu_events.size());
+                    CHECK(gpu_events[k].token == cpu_events[k].token);
+                    // a log-probability is a logit less log Σ exp(logits): within 2 bounds
+                    const double gap = std::fabs(gpu_events[k].logprobs->logprob - lp.logprob);
+                    CHECK(gap <= 2 * bound);
+                    worst = std::max(worst, gap / (2 * bound));
+                    ++compared;
+                }
+            }
+        }
+    }
+    std::printf("scheduler on both devices: %d of %d tokens decided by more than the margin, compared; "
+                "%ld preemptions, %ld prefix-cache hits, %ld forks; largest log-probability "
+                "gap / bound %.2e\n",
+                compared, events, preemptions, hits, forks, worst);
+    CHECK(compared >= events * 9 / 10);  // the margins let almost every token be compared
+    CHECK(hits > 0);
+    CHECK(forks > 0);
+}
+
 // Without a usable device: one line starting "skipped:" and exit status 0.
 int main(int argc, char** argv) {
     std::string why;
