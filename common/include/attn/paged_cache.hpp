@@ -309,7 +309,7 @@ void check_paged_rows(const GPTConfig& config, const PagedKVCache& cache,
 /// of the block tables; a step stores each row's key and value where append_slot says.
 class PagedStep {
 public:
-    virtual ~PagedStep() = default;
+    virtual ~PagedStep() = default;  ///< a step is owned through this interface
     /// One step, as forward_paged. @param cache the pool the rows' sequences live in
     /// @param rows the batch @return (rows, V) each row's next-token logits, valid until the
     /// next call
@@ -325,11 +325,12 @@ class CpuPagedStep final : public PagedStep {
 public:
     /// @param model a causal model with scaled attention, read at every step
     explicit CpuPagedStep(const GPT& model) : model_(model) {}
+    /// forward_paged(scratch, model, cache, rows) with this step's scratch buffers.
     const std::vector<float>& forward(PagedKVCache& cache, const std::vector<PagedRow>& rows) override {
         return forward_paged(scratch_, model_, cache, rows);
     }
-    const GPT& model() const override { return model_; }
-    std::string device() const override { return "cpu"; }
+    const GPT& model() const override { return model_; }  ///< the model it runs
+    std::string device() const override { return "cpu"; }  ///< "cpu"
 
 private:
     const GPT& model_;

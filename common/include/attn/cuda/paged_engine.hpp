@@ -42,9 +42,9 @@ public:
     /// @throws std::invalid_argument for a model forward_paged refuses or a cache of other
     ///         sizes; std::runtime_error without a usable device
     PagedEngine(const GPT& model, PagedKVCache& cache);
-    ~PagedEngine() override;
-    PagedEngine(const PagedEngine&) = delete;
-    PagedEngine& operator=(const PagedEngine&) = delete;
+    ~PagedEngine() override;  ///< frees the device's memory and takes its hook off the cache
+    PagedEngine(const PagedEngine&) = delete;             ///< owns device memory: not copyable
+    PagedEngine& operator=(const PagedEngine&) = delete;  ///< owns device memory: not copyable
 
     /// One step, as attn::forward_paged(scratch, model, cache, rows), on the device.
     /// @param cache the cache given at construction  @param rows the batch
