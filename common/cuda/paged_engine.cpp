@@ -59,6 +59,7 @@ struct PagedEngine::Impl {
     DeviceBuffer x{1}, ln{1}, qkv{1}, atty{1}, proj{1}, residual{1}, fch{1}, fch_gelu{1};
     DeviceBuffer logits{1}, mean{1}, rstd{1};
     DeviceInts ints;           // tokens (R), positions (R), slots (R, 2)
+    DevicePagedBatch batch;    // the rows' tables and position ranges
     std::vector<float> host_logits;
 
     Impl(const GPT& model, const PagedKVCache& cache)
@@ -214,6 +215,7 @@ const std::vector<float>& PagedEngine::forward(PagedKVCache& cache, const std::v
 
     Impl& d = *impl_;
     d.reserve(R, cfg);
+    d.batch.upload(batch, blocks, Bt);  // checked and copied once for every layer
     d.ints.upload(ints);
     const int* tokens = d.ints.data();
     const int* positions = tokens + R;
@@ -240,8 +242,8 @@ const std::vector<float>& PagedEngine::forward(PagedKVCache& cache, const std::v
         float* values = d.value_pool.data() + l * pool_layer;
         // every row's key and value first: a chunk's later rows read its earlier ones
         rows_store_keys_values(keys, values, d.qkv.data(), slots, R, C, G, hs, Bt, s);
-        paged_attention_forward(d.atty.data(), d.qkv.data(), QKV, keys, values, batch, blocks, Bt, C,
-                                NH, G, cfg.position == Position::alibi ? d.slopes.data() : nullptr, s);
+        paged_attention_forward(d.atty.data(), d.qkv.data(), QKV, keys, values, d.batch, Bt, C, NH, G,
+                                cfg.position == Position::alibi ? d.slopes.data() : nullptr, s);
         matmul_forward(d.proj.data(), d.atty.data(), p.attprojw + l * uC * uC,
                        layer_ptr(p.attprojb, uC, l), R, C, C, d.blas, s);
         residual_forward(d.residual.data(), d.x.data(), d.proj.data(), static_cast<size_t>(R) * uC, s);

@@ -5,6 +5,7 @@
 
 #include "attn/cuda/gpt_ops.hpp"  // stream_t
 
+#include <cstddef>
 #include <vector>
 
 namespace attn::cuda {
@@ -41,6 +42,47 @@ void paged_attention_forward(float* out, const float* q, int q_stride, const flo
                              const float* value_pool, const PagedBatch& batch, int num_blocks,
                              int Bt, int C, int NH, int G, const float* alibi_slopes,
                              stream_t stream);
+
+/// A PagedBatch checked against its pool and copied to the device once, for the launches of
+/// every layer of one step (paged_attention_forward with a PagedBatch copies it on every
+/// call and waits for the launch). Owns its device memory; reused from step to step.
+class DevicePagedBatch {
+public:
+    DevicePagedBatch() = default;
+    ~DevicePagedBatch();
+    DevicePagedBatch(const DevicePagedBatch&) = delete;             ///< owns device memory
+    DevicePagedBatch& operator=(const DevicePagedBatch&) = delete;  ///< owns device memory
+    /// Checks `batch` as paged_attention_forward does and copies it to the device (waits for
+    /// the device first: the previous step's launches may still read the old tables).
+    /// @param batch the tables and positions  @param num_blocks blocks in the pool
+    /// @param Bt positions per block
+    /// @throws std::invalid_argument as paged_attention_forward
+    void upload(const PagedBatch& batch, int num_blocks, int Bt);
+    int sequences() const { return S_; }             ///< S, the queries
+    int max_blocks() const { return max_blocks_; }   ///< entries per table row
+    int num_blocks() const { return num_blocks_; }   ///< the pool's blocks it was checked against
+    int longest() const { return longest_; }         ///< the most positions one query reads
+    const int* tables() const { return ints_; }      ///< (S, max_blocks) device memory
+    const int* first() const { return ints_ + static_cast<std::size_t>(S_) * max_blocks_; }  ///< (S)
+    const int* pos() const { return first() + S_; }  ///< (S) device memory
+
+private:
+    int* ints_ = nullptr;  // tables, first, pos
+    std::size_t capacity_ = 0;
+    int S_ = 0, max_blocks_ = 0, num_blocks_ = 0, longest_ = 0;
+};
+
+/// paged_attention_forward over a batch already on the device: enqueued, no wait.
+/// @param out (S, C) device memory  @param q (S rows of q_stride floats) device memory
+/// @param q_stride floats between two queries  @param key_pool one layer's keys,
+/// (num_blocks, G, Bt, hs)  @param value_pool its values  @param batch uploaded for a pool of
+/// this many blocks of Bt positions  @param Bt positions per block  @param C channels
+/// @param NH query heads  @param G key/value heads  @param alibi_slopes (NH) or null
+/// @param stream the stream
+/// @throws std::invalid_argument for sizes that do not fit together
+void paged_attention_forward(float* out, const float* q, int q_stride, const float* key_pool,
+                             const float* value_pool, const DevicePagedBatch& batch, int Bt,
+                             int C, int NH, int G, const float* alibi_slopes, stream_t stream);
 
 /// The embeddings of a batch of rows, each at its own position (rows of many sequences):
 /// `out[r] = wte[tokens[r]] + wpe[positions[r]]`, as attn::encoder_forward row by row.
