@@ -274,6 +274,50 @@ TEST_CASE("the GPU step's logits equal the CPU's within the bound for every mode
     CHECK(total.chunks > 0);
 }
 
+TEST_CASE("the GPU step refuses what forward_paged refuses, before anything changes") {
+    GPTConfig c = option_combinations().front();
+    const GPT model = sharp(c, 7);
+    PagedKVCache cache(c, 8, 4), other(c, 8, 4);
+    cuda::PagedEngine gpu(model, cache);
+    const int seq = cache.add_sequence();
+    gpu.forward(cache, {{seq, 1, 0}, {seq, 2, 1}});
+    const std::vector<int> table = cache.block_table(seq);
+    const int free_before = cache.free_blocks();
+    const std::vector<std::vector<PagedRow>> bad = {
+        {},                          // no rows
+        {{seq + 1, 1, 0}},           // a sequence that is not live
+        {{seq, 13, 2}},              // a token outside the vocabulary
+        {{seq, 1, 3}},               // not the sequence's next position
+        {{seq, 1, 2}, {seq, 1, 2}},  // the second row not the next either
+    };
+    for (const std::vector<PagedRow>& rows : bad) {
+        CHECK_THROWS_AS(gpu.forward(cache, rows), std::invalid_argument);
+        CHECK(cache.length(seq) == 2);
+        CHECK(cache.block_table(seq) == table);
+        CHECK(cache.free_blocks() == free_before);
+    }
+    // more blocks than the pool has: OutOfBlocks, nothing taken
+    std::vector<PagedRow> long_chunk;
+    for (int p = 2; p < 2 + 8 * 4; ++p) long_chunk.push_back({seq, 1, p});
+    CHECK_THROWS_AS(gpu.forward(cache, long_chunk), OutOfBlocks);
+    CHECK(cache.length(seq) == 2);
+    // another cache than the one its pool mirrors, a cache of other sizes, a model it cannot run
+    const int o = other.add_sequence();
+    CHECK_THROWS_AS(gpu.forward(other, {{o, 1, 0}}), std::invalid_argument);
+    GPTConfig wider = c;
+    wider.n_embd = 48;
+    PagedKVCache mismatched(wider, 8, 4);
+    CHECK_THROWS_AS(cuda::PagedEngine(model, mismatched), std::invalid_argument);
+    GPTConfig not_causal = c;
+    not_causal.causal = false;
+    const GPT peeking = sharp(not_causal, 7);
+    PagedKVCache for_peeking(not_causal, 8, 4);
+    CHECK_THROWS_AS(cuda::PagedEngine(peeking, for_peeking), std::invalid_argument);
+    DecodeScratch scratch;  // as the CPU's step does
+    const int p = for_peeking.add_sequence();
+    CHECK_THROWS_AS(forward_paged(scratch, peeking, for_peeking, {{p, 1, 0}}), std::invalid_argument);
+}
+
 namespace {
 
 // Every event of a run, per request, in order.
