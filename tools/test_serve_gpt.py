@@ -5,7 +5,9 @@ usage: test_serve_gpt.py SERVE_GPT TRAIN_GPT SCRATCH_DIR [LOAD_GPT]
 
 A tiny model is trained for a few steps with train_gpt, which also samples 20 characters
 with the uncached forward pass; the server must give the same characters for the same
-prompt, seed, temperature and top-k. Then, each on a fresh server: 16 clients at once get
+prompt, seed, temperature and top-k, and with --device gpu (the CUDA simulator in a build
+without a GPU) the CPU's greedy characters and log-probabilities wherever the margins decide
+them. Then, each on a fresh server: 16 clients at once get
 the texts they get alone; every bad request is answered 400 (413 for a body over the limit)
 with a JSON error naming the field, and the server goes on; a full queue answers 503 with
 Retry-After; the OpenAI API's other fields work end to end (n samples equal to seeds
