@@ -3,6 +3,7 @@
 //
 //   serve_gpt out                       a train_gpt run folder (or a weights directory)
 //   serve_gpt out --port 0              any free port; the URL line says which
+//   serve_gpt out --device gpu          every step on the GPU (the URL line names the device)
 //
 //   curl -s localhost:8000/v1/completions -d '{"prompt": "ROMEO:", "max_tokens": 40}'
 //   curl -sN localhost:8000/v1/completions -d '{"prompt": "ROMEO:", "stream": true}'
@@ -24,6 +25,13 @@
 // stream_options.include_usage, then `data: [DONE]`. A bad request is answered 400 with a
 // JSON error naming the field; a full queue 503 with Retry-After; the server goes on.
 //
+// --device gpu runs each step's forward pass on CUDA device 0 (attn::cuda::PagedEngine): the
+// weights uploaded once, the KV cache's blocks in device memory, the attention by the paged
+// kernel; the logits come back for sampling, and the scheduler, the block tables, prefix
+// caching and everything above them are the CPU's, the same code as with --device cpu. In a
+// build configured without a GPU the device is the CUDA simulator, which runs the same device
+// code on the CPU to check it: the URL line says so, and its times are not a GPU's.
+//
 // The HTTP side is one event loop (Boost.Beast over Asio) on one thread, which holds every
 // socket; the model runs on the engine's own thread, and the two hand each other work
 // through queues, so neither ever waits for the other. The loop sheds load instead of
@@ -44,6 +52,10 @@
 #include "attn/error.hpp"
 #include "attn/paged_cache.hpp"
 #include "attn/scheduler.hpp"
+#if ATTN_HAVE_CUDA
+#include "attn/cuda/device.hpp"
+#include "attn/cuda/paged_engine.hpp"
+#endif
 
 #include "openai.hpp"
 #include "tool_main.hpp"
@@ -109,7 +121,24 @@ struct Flags {
     double idle_timeout = 5.0;
     std::vector<std::string> allow_origins;
     std::string served_name = "attention-from-scratch";
+    std::string device = "cpu";  // cpu or gpu
 };
+
+// The step the scheduler calls: forward_paged on the CPU, or the whole step on the GPU
+// (attn::cuda::PagedEngine: the weights, the key/value blocks and the attention on the device,
+// the logits back for sampling). The CPU cache keeps the block tables either way.
+std::unique_ptr<PagedStep> make_step(const GPT& model, PagedKVCache& cache, const std::string& device) {
+    if (device == "cpu") return std::make_unique<CpuPagedStep>(model);
+#if ATTN_HAVE_CUDA
+    std::string why;
+    if (!cuda::device_available(&why)) throw std::runtime_error("--device gpu: no usable CUDA device (" + why + ")");
+    return std::make_unique<cuda::PagedEngine>(model, cache);
+#else
+    (void)cache;
+    throw std::runtime_error("--device gpu: this build has no CUDA code (neither the CUDA Toolkit "
+                             "nor the CUDA simulator was built); serve on the CPU");
+#endif
+}
 
 using serve::error_body;
 
@@ -176,9 +205,11 @@ public:
     Engine(GPT model, CharVocab vocab, const Flags& f)
         : model_(std::move(model)), vocab_(std::move(vocab)),
           cache_(model_.config(), f.blocks, f.block_tokens),
-          scheduler_(model_, cache_, SchedulerOptions{f.max_running, f.max_waiting, f.step_tokens}),
+          step_(make_step(model_, cache_, f.device)),
+          scheduler_(*step_, cache_, SchedulerOptions{f.max_running, f.max_waiting, f.step_tokens}),
           step_time_(std::chrono::milliseconds(f.step_ms)) {
         model_.train(false);
+        device_ = step_->device();
         thread_ = std::thread([this] { loop(); });
     }
     ~Engine() {
@@ -189,6 +220,9 @@ public:
         work_.notify_all();
         thread_.join();
     }
+
+    // Where the steps run, in one line (set before the engine's thread starts).
+    const std::string& device() const { return device_; }
 
     // Runs f() on the engine's thread between two steps, then done(error, result) there.
     template <class F, class Done>
@@ -366,7 +400,9 @@ private:
     GPT model_;
     CharVocab vocab_;
     PagedKVCache cache_;
+    std::unique_ptr<PagedStep> step_;  // where the forward passes run
     Scheduler scheduler_;
+    std::string device_;
     bool draining_ = false;  // the engine's thread only, as on_idle_
     std::function<void()> on_idle_;
     std::mutex inbox_m_;  // the tasks and stop_
@@ -1127,9 +1163,9 @@ int run(const Flags& f) {
     net::io_context ioc{1};  // the event loop: this thread alone runs it
     Engine engine(std::move(model), std::move(vocab), g);
     Server server(ioc, engine, g);
-    std::printf("serving %s (%d layers, %d heads, C %d, context %d) at http://%s:%d/\n",
+    std::printf("serving %s (%d layers, %d heads, C %d, context %d) at http://%s:%d/ on %s\n",
                 weights.string().c_str(), cfg.n_layer, cfg.n_head, cfg.n_embd, cfg.block_size,
-                f.host.c_str(), server.port);
+                f.host.c_str(), server.port, engine.device().c_str());
     std::printf("KV cache: %d blocks of %d positions (%.1f MiB); up to %d sequences at once, %d waiting, "
                 "%d connections; Ctrl-C drains and stops\n",
                 g.blocks, g.block_tokens,
@@ -1206,6 +1242,13 @@ int main(int argc, char** argv) {
     app.add_option("--served-model-name", f.served_name,
                    "the model's id in /v1/models, which a request's \"model\" must name (or leave out)")
         ->capture_default_str();
+    app.add_option("--device", f.device,
+                   "cpu (the default), or gpu: every step on CUDA device 0 (the weights, the KV cache's "
+                   "blocks, the attention; the logits come back for sampling). In a build configured "
+                   "without a GPU, gpu is the CUDA simulator, which runs the device code on the CPU to "
+                   "check it (slowly: its times are not a GPU's)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"cpu", "gpu"}));
     const auto check = [&] {
         if (f.step_tokens < f.max_running)
             throw CLI::ValidationError("--step-tokens", "must be at least --max-running (" +

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace attn::cuda {
 namespace {
@@ -63,28 +64,14 @@ __global__ void paged_attention_kernel(float* out, const float* q, int q_stride,
     }
 }
 
-// Copies host ints to a new device allocation, freed by the destructor.
-struct DeviceInts {
-    int* data = nullptr;
-    explicit DeviceInts(const std::vector<int>& host) {
-        CUDA_CHECK(cudaMalloc(&data, host.size() * sizeof(int)));
-        CUDA_CHECK(cudaMemcpy(data, host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice));
-    }
-    ~DeviceInts() { cudaFree(data); }
-    DeviceInts(const DeviceInts&) = delete;
-    DeviceInts& operator=(const DeviceInts&) = delete;
-};
-
 }  // namespace
 
-void paged_attention_forward(float* out, const float* q, int q_stride, const float* key_pool,
-                             const float* value_pool, const PagedBatch& batch, int num_blocks,
-                             int Bt, int C, int NH, int G, const float* alibi_slopes,
-                             stream_t stream) {
+DevicePagedBatch::~DevicePagedBatch() { cudaFree(ints_); }
+
+void DevicePagedBatch::upload(const PagedBatch& batch, int num_blocks, int Bt) {
     auto fail = [](const std::string& what) { throw std::invalid_argument("paged attention: " + what); };
     const int S = static_cast<int>(batch.first.size());
-    if (NH <= 0 || G <= 0 || NH % G != 0 || C % NH != 0 || Bt <= 0 || num_blocks <= 0 || q_stride < C)
-        fail("need NH, G, Bt and the blocks positive, G dividing NH, NH dividing C and q_stride ≥ C");
+    if (Bt <= 0 || num_blocks <= 0) fail("need Bt and the blocks positive");
     if (S <= 0 || batch.pos.size() != batch.first.size() || batch.max_blocks <= 0 ||
         batch.tables.size() != static_cast<std::size_t>(S) * batch.max_blocks)
         fail("the batch needs a first and a pos per sequence and a table of max_blocks entries each");
@@ -105,14 +92,51 @@ void paged_attention_forward(float* out, const float* q, int q_stride, const flo
     const std::size_t bytes = (static_cast<std::size_t>(longest) + detail::warp_size) * sizeof(float);
     if (bytes > 48 * 1024)
         fail(std::to_string(longest) + " positions do not fit in 48 KiB of shared memory");
-    const DeviceInts tables(batch.tables), first(batch.first), pos(batch.pos);
+    std::vector<int> host(batch.tables);
+    host.insert(host.end(), batch.first.begin(), batch.first.end());
+    host.insert(host.end(), batch.pos.begin(), batch.pos.end());
+    CUDA_CHECK(cudaDeviceSynchronize());  // no launch of the previous step still reads them
+    if (host.size() > capacity_) {
+        cudaFree(ints_);
+        ints_ = nullptr;
+        capacity_ = 0;
+        CUDA_CHECK(cudaMalloc(&ints_, host.size() * sizeof(int)));
+        capacity_ = host.size();
+    }
+    CUDA_CHECK(cudaMemcpy(ints_, host.data(), host.size() * sizeof(int), cudaMemcpyHostToDevice));
+    S_ = S;
+    max_blocks_ = batch.max_blocks;
+    num_blocks_ = num_blocks;
+    longest_ = longest;
+}
+
+void paged_attention_forward(float* out, const float* q, int q_stride, const float* key_pool,
+                             const float* value_pool, const DevicePagedBatch& batch, int Bt, int C,
+                             int NH, int G, const float* alibi_slopes, stream_t stream) {
+    if (NH <= 0 || G <= 0 || NH % G != 0 || C % NH != 0 || Bt <= 0 || q_stride < C || batch.sequences() <= 0)
+        throw std::invalid_argument("paged attention: need NH, G and Bt positive, G dividing NH, NH "
+                                    "dividing C, q_stride ≥ C and an uploaded batch");
+    const std::size_t bytes = (static_cast<std::size_t>(batch.longest()) + detail::warp_size) * sizeof(float);
     const int hs = C / NH;
     const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-    const dim3 grid(static_cast<unsigned>(NH), static_cast<unsigned>(S));
+    const dim3 grid(static_cast<unsigned>(NH), static_cast<unsigned>(batch.sequences()));
     ATTN_LAUNCH(paged_attention_kernel, grid, paged_threads, bytes, stream)(
-        out, q, q_stride, key_pool, value_pool, tables.data, batch.max_blocks, first.data, pos.data,
-        C, NH, G, Bt, hs, scale, alibi_slopes);
+        out, q, q_stride, key_pool, value_pool, batch.tables(), batch.max_blocks(), batch.first(),
+        batch.pos(), C, NH, G, Bt, hs, scale, alibi_slopes);
     CUDA_CHECK(cudaGetLastError());
+}
+
+void paged_attention_forward(float* out, const float* q, int q_stride, const float* key_pool,
+                             const float* value_pool, const PagedBatch& batch, int num_blocks,
+                             int Bt, int C, int NH, int G, const float* alibi_slopes,
+                             stream_t stream) {
+    if (NH <= 0 || G <= 0 || NH % G != 0 || C % NH != 0 || Bt <= 0 || num_blocks <= 0 || q_stride < C)
+        throw std::invalid_argument("paged attention: need NH, G, Bt and the blocks positive, G "
+                                    "dividing NH, NH dividing C and q_stride ≥ C");
+    DevicePagedBatch uploaded;
+    uploaded.upload(batch, num_blocks, Bt);
+    paged_attention_forward(out, q, q_stride, key_pool, value_pool, uploaded, Bt, C, NH, G,
+                            alibi_slopes, stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));  // the tables are freed on return
 }
 

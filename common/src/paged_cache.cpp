@@ -408,6 +408,7 @@ BlockSlot PagedKVCache::append_slot(int seq) {
                                   " into before writing position " + to_string(s.length));
             const int copy = take_block();
             copy_block(last, copy);
+            if (copy_hook_) copy_hook_(last, copy);
             release(last);
             last = copy;
         }
@@ -502,37 +503,36 @@ void paged_attention_step(float* out, float* att, const float* q, const PagedKVC
 // ---------------------------------------------------------------------------------------
 // The batched step
 
-const std::vector<float>& forward_paged(DecodeScratch& s, const GPT& model, PagedKVCache& cache,
-                                        const std::vector<PagedRow>& rows) {
-    const GPTConfig& cfg = model.config();
-    const int V = cfg.vocab_size, C = cfg.n_embd, NH = cfg.n_head, G = cfg.kv_heads();
-    const int hs = C / NH, QKV = cfg.qkv_channels();
+void check_paged_rows(const GPTConfig& cfg, const PagedKVCache& cache,
+                      const std::vector<PagedRow>& rows, const char* who) {
+    const int V = cfg.vocab_size, NH = cfg.n_head, G = cfg.kv_heads(), hs = cfg.n_embd / NH;
+    const std::string w(who);
     require(cfg.causal && cfg.scaled_attention,
-            "forward_paged: the model must be causal with scaled attention, as for forward_cached");
+            w + ": the model must be causal with scaled attention, as for forward_cached");
     check(cache.n_layer() == cfg.n_layer && cache.n_head() == NH && cache.n_kv_head() == G &&
               cache.head_size() == hs,
           [&] {
-              return "forward_paged: the cache is (L, NH, G, hs) = (" + to_string(cache.n_layer()) +
+              return w + ": the cache is (L, NH, G, hs) = (" + to_string(cache.n_layer()) +
                      ", " + to_string(cache.n_head()) + ", " + to_string(cache.n_kv_head()) + ", " +
                      to_string(cache.head_size()) + "), the model (" + to_string(cfg.n_layer) + ", " +
                      to_string(NH) + ", " + to_string(G) + ", " + to_string(hs) + ")";
           });
-    require(!rows.empty(), "forward_paged: the batch has no rows");
+    require(!rows.empty(), w + ": the batch has no rows");
     // Check every row before anything changes: the next position of its sequence, below
     // the block size, a token in the vocabulary; then the blocks they need, all together.
     std::map<int, int> added;  // sequence → rows of it so far
     for (const PagedRow& r : rows) {
-        check(cache.live(r.seq), [&] { return "forward_paged: sequence " + to_string(r.seq) + " is not live"; });
+        check(cache.live(r.seq), [&] { return w + ": sequence " + to_string(r.seq) + " is not live"; });
         check(r.token >= 0 && r.token < V, [&] {
-            return "forward_paged: token id " + to_string(r.token) + " is outside [0, " + to_string(V) + ")";
+            return w + ": token id " + to_string(r.token) + " is outside [0, " + to_string(V) + ")";
         });
         const int next = cache.length(r.seq) + added[r.seq];
         check(r.pos == next, [&] {
-            return "forward_paged: sequence " + to_string(r.seq) + "'s row at position " +
+            return w + ": sequence " + to_string(r.seq) + "'s row at position " +
                    to_string(r.pos) + " must be its next one, " + to_string(next);
         });
         check(r.pos < cfg.block_size, [&] {
-            return "forward_paged: position " + to_string(r.pos) + " is past the block size " +
+            return w + ": position " + to_string(r.pos) + " is past the block size " +
                    to_string(cfg.block_size);
         });
         ++added[r.seq];
@@ -540,9 +540,16 @@ const std::vector<float>& forward_paged(DecodeScratch& s, const GPT& model, Page
     int needed = 0;
     for (const auto& [seq, n] : added) needed += cache.blocks_needed(seq, n);
     if (needed > cache.free_blocks())
-        throw OutOfBlocks("forward_paged: the batch needs " + to_string(needed) + " new blocks, " +
+        throw OutOfBlocks(w + ": the batch needs " + to_string(needed) + " new blocks, " +
                           to_string(cache.free_blocks()) + " are free");
+}
 
+const std::vector<float>& forward_paged(DecodeScratch& s, const GPT& model, PagedKVCache& cache,
+                                        const std::vector<PagedRow>& rows) {
+    const GPTConfig& cfg = model.config();
+    const int C = cfg.n_embd, NH = cfg.n_head, G = cfg.kv_heads();
+    const int hs = C / NH, QKV = cfg.qkv_channels();
+    check_paged_rows(cfg, cache, rows, "forward_paged");
     const int R = static_cast<int>(rows.size());
     std::vector<BlockSlot> slots;
     std::vector<int> tokens, positions;

@@ -20,7 +20,15 @@ void insert_sorted(List& list, int id) {
 }  // namespace
 
 Scheduler::Scheduler(const GPT& model, PagedKVCache& cache, SchedulerOptions options)
-    : model_(model), cache_(cache), options_(options) {
+    : Scheduler(std::make_unique<CpuPagedStep>(model), nullptr, cache, options) {}
+
+Scheduler::Scheduler(PagedStep& step, PagedKVCache& cache, SchedulerOptions options)
+    : Scheduler(nullptr, &step, cache, options) {}
+
+Scheduler::Scheduler(std::unique_ptr<PagedStep> own, PagedStep* step, PagedKVCache& cache,
+                     SchedulerOptions options)
+    : own_step_(std::move(own)), step_(step ? *step : *own_step_), model_(step_.model()),
+      cache_(cache), options_(options) {
     require(options.max_running > 0 && options.max_waiting >= 0 && options.step_tokens > 0,
             "Scheduler: max_running and step_tokens must be positive and max_waiting ≥ 0, got " +
                 to_string(options.max_running) + ", " + to_string(options.step_tokens) + ", " +
@@ -244,7 +252,7 @@ std::vector<StepEvent> Scheduler::step() {
         else
             stats_.prefill_rows += s.rows;
     }
-    const std::vector<float>& logits = forward_paged(scratch_, model_, cache_, rows);
+    const std::vector<float>& logits = step_.forward(cache_, rows);
     ++stats_.steps;
 
     const int V = model_.config().vocab_size;

@@ -17,6 +17,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace attn;
@@ -90,7 +91,7 @@ TEST_CASE("out of blocks: append_slot throws OutOfBlocks and changes nothing") {
 // reference count must equal the tables that hold it, and the free blocks plus the blocks in
 // use must make up the pool. A fork that wrote into its parent's block without copying, a
 // block freed while still referenced, or a lost reference each break one of these.
-TEST_CASE("forks share blocks, a write into a shared block copies it first, and the pool stays whole") {
+TEST_CASE("forks share blocks, a write into a shared block copies it first (through the copy hook too), and the pool stays whole") {
     for (const int Bt : {1, 3, 4}) {
         CAPTURE(Bt);
         const int L = 2, G = 2, hs = 3, blocks = 12;
@@ -99,6 +100,9 @@ TEST_CASE("forks share blocks, a write into a shared block copies it first, and 
         Rng rng(static_cast<std::uint64_t>(40 + Bt));
         float next_value = 1.0f;
         long copies = 0, shared_appends = 0;
+        // the hook a device's pool copies through: called once per copy on write, (from, to)
+        std::vector<std::pair<int, int>> hooked;
+        cache.set_block_copy_hook([&hooked](int from, int to) { hooked.emplace_back(from, to); });
         for (int op = 0; op < 600; ++op) {
             const int kind = static_cast<int>(rng.below(10));
             std::vector<int> live;
@@ -123,8 +127,16 @@ TEST_CASE("forks share blocks, a write into a shared block copies it first, and 
                     continue;
                 }
                 const int free_before = cache.free_blocks();
+                const int last_before = len % Bt != 0 ? cache.block_table(pick).back() : -1;
+                hooked.clear();
                 const BlockSlot slot = cache.append_slot(pick);
                 CHECK(cache.free_blocks() == free_before - need);
+                if (shared) {
+                    REQUIRE(hooked.size() == 1);
+                    CHECK(hooked[0] == std::make_pair(last_before, slot.block));
+                } else {
+                    CHECK(hooked.empty());
+                }
                 copies += shared ? 1 : 0;
                 shared_appends += shared ? 1 : 0;
                 // each layer and head gets its own value, so that a mixed-up layer shows

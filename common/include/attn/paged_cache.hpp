@@ -33,7 +33,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <list>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -176,6 +178,12 @@ public:
     /// One layer's values of one key/value head in one block, (Bt, hs).
     const float* values(int layer, int block, int g) const;
 
+    /// What is called after append_slot copies a block (every layer's rows of `from` into
+    /// `to`: copy on write), so that a copy of the pool kept elsewhere (a GPU's) copies the
+    /// same rows before anything is written into `to`. Empty: none (the default).
+    /// @param hook called with (from, to)
+    void set_block_copy_hook(std::function<void(int from, int to)> hook) { copy_hook_ = std::move(hook); }
+
     /// The positions a sequence holds. @param seq a live sequence
     int length(int seq) const;
     /// A sequence's block table: entry i holds positions i·Bt … (i+1)·Bt − 1.
@@ -244,6 +252,7 @@ private:
     std::vector<std::list<int>::iterator> lru_at_;      // (num_blocks) a block's place in lru_
     long next_stamp_ = 1;
     long evictions_ = 0;
+    std::function<void(int, int)> copy_hook_;
 };
 
 /// Attention of one query per head over positions first … pos of one sequence in a paged
@@ -284,5 +293,48 @@ struct PagedRow {
 ///         than are free. Nothing changes when it throws.
 const std::vector<float>& forward_paged(DecodeScratch& scratch, const GPT& model,
                                         PagedKVCache& cache, const std::vector<PagedRow>& rows);
+
+/// The checks forward_paged makes before anything changes, for another device's step of the
+/// same rows: a causal model with scaled attention, a cache of its sizes, at least one row,
+/// each a live sequence's next position below the block size with a token in the vocabulary,
+/// and blocks enough for them all.
+/// @param who the name the messages start with
+/// @throws std::invalid_argument, or OutOfBlocks, as forward_paged
+void check_paged_rows(const GPTConfig& config, const PagedKVCache& cache,
+                      const std::vector<PagedRow>& rows, const char* who);
+
+/// The batched step of forward_paged on some device: the scheduler calls one of these, so
+/// that continuous batching, preemption, prefix caching and sampling are the same code on
+/// the CPU (CpuPagedStep) and on a GPU (attn::cuda::PagedEngine). The cache stays the owner
+/// of the block tables; a step stores each row's key and value where append_slot says.
+class PagedStep {
+public:
+    virtual ~PagedStep() = default;  ///< a step is owned through this interface
+    /// One step, as forward_paged. @param cache the pool the rows' sequences live in
+    /// @param rows the batch @return (rows, V) each row's next-token logits, valid until the
+    /// next call
+    virtual const std::vector<float>& forward(PagedKVCache& cache, const std::vector<PagedRow>& rows) = 0;
+    /// The model it runs (its sizes; its weights as they were when the step was made).
+    virtual const GPT& model() const = 0;
+    /// Where it runs, in one line (for a server's startup line).
+    virtual std::string device() const = 0;
+};
+
+/// forward_paged behind the PagedStep interface: the CPU's step.
+class CpuPagedStep final : public PagedStep {
+public:
+    /// @param model a causal model with scaled attention, read at every step
+    explicit CpuPagedStep(const GPT& model) : model_(model) {}
+    /// forward_paged(scratch, model, cache, rows) with this step's scratch buffers.
+    const std::vector<float>& forward(PagedKVCache& cache, const std::vector<PagedRow>& rows) override {
+        return forward_paged(scratch_, model_, cache, rows);
+    }
+    const GPT& model() const override { return model_; }  ///< the model it runs
+    std::string device() const override { return "cpu"; }  ///< "cpu"
+
+private:
+    const GPT& model_;
+    DecodeScratch scratch_;
+};
 
 }  // namespace attn

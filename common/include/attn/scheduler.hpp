@@ -6,7 +6,8 @@
 /// one that batches requests statically waits for the longest of a batch before starting
 /// the next. Orca (Yu et al., OSDI 2022) schedules at the granularity of one step instead:
 /// at every step the scheduler admits waiting requests while the paged cache has blocks for
-/// them, runs one batched forward pass (forward_paged) over one row for each decoding
+/// them, runs one batched forward pass (a PagedStep: forward_paged on the CPU,
+/// attn::cuda::PagedEngine on a GPU) over one row for each decoding
 /// sequence and a chunk of each new prompt (chunked prefill), samples, and retires the
 /// finished sequences, whose blocks the next step can give to someone else. When a step
 /// needs more blocks than are free, the newest running sequence is preempted: its blocks
@@ -32,6 +33,7 @@
 
 #include <deque>
 #include <map>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -94,6 +96,13 @@ public:
     /// @throws std::invalid_argument for limits that are not positive or step_tokens below
     ///         max_running
     Scheduler(const GPT& model, PagedKVCache& cache, SchedulerOptions options = {});
+    /// The same on any device: every step's forward pass is `step`'s (CpuPagedStep is the
+    /// constructor above's; attn::cuda::PagedEngine runs it on a GPU), everything else (the
+    /// plan, preemption, prefix caching, sampling) is this class's, the same for every device.
+    /// @param step the batched step, used by this scheduler alone while it lives
+    /// @param cache an empty pool of the model's sizes (the one `step` writes, for a GPU's)
+    /// @param options the step's limits
+    Scheduler(PagedStep& step, PagedKVCache& cache, SchedulerOptions options = {});
 
     /// Takes a request: into the batch at once when it has room (a free place among
     /// max_running and blocks for the prompt), else into the queue.
@@ -151,11 +160,15 @@ private:
         int forked_from = -1;    // a continuation not yet forked: the request it waits on
     };
     /// @endcond
+    Scheduler(std::unique_ptr<PagedStep> own, PagedStep* step, PagedKVCache& cache,
+              SchedulerOptions options);
     void validate(const CompletionRequest& request) const;
     void admit();
     void preempt(int request);
     void finish(int request);
 
+    std::unique_ptr<PagedStep> own_step_;  // the CPU's, when made from a model
+    PagedStep& step_;
     const GPT& model_;
     PagedKVCache& cache_;
     SchedulerOptions options_;
@@ -165,7 +178,6 @@ private:
     int next_id_ = 0;
     SchedulerStats stats_;
     long evictions_before_ = 0;  // the cache's count when this scheduler took it
-    DecodeScratch scratch_;
 };
 
 }  // namespace attn
