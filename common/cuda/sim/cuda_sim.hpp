@@ -466,6 +466,9 @@ Stats& stats();
 // Runs every launch twice in two thread orders and compares (also CUDA_SIM_RACECHECK=1).
 void set_racecheck(bool on);
 bool racecheck();
+// Race-checks every launch rather than each kernel and shape's 1st, 2nd, 4th, 8th, … (for
+// checks of the race check itself, which launch one kernel on many generated inputs).
+void set_racecheck_every_launch(bool on);
 // The tensor cores' fragment layouts (cuda_sim_wmma.hpp): which element of its 16×16 matrix
 // each lane holds. CUDA leaves this unspecified and it differs between GPUs, so each run of
 // a program draws one layout per fragment kind at random (CUDA_SIM_WMMA_SEED=N repeats a
