@@ -40,7 +40,8 @@
 //     program with one line naming the copy, as a GPU would hand it stale or mixed data.
 //   - Race check (CUDA_SIM_RACECHECK=1): a launch runs twice, threads and blocks in forward
 //     then in reverse order, from the same device memory; any byte of device memory that
-//     differs between the two runs is a race (or an atomic whose order matters). Each
+//     differs between the two runs is a race (or an atomic whose order matters), and so is
+//     a block whose shared memory ends with other bytes in the two runs. Each
 //     kernel is checked on its 1st, 2nd, 4th, 8th, … launch at each grid and block shape.
 //     The first of the two runs also looks for lost updates: after each thread's segment
 //     (up to a barrier, a shuffle or its end) the bytes it changed in the memory the launch
