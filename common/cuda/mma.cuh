@@ -1,6 +1,7 @@
 // The tensor cores through PTX's own warp-level instructions, as FlashAttention-2 uses them:
-// mma.sync m16n8k16 (bfloat16 or float16 inputs, float32 accumulators) and ldmatrix (8×8
-// tiles of 16-bit elements from shared memory into the fragments mma.sync takes). Unlike
+// mma.sync m16n8k16 (bfloat16 or float16 inputs, float32 accumulators), ldmatrix (8×8
+// tiles of 16-bit elements from shared memory into the fragments mma.sync takes), and
+// cp.async (global to shared memory in the background, in groups a thread waits for). Unlike
 // WMMA's fragments, these registers' layouts are documented (PTX ISA, "Matrix Fragments for
 // mma.m16n8k16 with floating point type" and "Warp-level matrix load instruction: ldmatrix";
 // the formulas are written out in sim/cuda_sim_mma.hpp), so a kernel may compute which
@@ -16,8 +17,12 @@
 // of the simulator's model (sim/cuda_sim_mma.hpp), which also refuses a call that part of the
 // warp does not reach. Every lane of the warp calls each function at the same place.
 //
-// mma.sync m16n8k16 needs compute capability 8.0 or later (a kernel built for 7.5 traps);
-// ldmatrix 7.5 or later.
+// mma.sync m16n8k16 and cp.async need compute capability 8.0 or later (a kernel built for
+// 7.5 traps); ldmatrix 7.5 or later. In the simulator a cp.async copy reads its source at
+// the call and lands at the wait that covers it; till then its destination holds NaN bytes
+// (other garbage in the race check's second run, so a read before the wait changes a result
+// between the runs and is refused as a race), and a thread that ends with copies it never
+// waited for is refused.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -99,6 +104,33 @@ __device__ inline void ldmatrix_x4_trans(std::uint32_t (&r)[4], const void* row)
                  : "r"(s));
 }
 
+/// cp.async.ca.shared.global: `Bytes` (4, 8 or 16) from global memory at `src` to shared
+/// memory at `dst`, both aligned to `Bytes`, without passing through registers. The copy
+/// lands only once a cp_async_wait_group covers it; until then `dst` must not be read.
+template <int Bytes>
+__device__ inline void cp_async_ca(void* dst, const void* src) {
+    static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async.ca copies 4, 8 or 16 bytes");
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();
+#else
+    const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2;\n" ::"r"(s), "l"(src), "n"(Bytes) : "memory");
+#endif
+}
+/// cp.async.commit_group: this thread's copies since the last commit become one group.
+__device__ inline void cp_async_commit_group() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+/// cp.async.wait_group N: waits until at most the N newest committed groups are pending.
+template <int N>
+__device__ inline void cp_async_wait_group() {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 #else  // the CUDA simulator
 
 inline void mma_m16n8k16_bf16(float (&d)[4], const std::uint32_t (&a)[4], const std::uint32_t (&b)[2],
@@ -130,6 +162,18 @@ ATTN_SIM_LDMATRIX(ldmatrix_x1_trans, 1, true, "ldmatrix.m8n8.x1.trans")
 ATTN_SIM_LDMATRIX(ldmatrix_x2_trans, 2, true, "ldmatrix.m8n8.x2.trans")
 ATTN_SIM_LDMATRIX(ldmatrix_x4_trans, 4, true, "ldmatrix.m8n8.x4.trans")
 #undef ATTN_SIM_LDMATRIX
+
+template <int Bytes>
+inline void cp_async_ca(void* dst, const void* src, const char* file = __builtin_FILE(),
+                        int line = __builtin_LINE()) {
+    static_assert(Bytes == 4 || Bytes == 8 || Bytes == 16, "cp.async.ca copies 4, 8 or 16 bytes");
+    ::cuda_sim::cp_async(dst, src, Bytes, file, line);
+}
+inline void cp_async_commit_group() { ::cuda_sim::cp_async_commit_group(); }
+template <int N>
+inline void cp_async_wait_group() {
+    ::cuda_sim::cp_async_wait_group(N);
+}
 
 #endif
 

@@ -90,4 +90,27 @@ __global__ void mma_through_ldmatrix(float* d, const T* a, const T* b, const flo
     for (int i = 0; i < 4; ++i) d[(g + 8 * (i / 2)) * 8 + 2 * t + i % 2] = rd[i];
 }
 
+// cp.async of `Bytes` a copy: a tile of 2·32 chunks of Bytes / 4 floats from `in` into
+// shared memory, lane l copying chunk l of each half, the halves two groups. After
+// wait_group<1> the lane's chunk of the first half has landed and goes to `first`; its chunk
+// of the second half is read before its wait into `second_early` (what the simulator's model
+// holds there: on a GPU the bytes may or may not have landed); after wait_group<0> and a
+// barrier every lane's chunks go to `out`.
+template <int Bytes>
+__global__ void cp_async_two_groups(float* out, float* first, float* second_early, const float* in) {
+    constexpr int chunk = Bytes / 4, half = 32 * chunk;
+    alignas(16) __shared__ float s[2 * 32 * 4];
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    attn::cuda::ptx::cp_async_ca<Bytes>(&s[lane * chunk], &in[lane * chunk]);
+    attn::cuda::ptx::cp_async_commit_group();
+    attn::cuda::ptx::cp_async_ca<Bytes>(&s[half + lane * chunk], &in[half + lane * chunk]);
+    attn::cuda::ptx::cp_async_commit_group();
+    attn::cuda::ptx::cp_async_wait_group<1>();
+    for (int i = 0; i < chunk; ++i) first[lane * chunk + i] = s[lane * chunk + i];
+    for (int i = 0; i < chunk; ++i) second_early[lane * chunk + i] = s[half + lane * chunk + i];
+    attn::cuda::ptx::cp_async_wait_group<0>();
+    __syncthreads();
+    for (int i = lane; i < 2 * half; i += 32) out[i] = s[(i + 7 * chunk) % (2 * half)];  // other lanes' chunks too
+}
+
 }  // namespace mma_probe

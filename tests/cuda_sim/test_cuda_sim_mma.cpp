@@ -15,6 +15,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdint>
 #include <numeric>
 #include <random>
@@ -286,4 +287,55 @@ TEST_CASE_TEMPLATE("a warp's reduction through shared memory is refused without 
     }
     cuda_sim::set_racecheck_every_launch(false);
     cuda_sim::set_racecheck(false);
+}
+
+TEST_CASE_TEMPLATE("cp.async of 4, 8 and 16 bytes lands at the wait_group that covers its group, not before", B,
+                   std::integral_constant<int, 4>, std::integral_constant<int, 8>, std::integral_constant<int, 16>) {
+    constexpr int chunk = B::value / 4, half = 32 * chunk;
+    std::vector<float> in(2 * half);
+    for (int i = 0; i < 2 * half; ++i) in[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i) - 3.0f;
+    Buffer<float> din(in), out(2 * half), first(half), second_early(half);
+    ATTN_LAUNCH(mma_probe::cp_async_two_groups<B::value>, 1, 32, 0, nullptr)(out.p, first.p, second_early.p, din.p);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const auto o = out.get(), f = first.get(), e = second_early.get();
+    for (int i = 0; i < 2 * half; ++i) {
+        CAPTURE(i);
+        CHECK(o[static_cast<std::size_t>(i)] == in[static_cast<std::size_t>((i + 7 * chunk) % (2 * half))]);
+    }
+    for (int i = 0; i < half; ++i) {
+        CAPTURE(i);
+        CHECK(f[static_cast<std::size_t>(i)] == in[static_cast<std::size_t>(i)]);
+        std::uint32_t bits;
+        std::memcpy(&bits, &e[static_cast<std::size_t>(i)], sizeof bits);
+        CHECK(bits == 0xffffffffu);  // the second group, read before its wait: NaN bytes
+    }
+}
+
+namespace {
+// cp.async used wrongly, one way per `mistake`: 1, a source in shared memory; 2, a destination
+// in device memory; 3, a 16-byte copy at a 4-byte offset; 4, copies never waited for.
+__global__ void cp_async_misuse(float* global, int mistake) {
+    alignas(16) __shared__ float s[64];
+    const int lane = static_cast<int>(threadIdx.x % 32);
+    s[lane] = 0.0f;
+    float* dst = mistake == 2 ? global + 32 : &s[32];
+    const float* src = mistake == 1 ? &s[0] : global;
+    attn::cuda::ptx::cp_async_ca<16>(dst + (mistake == 3 ? 1 : 0), src);
+    attn::cuda::ptx::cp_async_commit_group();
+    if (mistake != 4) attn::cuda::ptx::cp_async_wait_group<0>();
+}
+}  // namespace
+
+TEST_CASE("cp.async refuses what a GPU faults on, and a thread that never waits for its copies") {
+    Buffer<float> global(64);
+    const auto refused = [&](int mistake) {
+        ATTN_LAUNCH(cp_async_misuse, 1, 32, 0, nullptr)(global.p, mistake);
+        CHECK(cudaGetLastError() == (mistake == 0 ? cudaSuccess : cudaErrorLaunchFailure));
+        return cuda_sim::take_failure();
+    };
+    CHECK(refused(0).empty());
+    CHECK(refused(1).find("the source is not device memory") != std::string::npos);
+    CHECK(refused(2).find("the destination is device memory") != std::string::npos);
+    CHECK(refused(3).find("aligned to the copy's 16 bytes") != std::string::npos);
+    CHECK(refused(4).find("ended with 1 cp.async copy it never waited for") != std::string::npos);
 }

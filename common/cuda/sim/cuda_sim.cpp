@@ -125,6 +125,15 @@ struct Context {
 using Context = ucontext_t;
 #endif
 
+// A cp.async copy issued and not yet waited for: its source bytes, read at the call, land
+// in the destination when a cp.async.wait_group covers its group.
+struct AsyncCopy {
+    unsigned char* dst;
+    std::size_t bytes;
+    unsigned char data[16];
+    long group;  // 0: not committed yet
+};
+
 struct Thread {
     Context context;
     char* stack = nullptr;  // above a guard page, stack_bytes long
@@ -133,6 +142,8 @@ struct Thread {
     int lane = 0, warp = 0;
     const char* file = nullptr;  // the barrier or shuffle it waits at
     int line = 0;
+    std::vector<AsyncCopy> async;  // cp.async copies not waited for
+    long groups = 0;               // cp.async groups committed
 };
 
 struct Warp {
@@ -331,6 +342,8 @@ void yield(Runner& r) {
     std::abort();  // never resumed
 }
 
+std::string name3(uint3 v);
+
 void fiber_main() {
     Runner& r = runner();
 #ifdef CUDA_SIM_ASAN
@@ -344,6 +357,12 @@ void fiber_main() {
     }
 #endif
     r.body(r.arg);
+    if (const std::size_t pending = r.threads[static_cast<std::size_t>(r.current)].async.size()) {
+        std::string m = "thread " + name3(threadIdx) + " ended with " + std::to_string(pending) +
+                        (pending == 1 ? " cp.async copy" : " cp.async copies") + " it never waited for (cp.async.wait_group or wait_all): "
+                        "nothing orders their arrival before another thread's read";
+        fail(r, std::move(m));
+    }
     record_writes(r);
     r.threads[static_cast<std::size_t>(r.current)].state = State::done;
     ++r.done;
@@ -490,6 +509,8 @@ bool run_block(Runner& r, uint3 block, bool reverse) {
     for (int i = 0; i < n; ++i) {
         Thread& t = r.threads[static_cast<std::size_t>(i)];
         t.state = State::ready;
+        t.async.clear();
+        t.groups = 0;
         make_context(&t.context, t.stack);
     }
     for (Warp& w : r.warps) w.arrived = 0;
@@ -1579,6 +1600,63 @@ int lane_id() {
 
 void* dynamic_shared_memory() { return runner().dynamic_shared.data(); }
 
+void cp_async(void* dst, const void* src, std::size_t bytes, const char* file, int line) {
+    Runner& r = runner();
+    if (r.current < 0) {
+        std::fprintf(stderr, "CUDA simulator: cp.async at %s called from host code\n", where(file, line).c_str());
+        std::abort();
+    }
+    std::string why;
+    const auto d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);
+    std::string wrong;
+    if (d % bytes != 0 || s % bytes != 0) {
+        wrong = "the destination and the source must be aligned to the copy's " + std::to_string(bytes) + " bytes";
+    } else if (!in_device_memory(src, bytes, &why)) {
+        wrong = "the source " + why + " (cp.async.ca.shared.global copies from device memory)";
+    } else if (in_device_memory(dst, 1, &why)) {
+        wrong = "the destination is device memory (cp.async.ca.shared.global copies into shared memory)";
+    }
+    if (!wrong.empty()) {
+        std::string m = "cp.async at " + where(file, line) + ": " + wrong;
+        std::string().swap(wrong);
+        std::string().swap(why);
+        fail(r, std::move(m));
+    }
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    AsyncCopy c{static_cast<unsigned char*>(dst), bytes, {}, 0};
+    std::memcpy(c.data, src, bytes);
+    // Until its wait the destination holds garbage, other garbage in the race check's second
+    // run: a read before the wait gives NaN bytes, and a result that differs between the runs.
+    std::memset(dst, r.reverse ? 0xfe : 0xff, bytes);
+    t.async.push_back(c);
+}
+
+void cp_async_commit_group() {
+    Runner& r = runner();
+    if (r.current < 0) return;
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    ++t.groups;
+    for (AsyncCopy& c : t.async) {
+        if (c.group == 0) c.group = t.groups;
+    }
+}
+
+void cp_async_wait_group(int newest_pending) {
+    Runner& r = runner();
+    if (r.current < 0) return;
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    const long last_done = t.groups - newest_pending;  // groups up to this one are complete
+    std::vector<AsyncCopy> still;
+    for (const AsyncCopy& c : t.async) {
+        if (c.group != 0 && c.group <= last_done) {
+            std::memcpy(c.dst, c.data, c.bytes);
+        } else {
+            still.push_back(c);
+        }
+    }
+    t.async.swap(still);
+}
+
 void syncthreads(const char* file, int line) {
     Runner& r = runner();
     if (r.current < 0) return;  // host code: nothing to wait for
@@ -2004,8 +2082,9 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
                           " between two runs with the threads and blocks in forward "
                           "and in reverse order (threads that touch the same memory "
                           "without a barrier between them, __syncthreads or, among a "
-                          "warp's lanes, __syncwarp, or atomics whose order changes "
-                          "the result)";
+                          "warp's lanes, __syncwarp; a cp.async copy read before the "
+                          "wait that covers it; or atomics whose order changes the "
+                          "result)";
             }
             r.layout_set = 0;
         }

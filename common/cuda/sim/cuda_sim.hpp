@@ -111,6 +111,13 @@ std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, c
                       int line);
 int lane_id();
 void* dynamic_shared_memory();
+// PTX's cp.async (mma.cuh): a copy of `bytes` (4, 8 or 16) from device to shared memory that
+// lands only when cp_async_wait_group covers its group (its destination holds NaN bytes till
+// then); commit_group closes this thread's group of copies; wait_group(n) completes all its
+// committed groups but the n newest.
+void cp_async(void* dst, const void* src, std::size_t bytes, const char* file, int line);
+void cp_async_commit_group();
+void cp_async_wait_group(int newest_pending);
 // A warp-collective operation: every lane of the warp calls it at the same place (file,
 // line) with its own `lane_arg`; when the last lane arrives, `op` runs once with the 32
 // lanes' arguments (indexed by lane) and returns "" or what is wrong (then the launch
