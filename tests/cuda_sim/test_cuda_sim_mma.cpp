@@ -2,7 +2,9 @@
 // mma.sync m16n8k16 and ldmatrix, their fragment layouts checked element by element against
 // the PTX ISA's figures as mma_kernels.cuh writes them (its own formulas, not the model's),
 // products of generated integer matrices against a plain triple loop, FlashAttention-2's
-// ldmatrix-then-mma path, and the calls a GPU would hang on or fault on, refused.
+// ldmatrix-then-mma path, cp.async's groups, and the calls a GPU would hang on or fault on,
+// refused. The cases before "#ifndef __CUDACC__" also run on a GPU (tests/cuda/test_mma_gpu.cu):
+// the same kernels and expectations, so the model and the hardware answer to the same text.
 //
 // The reductions through shared memory of a warp's lanes: with __syncwarp between a write
 // and another lane's read they pass the race check on every generated input; without it
@@ -154,6 +156,33 @@ TEST_CASE("ldmatrix .x1, .x2 and .x4, plain and .trans, give each lane the eleme
     }
 }
 
+TEST_CASE_TEMPLATE("cp.async of 4, 8 and 16 bytes lands at the wait_group that covers its group, not before", B,
+                   std::integral_constant<int, 4>, std::integral_constant<int, 8>, std::integral_constant<int, 16>) {
+    constexpr int chunk = B::value / 4, half = 32 * chunk;
+    std::vector<float> in(2 * half);
+    for (int i = 0; i < 2 * half; ++i) in[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i) - 3.0f;
+    Buffer<float> din(in), out(2 * half), first(half), second_early(half);
+    ATTN_LAUNCH(mma_probe::cp_async_two_groups<B::value>, 1, 32, 0, nullptr)(out.p, first.p, second_early.p, din.p);
+    REQUIRE(cudaGetLastError() == cudaSuccess);
+    const auto o = out.get(), f = first.get(), e = second_early.get();
+    for (int i = 0; i < 2 * half; ++i) {
+        CAPTURE(i);
+        CHECK(o[static_cast<std::size_t>(i)] == in[static_cast<std::size_t>((i + 7 * chunk) % (2 * half))]);
+    }
+    for (int i = 0; i < half; ++i) {
+        CAPTURE(i);
+        CHECK(f[static_cast<std::size_t>(i)] == in[static_cast<std::size_t>(i)]);
+#ifndef __CUDACC__
+        std::uint32_t bits;
+        std::memcpy(&bits, &e[static_cast<std::size_t>(i)], sizeof bits);
+        CHECK(bits == 0xffffffffu);  // the second group, read before its wait: the model's NaN bytes
+#endif
+    }
+}
+
+// What follows is the simulator's alone: its refusals, and its race check.
+#ifndef __CUDACC__
+
 namespace {
 // The mistakes a GPU punishes, one per `mistake`: 1, lanes 16-31 skip the product (a hang);
 // 2, an ldmatrix row address in global memory; 3, a row address 8 bytes off 16.
@@ -289,28 +318,6 @@ TEST_CASE_TEMPLATE("a warp's reduction through shared memory is refused without 
     cuda_sim::set_racecheck(false);
 }
 
-TEST_CASE_TEMPLATE("cp.async of 4, 8 and 16 bytes lands at the wait_group that covers its group, not before", B,
-                   std::integral_constant<int, 4>, std::integral_constant<int, 8>, std::integral_constant<int, 16>) {
-    constexpr int chunk = B::value / 4, half = 32 * chunk;
-    std::vector<float> in(2 * half);
-    for (int i = 0; i < 2 * half; ++i) in[static_cast<std::size_t>(i)] = 0.5f * static_cast<float>(i) - 3.0f;
-    Buffer<float> din(in), out(2 * half), first(half), second_early(half);
-    ATTN_LAUNCH(mma_probe::cp_async_two_groups<B::value>, 1, 32, 0, nullptr)(out.p, first.p, second_early.p, din.p);
-    REQUIRE(cudaGetLastError() == cudaSuccess);
-    const auto o = out.get(), f = first.get(), e = second_early.get();
-    for (int i = 0; i < 2 * half; ++i) {
-        CAPTURE(i);
-        CHECK(o[static_cast<std::size_t>(i)] == in[static_cast<std::size_t>((i + 7 * chunk) % (2 * half))]);
-    }
-    for (int i = 0; i < half; ++i) {
-        CAPTURE(i);
-        CHECK(f[static_cast<std::size_t>(i)] == in[static_cast<std::size_t>(i)]);
-        std::uint32_t bits;
-        std::memcpy(&bits, &e[static_cast<std::size_t>(i)], sizeof bits);
-        CHECK(bits == 0xffffffffu);  // the second group, read before its wait: NaN bytes
-    }
-}
-
 namespace {
 // cp.async used wrongly, one way per `mistake`: 1, a source in shared memory; 2, a destination
 // in device memory; 3, a 16-byte copy at a 4-byte offset; 4, copies never waited for.
@@ -339,3 +346,5 @@ TEST_CASE("cp.async refuses what a GPU faults on, and a thread that never waits 
     CHECK(refused(3).find("aligned to the copy's 16 bytes") != std::string::npos);
     CHECK(refused(4).find("ended with 1 cp.async copy it never waited for") != std::string::npos);
 }
+
+#endif  // __CUDACC__
