@@ -12,9 +12,11 @@
 //     another barrier) is reported as a launch failure, never a hang.
 //   - A warp shuffle is a barrier of the warp's 32 lanes: each lane leaves its value in a
 //     slot, and once all lanes are there each one reads the slot of its source lane.
-//     __syncwarp and the tensor cores' WMMA calls (cuda_sim_wmma.hpp) are warp-collective
-//     the same way: every lane must reach the same call, and the last one to arrive does
-//     the warp's work (a load, a matrix product) for all of them.
+//     __syncwarp, the tensor cores' WMMA calls (cuda_sim_wmma.hpp) and PTX's mma.sync and
+//     ldmatrix (cuda_sim_mma.hpp, through ../mma.cuh) are warp-collective the same way:
+//     every lane must reach the same call, and the last one to arrive does the warp's work
+//     (a load, a matrix product) for all of them. Between collectives each lane runs on its
+//     own, as a GPU's independent thread scheduling lets it.
 //   - __shared__ is `static thread_local`: one copy per OS thread, which runs one block at a
 //     time, so all threads of a block (fibers on that OS thread) share it. The program's
 //     symbol table gives each kernel's static __shared__ variables (their sizes count
