@@ -359,8 +359,9 @@ void fiber_main() {
     r.body(r.arg);
     if (const std::size_t pending = r.threads[static_cast<std::size_t>(r.current)].async.size()) {
         std::string m = "thread " + name3(threadIdx) + " ended with " + std::to_string(pending) +
-                        (pending == 1 ? " cp.async copy" : " cp.async copies") + " it never waited for (cp.async.wait_group or wait_all): "
-                        "nothing orders their arrival before another thread's read";
+                        (pending == 1 ? " cp.async copy" : " cp.async copies") +
+                        " it never waited for (cp.async.wait_group or wait_all): nothing "
+                        "orders their arrival before another thread's read";
         fail(r, std::move(m));
     }
     record_writes(r);
@@ -470,7 +471,7 @@ std::uint64_t digest(const unsigned char* p, std::size_t n) {
         mix(w);
     }
     std::uint64_t tail = 0;
-    std::memcpy(&tail, p + i, n - i);
+    if (n > i) std::memcpy(&tail, p + i, n - i);  // (p may be null where n is 0)
     mix(tail);
     return h;
 }
