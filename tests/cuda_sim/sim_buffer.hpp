@@ -1,8 +1,8 @@
-// What the simulator's own checks (test_cuda_sim.cpp, test_cuda_sim_wmma.cpp) share: the
-// library's launch macros and a device buffer of one test.
+// What the simulator's own checks (test_cuda_sim*.cpp) share: the library's launch macros
+// and a device buffer of one test (under nvcc too, for the checks that also run on a GPU).
 #pragma once
 
-#include "cuda_sim.hpp"
+#include <cuda_runtime.h>  // the simulator's (cuda_sim.hpp), or CUDA's under nvcc
 #include "launch.cuh"  // ATTN_LAUNCH, ATTN_DYNAMIC_SHARED: the simulator's, compiled as C++
 
 #include <doctest/doctest.h>

@@ -12,7 +12,7 @@
 # links that path to the copy it runs in when the two differ.
 set -euo pipefail
 build=build-gpu
-targets=(cuda_device_test cuda_gpt_test cuda_attention_test cuda_half_attention_test
+targets=(cuda_device_test cuda_gpt_test cuda_attention_test cuda_half_attention_test cuda_mma_test
          lesson_12 lesson_13 lesson_14 lesson_18 gpt_kernels_bench attention_bench
          half_attention_bench gpu_train_bench train_gpt)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_DISABLE_FIND_PACKAGE_MPI=ON \
@@ -22,7 +22,7 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/$build/gpu-libs"
 progs=(tests/cuda_device_test tests/cuda_gpt_test tests/cuda_attention_test
-       tests/cuda_half_attention_test lesson_12 lesson_13 lesson_14 lesson_18
+       tests/cuda_half_attention_test tests/cuda_mma_test lesson_12 lesson_13 lesson_14 lesson_18
        tools/cuda/gpt_kernels_bench tests/attention_bench tests/half_attention_bench
        tools/cuda/gpu_train_bench tools/train_gpt)
 for p in "${progs[@]}"; do

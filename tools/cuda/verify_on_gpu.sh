@@ -111,6 +111,7 @@ case "$stage" in
     step device "$build/tests/cuda_device_test"
     step test-attention "$build/tests/cuda_attention_test"
     step test-half-attention "$build/tests/cuda_half_attention_test"
+    step test-mma "$build/tests/cuda_mma_test"
     step test-gpt "$build/tests/cuda_gpt_test"
     step lesson_12 "$build/lesson_12"
     step lesson_13 "$build/lesson_13"

@@ -125,6 +125,15 @@ struct Context {
 using Context = ucontext_t;
 #endif
 
+// A cp.async copy issued and not yet waited for: its source bytes, read at the call, land
+// in the destination when a cp.async.wait_group covers its group.
+struct AsyncCopy {
+    unsigned char* dst;
+    std::size_t bytes;
+    unsigned char data[16];
+    long group;  // 0: not committed yet
+};
+
 struct Thread {
     Context context;
     char* stack = nullptr;  // above a guard page, stack_bytes long
@@ -133,6 +142,8 @@ struct Thread {
     int lane = 0, warp = 0;
     const char* file = nullptr;  // the barrier or shuffle it waits at
     int line = 0;
+    std::vector<AsyncCopy> async;  // cp.async copies not waited for
+    long groups = 0;               // cp.async groups committed
 };
 
 struct Warp {
@@ -198,6 +209,17 @@ struct Runner {
         std::string name;  // demangled: kernel(arguments)::variable
     };
     std::vector<Static> static_shared;
+    // The race check compares shared memory too: a block's shared memory as the block ends is
+    // the same in every order its threads may run in when every read of another thread's
+    // write is ordered by a barrier, so the two runs must leave it alike, block by block. A
+    // race whose result stays in shared memory (a warp's reduction read by lane 0 alone: the
+    // other lanes' partial results) is seen there though the bytes it writes to device memory
+    // agree. The first run records a digest of each region (the dynamic shared memory, then
+    // each static variable) of each block; the second compares and keeps the first mismatch.
+    enum class SharedEnds { off, record, compare };
+    SharedEnds shared_ends = SharedEnds::off;
+    std::vector<std::uint64_t> shared_digests;  // (block, region) → digest, block-major
+    std::string shared_differs;                 // the first mismatch in words ("" if none)
     // Stacks of threads that a smaller block left over, kept for the next larger one:
     // launches alternate between block sizes, and mapping the stacks again each time
     // costs more than the kernels.
@@ -320,6 +342,8 @@ void yield(Runner& r) {
     std::abort();  // never resumed
 }
 
+std::string name3(uint3 v);
+
 void fiber_main() {
     Runner& r = runner();
 #ifdef CUDA_SIM_ASAN
@@ -333,6 +357,13 @@ void fiber_main() {
     }
 #endif
     r.body(r.arg);
+    if (const std::size_t pending = r.threads[static_cast<std::size_t>(r.current)].async.size()) {
+        std::string m = "thread " + name3(threadIdx) + " ended with " + std::to_string(pending) +
+                        (pending == 1 ? " cp.async copy" : " cp.async copies") +
+                        " it never waited for (cp.async.wait_group or wait_all): nothing "
+                        "orders their arrival before another thread's read";
+        fail(r, std::move(m));
+    }
     record_writes(r);
     r.threads[static_cast<std::size_t>(r.current)].state = State::done;
     ++r.done;
@@ -424,6 +455,49 @@ void record_writes(Runner& r) {
     r.atomics.clear();
 }
 
+// A digest of n bytes (a 64-bit multiply-xorshift over 8-byte words, then the tail): two
+// different contents give the same digest with a chance near 2^-64.
+std::uint64_t digest(const unsigned char* p, std::size_t n) {
+    std::uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    const auto mix = [&h](std::uint64_t w) {
+        h ^= w;
+        h *= 0xff51afd7ed558ccdull;
+        h ^= h >> 33;
+    };
+    std::size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        std::uint64_t w;
+        std::memcpy(&w, p + i, 8);
+        mix(w);
+    }
+    std::uint64_t tail = 0;
+    if (n > i) std::memcpy(&tail, p + i, n - i);  // (p may be null where n is 0)
+    mix(tail);
+    return h;
+}
+
+// The race check's record (first run) or comparison (second) of the shared memory a block
+// leaves behind (see Runner::shared_ends).
+void shared_end_of_block(Runner& r, uint3 block) {
+    if (r.shared_ends == Runner::SharedEnds::off) return;
+    const std::size_t b = block.x + static_cast<std::size_t>(gridDim.x) * (block.y + static_cast<std::size_t>(gridDim.y) * block.z);
+    const std::size_t regions = 1 + r.static_shared.size();
+    const std::size_t blocks = static_cast<std::size_t>(gridDim.x) * gridDim.y * gridDim.z;
+    if (r.shared_digests.size() != blocks * regions) r.shared_digests.assign(blocks * regions, 0);
+    for (std::size_t k = 0; k < regions; ++k) {
+        const std::uint64_t h = k == 0 ? digest(r.dynamic_shared.data(), r.dynamic_shared.size())
+                                       : digest(r.static_shared[k - 1].start, r.static_shared[k - 1].bytes);
+        std::uint64_t& kept = r.shared_digests[b * regions + k];
+        if (r.shared_ends == Runner::SharedEnds::record) {
+            kept = h;
+        } else if (kept != h && r.shared_differs.empty()) {
+            r.shared_differs = (k == 0 ? std::string("the dynamic shared memory")
+                                       : "__shared__ " + r.static_shared[k - 1].name) +
+                               " of block " + name3(block) + " ends with other bytes";
+        }
+    }
+}
+
 bool run_block(Runner& r, uint3 block, bool reverse) {
     blockIdx = block;
     const int n = static_cast<int>(r.threads.size());
@@ -436,6 +510,8 @@ bool run_block(Runner& r, uint3 block, bool reverse) {
     for (int i = 0; i < n; ++i) {
         Thread& t = r.threads[static_cast<std::size_t>(i)];
         t.state = State::ready;
+        t.async.clear();
+        t.groups = 0;
         make_context(&t.context, t.stack);
     }
     for (Warp& w : r.warps) w.arrived = 0;
@@ -459,7 +535,10 @@ bool run_block(Runner& r, uint3 block, bool reverse) {
         const bool ran = first >= 0;
         if (ran) resume(r, first);  // the whole round: each thread hands over to the next
         if (!r.failure.empty()) return false;
-        if (r.done == n) return true;
+        if (r.done == n) {
+            shared_end_of_block(r, block);
+            return true;
+        }
         if (!ran) {
             r.failure = deadlock(r);
             r.dirty_stacks = true;
@@ -758,6 +837,7 @@ struct Device {
     std::string detail;                // the last error in the simulator's words
     bool racecheck = false;
     std::map<std::string, std::size_t> race_checked;  // launches per kernel and configuration
+    bool racecheck_every_launch = false;
     Stats stats;
     bool count_work = false;  // see cuda_sim::Work
     std::vector<Work> work;
@@ -1463,6 +1543,7 @@ const FragmentLayout& fragment_layout(FragmentKind kind) {
 
 std::uint64_t fragment_layout_seed() { return fragment_layouts().seed; }
 void set_racecheck(bool on) { device().racecheck = on; }
+void set_racecheck_every_launch(bool on) { device().racecheck_every_launch = on; }
 bool racecheck() { return device().racecheck; }
 
 std::string take_failure() {
@@ -1519,6 +1600,63 @@ int lane_id() {
 }
 
 void* dynamic_shared_memory() { return runner().dynamic_shared.data(); }
+
+void cp_async(void* dst, const void* src, std::size_t bytes, const char* file, int line) {
+    Runner& r = runner();
+    if (r.current < 0) {
+        std::fprintf(stderr, "CUDA simulator: cp.async at %s called from host code\n", where(file, line).c_str());
+        std::abort();
+    }
+    std::string why;
+    const auto d = reinterpret_cast<std::uintptr_t>(dst), s = reinterpret_cast<std::uintptr_t>(src);
+    std::string wrong;
+    if (d % bytes != 0 || s % bytes != 0) {
+        wrong = "the destination and the source must be aligned to the copy's " + std::to_string(bytes) + " bytes";
+    } else if (!in_device_memory(src, bytes, &why)) {
+        wrong = "the source " + why + " (cp.async.ca.shared.global copies from device memory)";
+    } else if (in_device_memory(dst, 1, &why)) {
+        wrong = "the destination is device memory (cp.async.ca.shared.global copies into shared memory)";
+    }
+    if (!wrong.empty()) {
+        std::string m = "cp.async at " + where(file, line) + ": " + wrong;
+        std::string().swap(wrong);
+        std::string().swap(why);
+        fail(r, std::move(m));
+    }
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    AsyncCopy c{static_cast<unsigned char*>(dst), bytes, {}, 0};
+    std::memcpy(c.data, src, bytes);
+    // Until its wait the destination holds garbage, other garbage in the race check's second
+    // run: a read before the wait gives NaN bytes, and a result that differs between the runs.
+    std::memset(dst, r.reverse ? 0xfe : 0xff, bytes);
+    t.async.push_back(c);
+}
+
+void cp_async_commit_group() {
+    Runner& r = runner();
+    if (r.current < 0) return;
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    ++t.groups;
+    for (AsyncCopy& c : t.async) {
+        if (c.group == 0) c.group = t.groups;
+    }
+}
+
+void cp_async_wait_group(int newest_pending) {
+    Runner& r = runner();
+    if (r.current < 0) return;
+    Thread& t = r.threads[static_cast<std::size_t>(r.current)];
+    const long last_done = t.groups - newest_pending;  // groups up to this one are complete
+    std::vector<AsyncCopy> still;
+    for (const AsyncCopy& c : t.async) {
+        if (c.group != 0 && c.group <= last_done) {
+            std::memcpy(c.dst, c.data, c.bytes);
+        } else {
+            still.push_back(c);
+        }
+    }
+    t.async.swap(still);
+}
 
 void syncthreads(const char* file, int line) {
     Runner& r = runner();
@@ -1871,7 +2009,7 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
     const std::string shape = kernel + " " + name3({gd[0], gd[1], gd[2]}) + " " +
                               name3({bd[0], bd[1], bd[2]}) + " " + std::to_string(c.shared_bytes);
     const std::size_t nth = d.racecheck ? ++d.race_checked[shape] : 0;
-    if (d.racecheck && (nth & (nth - 1)) == 0) {  // a power of two
+    if (d.racecheck && (d.racecheck_every_launch || (nth & (nth - 1)) == 0)) {  // a power of two
         const auto before = snapshot(d);
         // The first run also looks for lost updates, in the memory the launch's pointers
         // reach and its dynamic shared memory, where that costs a bounded number of byte
@@ -1905,6 +2043,8 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
             ++d.stats.lost_update_checked;
         }
         r.used_fragments = false;
+        r.shared_ends = Runner::SharedEnds::record;
+        r.shared_digests.clear();
         failure = run_grid(c, false);
         r.track = false;
         r.tracked.clear();
@@ -1912,14 +2052,22 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
             const auto forward = snapshot(d);
             restore(d, before);
             r.layout_set = 1;  // a second draw of the tensor cores' fragment layouts
+            r.shared_ends = Runner::SharedEnds::compare;
+            r.shared_differs.clear();
             failure = run_grid(c, true);
-            std::string differs = failure.empty() ? first_difference(d, forward) : "";
+            // Device memory first; then the shared memory the blocks left behind.
+            const auto difference = [&] {
+                std::string in_device = first_difference(d, forward);
+                return in_device.empty() ? r.shared_differs : in_device;
+            };
+            std::string differs = failure.empty() ? difference() : "";
             if (!differs.empty() && r.used_fragments) {
                 // Two things changed between the runs: the order and the fragment layouts.
                 // The forward order with the second layouts tells them apart.
                 restore(d, before);
+                r.shared_differs.clear();
                 const std::string again = run_grid(c, false);
-                const std::string by_layout = again.empty() ? first_difference(d, forward) : "";
+                const std::string by_layout = again.empty() ? difference() : "";
                 if (!by_layout.empty()) {
                     failure = "the result depends on which lane holds which element of a WMMA "
                               "fragment: " + by_layout + " between two runs with the fragment "
@@ -1934,11 +2082,15 @@ void execute(const LaunchConfig& c, void (*body)(void*), void* arg, const std::v
                 failure = "a race: " + differs +
                           " between two runs with the threads and blocks in forward "
                           "and in reverse order (threads that touch the same memory "
-                          "without a barrier between them, or atomics whose order "
-                          "changes the result)";
+                          "without a barrier between them, __syncthreads or, among a "
+                          "warp's lanes, __syncwarp; a cp.async copy read before the "
+                          "wait that covers it; or atomics whose order changes the "
+                          "result)";
             }
             r.layout_set = 0;
         }
+        r.shared_ends = Runner::SharedEnds::off;
+        r.shared_digests.clear();
         if (d.count_work) {
             d.work.push_back(work_of(c));  // not counted: the runs are compared instead
         }

@@ -12,9 +12,11 @@
 //     another barrier) is reported as a launch failure, never a hang.
 //   - A warp shuffle is a barrier of the warp's 32 lanes: each lane leaves its value in a
 //     slot, and once all lanes are there each one reads the slot of its source lane.
-//     __syncwarp and the tensor cores' WMMA calls (cuda_sim_wmma.hpp) are warp-collective
-//     the same way: every lane must reach the same call, and the last one to arrive does
-//     the warp's work (a load, a matrix product) for all of them.
+//     __syncwarp, the tensor cores' WMMA calls (cuda_sim_wmma.hpp) and PTX's mma.sync and
+//     ldmatrix (cuda_sim_mma.hpp, through ../mma.cuh) are warp-collective the same way:
+//     every lane must reach the same call, and the last one to arrive does the warp's work
+//     (a load, a matrix product) for all of them. Between collectives each lane runs on its
+//     own, as a GPU's independent thread scheduling lets it.
 //   - __shared__ is `static thread_local`: one copy per OS thread, which runs one block at a
 //     time, so all threads of a block (fibers on that OS thread) share it. The program's
 //     symbol table gives each kernel's static __shared__ variables (their sizes count
@@ -40,7 +42,8 @@
 //     program with one line naming the copy, as a GPU would hand it stale or mixed data.
 //   - Race check (CUDA_SIM_RACECHECK=1): a launch runs twice, threads and blocks in forward
 //     then in reverse order, from the same device memory; any byte of device memory that
-//     differs between the two runs is a race (or an atomic whose order matters). Each
+//     differs between the two runs is a race (or an atomic whose order matters), and so is
+//     a block whose shared memory ends with other bytes in the two runs. Each
 //     kernel is checked on its 1st, 2nd, 4th, 8th, … launch at each grid and block shape.
 //     The first of the two runs also looks for lost updates: after each thread's segment
 //     (up to a barrier, a shuffle or its end) the bytes it changed in the memory the launch
@@ -110,6 +113,13 @@ std::uint64_t shuffle(unsigned mask, std::uint64_t bits, int source, bool own, c
                       int line);
 int lane_id();
 void* dynamic_shared_memory();
+// PTX's cp.async (mma.cuh): a copy of `bytes` (4, 8 or 16) from device to shared memory that
+// lands only when cp_async_wait_group covers its group (its destination holds NaN bytes till
+// then); commit_group closes this thread's group of copies; wait_group(n) completes all its
+// committed groups but the n newest.
+void cp_async(void* dst, const void* src, std::size_t bytes, const char* file, int line);
+void cp_async_commit_group();
+void cp_async_wait_group(int newest_pending);
 // A warp-collective operation: every lane of the warp calls it at the same place (file,
 // line) with its own `lane_arg`; when the last lane arrives, `op` runs once with the 32
 // lanes' arguments (indexed by lane) and returns "" or what is wrong (then the launch
@@ -466,6 +476,9 @@ Stats& stats();
 // Runs every launch twice in two thread orders and compares (also CUDA_SIM_RACECHECK=1).
 void set_racecheck(bool on);
 bool racecheck();
+// Race-checks every launch rather than each kernel and shape's 1st, 2nd, 4th, 8th, … (for
+// checks of the race check itself, which launch one kernel on many generated inputs).
+void set_racecheck_every_launch(bool on);
 // The tensor cores' fragment layouts (cuda_sim_wmma.hpp): which element of its 16×16 matrix
 // each lane holds. CUDA leaves this unspecified and it differs between GPUs, so each run of
 // a program draws one layout per fragment kind at random (CUDA_SIM_WMMA_SEED=N repeats a
