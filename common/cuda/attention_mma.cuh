@@ -34,7 +34,13 @@
 // hs 128), so the 8 row addresses of one ldmatrix matrix fall in 8 different 16-byte units
 // of the 128 bytes the 32 banks span, and no two of them share a bank. Q's tile goes
 // through K's buffer before the loop (its fragments then stay in registers): 18 KiB for
-// hs 64, 34 KiB for hs 128, static. The loads are plain 16-byte copies, one tile at a time.
+// hs 64, 34 KiB for hs 128, static.
+//
+// The loads overlap the products as in FlashAttention-2's kernel, with one buffer each for K
+// and V: each 16-byte piece is copied by cp.async (global to shared without passing through
+// registers, sm_80 on), so that V's tile arrives while S = Q Kᵀ runs, and the next K tile
+// while O += P V runs; cp.async.wait_group and a barrier come before a tile is read. A row
+// past T is filled with zeros by the copy itself (source size 0).
 //
 // Mistake: a template parameter only so that a test can show what wrong fragment indices
 // do to the result; the library instantiates MmaMistake::none alone.
@@ -81,17 +87,45 @@ struct alignas(16) Chunk16 {
     std::uint32_t w[4];
 };
 
-// Copies `valid` rows of HS 16-bit values into a padded shared tile of `rows` rows, zeros
-// after them (a NaN in an unused row would survive a multiplication by zero).
+// cp.async.cg.shared.global of 16 bytes, `src` read only when `valid` (else 16 zero bytes),
+// and its group commit and wait. mma.cuh has no cp.async, so it is here. In the simulator
+// (and for a GPU before sm_80, where the kernel traps at its first mma.sync anyway) the copy
+// is done at once: the simulator checks the barriers around it, not cp.async.wait_group.
+__device__ inline void cp_async_16(void* dst, const void* src, bool valid) {
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
+#else
+    Chunk16 x{};
+    if (valid) x = *static_cast<const Chunk16*>(src);
+    *static_cast<Chunk16*>(dst) = x;
+#endif
+}
+__device__ inline void cp_async_commit() {
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most `Pending` of this thread's committed groups are still in flight.
+template <int Pending>
+__device__ inline void cp_async_wait() {
+#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+#endif
+}
+
+// Starts copying `valid` rows of HS 16-bit values into a padded shared tile of `rows` rows,
+// zeros after them (a NaN in an unused row would survive a multiplication by zero), as one
+// cp.async group of this thread's pieces.
 template <int HS, int LD, int Threads, class Elem>
-__device__ void load_padded_tile(Elem* dst, const Elem* src, int valid, int rows) {
+__device__ void load_padded_tile_async(Elem* dst, const Elem* src, int valid, int rows) {
     constexpr int chunks = HS / 8;  // per row
     for (int idx = static_cast<int>(threadIdx.x); idx < rows * chunks; idx += Threads) {
         const int r = idx / chunks, c = idx % chunks * 8;
-        Chunk16 x{};
-        if (r < valid) x = *reinterpret_cast<const Chunk16*>(src + static_cast<long long>(r) * HS + c);
-        *reinterpret_cast<Chunk16*>(dst + r * LD + c) = x;
+        // A row past T reads nothing; its address stays inside the tensor (row 0).
+        cp_async_16(dst + r * LD + c, src + static_cast<long long>(r < valid ? r : 0) * HS + c, r < valid);
     }
+    cp_async_commit();
 }
 
 // D = A B + D in the element type's mma.sync.
@@ -121,12 +155,14 @@ __global__ void __launch_bounds__(A::threads)
 
     // Q's A fragments, hs/16 k16 steps: ldmatrix .x4's matrices 0…3 are rows 0-7 and 8-15
     // of columns 0-7, then of columns 8-15 (a[0…3]); lane l gives row l % 16, column 8 (l / 16).
-    load_padded_tile<HS, LD, Threads>(sm.K, q + base + static_cast<long long>(q0) * HS, q_valid, Br);
+    load_padded_tile_async<HS, LD, Threads>(sm.K, q + base + static_cast<long long>(q0) * HS, q_valid, Br);
+    cp_async_wait<0>();
     __syncthreads();
     std::uint32_t q_frag[HS / 16][4];
     for (int d = 0; d < HS / 16; ++d) {
         ptx::ldmatrix_x4(q_frag[d], &sm.K[(warp * 16 + lane % 16) * LD + d * 16 + (lane / 16) * 8]);
     }
+    __syncthreads();  // every warp has its Q fragments: K's first tile may replace them
 
     float o[HS / 8][4];  // O's n-tiles of 8 columns, C layout
     for (auto& tile : o) tile[0] = tile[1] = tile[2] = tile[3] = 0.0f;
@@ -138,13 +174,14 @@ __global__ void __launch_bounds__(A::threads)
     const int k_tiles = (T + Bc - 1) / Bc;
     static_assert(Br == Bc, "the diagonal key tile of query tile i is key tile i");
     const int k_tile_end = causal ? min(k_tiles, q_tile + 1) : k_tiles;
+    load_padded_tile_async<HS, LD, Threads>(sm.K, k + base, min(Bc, T), Bc);
     for (int kt = 0; kt < k_tile_end; ++kt) {
         const int k0 = kt * Bc;
         const int k_valid = min(Bc, T - k0);
-        __syncthreads();  // every warp is done with Q's tile, or the previous K and V
-        load_padded_tile<HS, LD, Threads>(sm.K, k + base + static_cast<long long>(k0) * HS, k_valid, Bc);
-        load_padded_tile<HS, LD, Threads>(sm.V, v + base + static_cast<long long>(k0) * HS, k_valid, Bc);
-        __syncthreads();
+        __syncthreads();  // every warp is done with the previous V
+        load_padded_tile_async<HS, LD, Threads>(sm.V, v + base + static_cast<long long>(k0) * HS, k_valid, Bc);
+        cp_async_wait<1>();  // this thread's pieces of K's tile have landed (V's may not have)
+        __syncthreads();     // and every thread's
 
         // S (16, Bc) = Q (16, hs) · Kᵀ, two n-tiles of 8 keys a step: ldmatrix .x4's matrices
         // are keys 0-7 at columns 0-7 and 8-15 (b[0], b[1] of the first n-tile), then keys 8-15.
@@ -195,6 +232,13 @@ __global__ void __launch_bounds__(A::threads)
                     l[h] += x;  // l sums the float32 probabilities
                 }
             }
+        }
+
+        cp_async_wait<0>();  // V's tile has landed
+        __syncthreads();     // for every thread, and every warp is done with K's tile
+        if (kt + 1 < k_tile_end) {
+            load_padded_tile_async<HS, LD, Threads>(sm.K, k + base + static_cast<long long>(k0 + Bc) * HS,
+                                                    min(Bc, T - k0 - Bc), Bc);
         }
 
         // O (16, hs) += P (16, Bc) · V (Bc, hs), a k16 step per 16 keys, P's A fragment from
