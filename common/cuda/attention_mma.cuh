@@ -42,8 +42,8 @@
 // while O += P V runs; cp.async.wait_group and a barrier come before a tile is read. A row
 // past T is filled with zeros by the copy itself (source size 0).
 //
-// Mistake: a template parameter only so that a test can show what wrong fragment indices
-// do to the result; the library instantiates MmaMistake::none alone.
+// MaskLayout, POrder and Mistake: template parameters only so that a test can show what wrong
+// fragment indices do to the result; the library instantiates 0, 0 and MmaMistake::none alone.
 #pragma once
 
 #include "half.cuh"
@@ -57,13 +57,29 @@ namespace attn::cuda::detail {
 
 enum class MmaMistake {
     none,
-    mask_row_of_other_half,    // the causal mask of rows g + 8 computed with row g
-    p_fragment_halves_swapped, // a[1] and a[2] of P's A fragment exchanged
-    row_max_over_two_lanes,    // the row maximum reduced over lanes t, t ^ 1 only
-    v_not_transposed,          // V through ldmatrix without .trans
+    row_max_over_two_lanes,  // the row maximum reduced over lanes t, t ^ 1 only
+    v_not_transposed,        // V through ldmatrix without .trans
 };
 
-template <class E, int HS, MmaMistake M = MmaMistake::none>
+// Element i of permutation number k (0 … 23, in lexicographic order) of (0, 1, 2, 3).
+constexpr int permutation_element(int k, int i) {
+    int left[4] = {0, 1, 2, 3};
+    const int factorial[4] = {6, 2, 1, 1};
+    for (int position = 0; position < 4; ++position) {
+        const int index = k / factorial[position];
+        k %= factorial[position];
+        const int chosen = left[index];
+        for (int j = index; j < 3; ++j) left[j] = left[j + 1];
+        if (position == i) return chosen;
+    }
+    return -1;
+}
+
+// MaskLayout: bits XORed into the C layout's offsets that the mask reads an element's query
+// and key from: bit 0 the row offset of c[0], c[1] (0 → 8), bit 1 that of c[2], c[3] (8 → 0),
+// bit 2 the key offset of c[0], c[2] (0 → 1), bit 3 that of c[1], c[3] (1 → 0); 0: the ISA's.
+// POrder: the permutation (number, as above) of P's four A registers; 0: in order.
+template <class E, int HS, int MaskLayout = 0, int POrder = 0, MmaMistake M = MmaMistake::none>
 struct MmaAttention {
     using Elem = E;
     static constexpr int hs = HS;
@@ -73,7 +89,11 @@ struct MmaAttention {
     static constexpr int threads = 32 * warps;
     static constexpr int ld = HS + 8;      // a shared row, padded (see above)
     static constexpr MmaMistake mistake = M;
+    static constexpr int mask_layout = MaskLayout;
+    static constexpr int p0 = permutation_element(POrder, 0), p1 = permutation_element(POrder, 1),
+                         p2 = permutation_element(POrder, 2), p3 = permutation_element(POrder, 3);
     static_assert(HS == 64 || HS == 128, "head sizes 64 and 128");
+    static_assert(MaskLayout >= 0 && MaskLayout < 16 && POrder >= 0 && POrder < 24, "a layout and an order");
 
     struct Shared {
         alignas(16) Elem K[Bc * ld];  // Q's tile first, then each K tile
@@ -200,12 +220,13 @@ __global__ void __launch_bounds__(A::threads)
         // The online softmax, rows g (h = 0: c[0], c[1]) and g + 8 (h = 1: c[2], c[3]).
         const bool edge = k0 + Bc > T || (causal && kt == k_tile_end - 1);
         for (int h = 0; h < 2; ++h) {
-            const int i = mistake == MmaMistake::mask_row_of_other_half ? row0 : row0 + 8 * h;
+            constexpr int ml = A::mask_layout;
+            const int i = row0 + (h == 0 ? ((ml & 1) != 0 ? 8 : 0) : ((ml & 2) != 0 ? 0 : 8));
             float row_max = -INFINITY;
             for (int j = 0; j < Bc / 8; ++j) {
                 for (int e = 0; e < 2; ++e) {
                     float& x = s[j][2 * h + e];
-                    const int key = k0 + 8 * j + 2 * t + e;
+                    const int key = k0 + 8 * j + 2 * t + (e == 0 ? ((ml & 4) != 0 ? 1 : 0) : ((ml & 8) != 0 ? 0 : 1));
                     x = edge && (key >= T || (causal && key > i)) ? -INFINITY : x * scale_log2;
                     row_max = fmaxf(row_max, x);
                 }
@@ -245,17 +266,13 @@ __global__ void __launch_bounds__(A::threads)
         // S's n-tiles 2c and 2c + 1; ldmatrix .x4 .trans's matrices are keys 0-7 and 8-15 of
         // columns 0-7 (b[0], b[1] of O's first n-tile), then of columns 8-15.
         for (int c = 0; c < Bc / 16; ++c) {
-            std::uint32_t p[4] = {
+            const std::uint32_t packed[4] = {
                 ptx::pack(from_float<Elem>(s[2 * c][0]), from_float<Elem>(s[2 * c][1])),
                 ptx::pack(from_float<Elem>(s[2 * c][2]), from_float<Elem>(s[2 * c][3])),
                 ptx::pack(from_float<Elem>(s[2 * c + 1][0]), from_float<Elem>(s[2 * c + 1][1])),
                 ptx::pack(from_float<Elem>(s[2 * c + 1][2]), from_float<Elem>(s[2 * c + 1][3])),
             };
-            if (mistake == MmaMistake::p_fragment_halves_swapped) {
-                const std::uint32_t a1 = p[1];
-                p[1] = p[2];
-                p[2] = a1;
-            }
+            const std::uint32_t p[4] = {packed[A::p0], packed[A::p1], packed[A::p2], packed[A::p3]};
             for (int n = 0; n < HS / 16; ++n) {
                 std::uint32_t vb[4];
                 const Elem* row = &sm.V[(c * 16 + lane % 8 + 8 * ((lane / 8) & 1)) * LD + n * 16 + 8 * (lane / 16)];
@@ -286,7 +303,7 @@ __global__ void __launch_bounds__(A::threads)
     }
 }
 
-// Launches the kernel for one configuration (A = MmaAttention<Elem, hs, mistake>).
+// Launches the kernel for one configuration (A = MmaAttention<Elem, hs, …>).
 template <class A>
 void launch_mma_attention(typename A::Elem* out, float* lse, const typename A::Elem* q,
                           const typename A::Elem* k, const typename A::Elem* v,
@@ -300,7 +317,7 @@ void launch_mma_attention(typename A::Elem* out, float* lse, const typename A::E
     CUDA_CHECK(cudaGetLastError());
 }
 
-// The host function, with the mistake as a parameter (see above).
+// The host function, with a mistake as a parameter (see above).
 template <MmaMistake M>
 void mma_attention_forward_with(HalfBuffer& out, float* lse, const HalfBuffer& q, const HalfBuffer& k,
                                 const HalfBuffer& v, const AttentionShape& s, void* stream) {
@@ -314,8 +331,8 @@ void mma_attention_forward_with(HalfBuffer& out, float* lse, const HalfBuffer& q
         const auto* qe = reinterpret_cast<const E*>(q.data());
         const auto* ke = reinterpret_cast<const E*>(k.data());
         const auto* ve = reinterpret_cast<const E*>(v.data());
-        if (s.hs == 64) launch_mma_attention<MmaAttention<E, 64, M>>(o, lse, qe, ke, ve, s, st);
-        else launch_mma_attention<MmaAttention<E, 128, M>>(o, lse, qe, ke, ve, s, st);
+        if (s.hs == 64) launch_mma_attention<MmaAttention<E, 64, 0, 0, M>>(o, lse, qe, ke, ve, s, st);
+        else launch_mma_attention<MmaAttention<E, 128, 0, 0, M>>(o, lse, qe, ke, ve, s, st);
     };
     if (out.format() == Precision::bf16) run(__nv_bfloat16{});
     else run(__half{});

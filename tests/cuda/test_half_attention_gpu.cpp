@@ -11,9 +11,11 @@
 // The mma.sync kernel (FlashAttention-2's forward, attention_mma.cuh) runs on generated shapes
 // besides the fixed ones (T below 16 and not a multiple of 64, causal and not, hs 64 and 128,
 // several B·NH), and its output agrees with the WMMA kernel's on the same inputs within a bound
-// derived below. In the simulator, each of its catalogued wrong fragment indices
-// (detail::MmaMistake) must fail the rule on every case where it changes the result, and the
-// tensor-core operations it is counted are those of the key tiles it visits, by formula.
+// derived below. In the simulator, wrong fragment indices must fail the rule on every case
+// where they change the result: each of the 15 other readings of the C layout's row and key
+// offsets by the mask, each of the 23 other orders of P's A registers, a row maximum over
+// two lanes of four and V loaded without .trans; and the tensor-core operations it is
+// counted are those of the key tiles it visits, by formula.
 #include "attn/cuda/buffer.hpp"
 #include "attn/cuda/device.hpp"
 #include "attn/cuda/half_attention.hpp"
@@ -37,6 +39,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace attn;
@@ -129,9 +132,37 @@ double agreement_bound(const Problem& p) {
 
 double max_difference(const std::vector<float>& a, const std::vector<float>& b) {
     double d = 0.0;
-    for (std::size_t i = 0; i < a.size(); ++i) d = std::max(d, std::fabs(static_cast<double>(a[i]) - b[i]));
+    for (std::size_t i = 0; i < a.size(); ++i) {
+        const double x = std::fabs(static_cast<double>(a[i]) - b[i]);
+        if (std::isnan(x)) return std::numeric_limits<double>::infinity();
+        d = std::max(d, x);
+    }
     return d;
 }
+
+#if ATTN_CUDA_SIMULATED
+// The mma.sync kernel on float16, hs 64, with the mask's C layout offsets changed by the bits
+// MaskLayout and P's A registers in order number POrder (attention_mma.cuh).
+template <int MaskLayout, int POrder>
+void mma_fp16_hs64(HalfBuffer& o, float* l, const HalfBuffer& q, const HalfBuffer& k, const HalfBuffer& v,
+                   const AttentionShape& s) {
+    using A = cuda::detail::MmaAttention<__half, 64, MaskLayout, POrder>;
+    cuda::detail::launch_mma_attention<A>(reinterpret_cast<__half*>(o.data()), l,
+                                          reinterpret_cast<const __half*>(q.data()),
+                                          reinterpret_cast<const __half*>(k.data()),
+                                          reinterpret_cast<const __half*>(v.data()), s, nullptr);
+}
+using Forward = void (*)(HalfBuffer&, float*, const HalfBuffer&, const HalfBuffer&, const HalfBuffer&,
+                         const AttentionShape&);
+template <int... X>
+std::vector<Forward> wrong_mask_layouts(std::integer_sequence<int, X...>) {
+    return {&mma_fp16_hs64<X + 1, 0>...};  // 1 … 15: every layout but the ISA's
+}
+template <int... X>
+std::vector<Forward> wrong_p_orders(std::integer_sequence<int, X...>) {
+    return {&mma_fp16_hs64<0, X + 1>...};  // 1 … 23: every order but the identity
+}
+#endif
 
 }  // namespace
 
@@ -303,9 +334,39 @@ int main() {
                         wrong_cases - noticed, wrong_cases);
             ++failed;
         }
-        // The mma.sync kernel's catalogued wrong fragment indices, each on every case where
-        // it changes the result (formats alternating): rows g + 8 exist once T > 8, lanes
-        // t = 2, 3 hold a key once T > 4, and the mask matters only where it is causal.
+        // The mma.sync kernel's wrong fragment indices, generated: every other reading of the
+        // mask's C layout offsets, on the causal cases (where the mask decides), and every
+        // other order of P's A registers, on all, in float16 with hs 64 and T > 16 (so that
+        // rows g + 8 and keys 8 … 15 of a k16 step exist).
+        {
+            const auto masks = wrong_mask_layouts(std::make_integer_sequence<int, 15>{});
+            const auto orders = wrong_p_orders(std::make_integer_sequence<int, 23>{});
+            const std::pair<const char*, const std::vector<Forward>*> families[] = {
+                {"the mask's row and key offsets", &masks}, {"P's A registers", &orders}};
+            for (const auto& [family, mutants] : families) {
+                const bool causal_only = mutants == &masks;
+                int runs = 0, caught = 0;
+                for (std::size_t m = 0; m < mutants->size(); ++m) {
+                    for (const AttentionShape& s : cases) {
+                        if (s.hs != 64 || s.T <= 16 || (causal_only && !s.causal)) continue;
+                        ++runs;
+                        const Problem p(s, Precision::fp16, static_cast<std::uint64_t>(seed++));
+                        const Result r = run(p, (*mutants)[m]);
+                        caught += r.rule ? 0 : 1;
+                        if (r.rule) {
+                            std::printf("mma.sync with %s, wrong variant %zu of %zu, T=%zu %s: %.2e NOT NOTICED\n",
+                                        family, m + 1, mutants->size(), s.T, s.causal ? "causal" : "full", r.error);
+                        }
+                    }
+                }
+                const bool ok = runs > 0 && caught == runs;
+                std::printf("mma.sync with %s in each of the %zu other ways: fails the rule in %d of %d runs  %s\n",
+                            family, mutants->size(), caught, runs, ok ? "ok, as it must" : "FAILED");
+                failed += ok ? 0 : 1;
+            }
+        }
+        // Two more, each on every case where it changes the result (formats alternating):
+        // lanes t = 2, 3 hold a key once T > 4.
         using cuda::detail::MmaMistake;
         struct Mistake {
             const char* name;
@@ -314,10 +375,6 @@ int main() {
             bool (*changes)(const AttentionShape&);
         };
         const Mistake mistakes[] = {
-            {"causal mask of rows g+8 from row g", cuda::detail::mma_attention_forward_with<MmaMistake::mask_row_of_other_half>,
-             [](const AttentionShape& s) { return s.causal && s.T > 8; }},
-            {"P's a[1] and a[2] exchanged", cuda::detail::mma_attention_forward_with<MmaMistake::p_fragment_halves_swapped>,
-             [](const AttentionShape& s) { return s.T > 8; }},
             {"row maximum over 2 lanes of 4", cuda::detail::mma_attention_forward_with<MmaMistake::row_max_over_two_lanes>,
              [](const AttentionShape& s) { return s.T > 4; }},
             {"V through ldmatrix without .trans", cuda::detail::mma_attention_forward_with<MmaMistake::v_not_transposed>,
