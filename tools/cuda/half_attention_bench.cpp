@@ -1,6 +1,6 @@
 // The 16-bit attention workbench: the fused forward kernel in float32 (lesson 13) against
-// the same kernel on 16-bit data and the tensor-core (WMMA) kernel, float16 and bfloat16,
-// causal, forward only.
+// the same kernel on 16-bit data, the tensor-core (WMMA) kernel and FlashAttention-2's
+// forward on mma.sync (S, P and O in registers), float16 and bfloat16, causal, forward only.
 //
 //   build/tests/half_attention_bench                T = 256 512 1024 2048 4096, hs 64
 //   build/tests/half_attention_bench 1024 --hs 128 --repeats 50
@@ -75,9 +75,9 @@ bool report(std::size_t T, const AttentionShape& s, const char* name, const std:
     // The performance model's least time on an H100 SXM (not a measurement): the bytes of
     // 16-bit or float32 inputs, the operations on the CUDA cores or the tensor cores.
     const std::string kernel = name;
+    const bool tensor_cores = kernel.find("tensor") != std::string::npos || kernel.find("mma") != std::string::npos;
     const double model_ms = roofline::bound(roofline::attention_forward_model(
-                                                s, true, kernel.find("fp32") == 0 ? 4 : 2,
-                                                kernel.find("tensor") != std::string::npos))
+                                                s, true, kernel.find("fp32") == 0 ? 4 : 2, tensor_cores))
                                 .seconds * 1e3;
     std::printf("%6zu %4zu %4zu  %-18s %9.2e %9.2e %-4s %9.3f %10.3f %8.1fx %9.2f %8.2fx\n", T, s.B, s.NH, name,
                 error, h.plain_error, ok ? "ok" : "FAIL", ms, model_ms, ms / model_ms,
@@ -133,10 +133,14 @@ int main(int argc, char** argv) {
                 const std::pair<std::string, std::function<void()>> kernels[] = {
                     {tag + " 16-bit loads", [&] { cuda::flash_attention_forward_16bit(d_out, lse.data(), d_q, d_k, d_v, s); }},
                     {tag + " tensor cores", [&] { cuda::wmma_attention_forward(d_out, lse.data(), d_q, d_k, d_v, s); }},
+                    {tag + " mma.sync", [&] { cuda::mma_attention_forward(d_out, lse.data(), d_q, d_k, d_v, s); }},
                 };
                 for (const auto& [name, fwd] : kernels) {
-                    if (name.find("tensor") != std::string::npos && !cuda::wmma_attention_unsupported(format).empty()) {
-                        std::printf("%6zu  %s: %s\n", T, name.c_str(), cuda::wmma_attention_unsupported(format).c_str());
+                    const std::string why_not = name.find("tensor") != std::string::npos ? cuda::wmma_attention_unsupported(format)
+                                                : name.find("mma") != std::string::npos  ? cuda::mma_attention_unsupported(format)
+                                                                                          : "";
+                    if (!why_not.empty()) {
+                        std::printf("%6zu  %s: %s\n", T, name.c_str(), why_not.c_str());
                         continue;
                     }
                     fwd();

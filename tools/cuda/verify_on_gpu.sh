@@ -10,7 +10,8 @@
 #            attention kernels (the 16-bit and tensor-core ones with its race checker too),
 #            and the lessons 12-14 and 18 as the learner runs them
 #   bench    the kernel workbench, attention (plain, fused, PyTorch's SDPA) for T = 256…4096,
-#            the 16-bit and tensor-core attention against the float32 fused kernel,
+#            the 16-bit, tensor-core (WMMA) and mma.sync (FlashAttention-2's forward)
+#            attention against the float32 fused kernel,
 #            one training step (fp32, TF32, TF32 + fused attention) and the race against
 #            PyTorch (bf16 autocast + torch.compile)
 #   lease    for a lease of a few minutes, with programs built elsewhere (tools/cuda/pack_for_gpu.sh):
@@ -130,6 +131,7 @@ case "$stage" in
         "$build/tests/cuda_half_attention_test"
     fi
     step attention-hs128 "$build/tests/attention_bench" --hs 128 --no-validate
+    step half-attention-hs128 "$build/tests/half_attention_bench" --hs 128
     # Last, with all the time left: its GPU section comes after about two minutes of CPU work
     # (five 600-step trainings of the mixed-precision table), which the CPU's tests cover.
     STEP_SECONDS=$(( limit - SECONDS )) step lesson_18 "$build/lesson_18"

@@ -1,13 +1,16 @@
 /// @file half_attention.hpp
 /// @brief Fused attention on 16-bit data (float16 or bfloat16) on the GPU: q, k, v and the
 /// output stored in 16 bits, the statistics (each row's running maximum and sum) and the
-/// output accumulator in float32, as FlashAttention keeps them. Two kernels compute it:
+/// output accumulator in float32, as FlashAttention keeps them. Three kernels compute it:
 ///
 /// - flash_attention_forward_16bit: lesson 13's forward kernel with 16-bit loads and
 ///   stores, its products and softmax in float32 on the CUDA cores;
 /// - wmma_attention_forward: the two products S = Q Kᵀ and O += P V on the tensor cores
 ///   through CUDA's WMMA API (16×16×16 tiles, 16-bit inputs, float32 accumulation), P
-///   rounded to the inputs' format before its product.
+///   rounded to the inputs' format before its product;
+/// - mma_attention_forward: FlashAttention-2's forward on PTX's mma.sync m16n8k16, S, P
+///   and O in registers (their layouts are documented), P reused from S's accumulator
+///   registers as the A operand of P V.
 ///
 /// A plain header (no CUDA types). Layouts are flash.hpp's: q, k, v, out (B, NH, T, hs),
 /// lse (B, NH, T); the scores are scaled by 1/√hs; causal or not. `stream` is a
@@ -101,5 +104,29 @@ std::string wmma_attention_unsupported(Precision format);
 void wmma_attention_forward(HalfBuffer& out, float* lse, const HalfBuffer& q, const HalfBuffer& k,
                             const HalfBuffer& v, const AttentionShape& shape,
                             void* stream = nullptr);
+
+/// Why the mma.sync kernel cannot run `format` on this device, or "" when it can:
+/// mma.sync m16n8k16 needs compute capability 8.0 (Ampere) or newer, for float16 and
+/// bfloat16 alike. @param format bf16 or fp16 @return the reason, one sentence, or ""
+std::string mma_attention_unsupported(Precision format);
+
+/// Fused attention forward as FlashAttention-2 computes it, on the tensor cores through PTX's
+/// mma.sync m16n8k16 and ldmatrix: a block of 4 warps owns 64 query rows (16 a warp), whose
+/// Q fragments stay in registers; for each tile of 64 keys (causal: tiles past the diagonal
+/// skipped), S = Q Kᵀ into float32 accumulator registers, the online softmax on those
+/// registers (base 2, each row's maximum and sum over the 4 lanes that hold it), P rounded
+/// to the inputs' format into the A fragments of O += P V, O rescaled in registers; at the end
+/// O / l in the format and lse in float32. The kernel and its layouts: attention_mma.cuh.
+/// @param out   (B, NH, T, hs) written, of the inputs' format
+/// @param lse   (B, NH, T) float32 device buffer, written
+/// @param q     (B, NH, T, hs)
+/// @param k     (B, NH, T, hs)
+/// @param v     (B, NH, T, hs)
+/// @param shape the sizes; hs 64 or 128
+/// @param stream a cudaStream_t, or null
+/// @throws std::invalid_argument as flash_attention_forward_16bit, and when
+///         mma_attention_unsupported() says why not
+void mma_attention_forward(HalfBuffer& out, float* lse, const HalfBuffer& q, const HalfBuffer& k,
+                           const HalfBuffer& v, const AttentionShape& shape, void* stream = nullptr);
 
 }  // namespace attn::cuda
