@@ -108,11 +108,13 @@ struct alignas(16) Chunk16 {
 };
 
 // cp.async.cg.shared.global of 16 bytes, `src` read only when `valid` (else 16 zero bytes),
-// and its group commit and wait. mma.cuh has no cp.async, so it is here. In the simulator
-// (and for a GPU before sm_80, where the kernel traps at its first mma.sync anyway) the copy
-// is done at once: the simulator checks the barriers around it, not cp.async.wait_group.
+// and its group commit and wait. Under nvcc the zero fill is cp.async's own (a source size
+// of 0); in the simulator a valid copy is mma.cuh's cp_async_ca, which lands only at the
+// wait_group that covers it (a read before it is refused), and a row past the end is zeroed
+// at once (nothing reads it before the wait either).
 __device__ inline void cp_async_16(void* dst, const void* src, bool valid) {
-#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     const auto s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(valid ? 16 : 0));
 #else
@@ -120,17 +122,32 @@ __device__ inline void cp_async_16(void* dst, const void* src, bool valid) {
     if (valid) x = *static_cast<const Chunk16*>(src);
     *static_cast<Chunk16*>(dst) = x;
 #endif
+#else
+    if (valid) {
+        ptx::cp_async_ca<16>(dst, src);
+    } else {
+        *static_cast<Chunk16*>(dst) = Chunk16{};
+    }
+#endif
 }
 __device__ inline void cp_async_commit() {
-#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;\n" ::);
+#endif
+#else
+    ptx::cp_async_commit_group();
 #endif
 }
 // Waits until at most `Pending` of this thread's committed groups are still in flight.
 template <int Pending>
 __device__ inline void cp_async_wait() {
-#if defined(__CUDACC__) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+#if defined(__CUDACC__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending));
+#endif
+#else
+    ptx::cp_async_wait_group<Pending>();
 #endif
 }
 
