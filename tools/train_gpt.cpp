@@ -13,8 +13,13 @@
 //   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP); no rank
 //                                              ever holds the whole weights: each draws its shard of
 //                                              the seed's, or reads its runs of --init's or --resume's
-//   train_gpt --ranks 4 --tensor-parallel 2    every block split over pairs of ranks, 2 pairs sharing each batch
-//   train_gpt --consolidate out out1           a --shard run's sharded checkpoint as one process's, in out1
+//   train_gpt --ranks 4 --tensor-parallel 2    every block split over pairs of ranks, 2 pairs sharing each batch;
+//                                              no rank holds the whole model: each draws its slices from the
+//                                              seed or reads only its runs of --init's or --resume's, saves
+//                                              them to a sharded checkpoint, and the final sample is drawn on
+//                                              the slices
+//   train_gpt --consolidate out out1           a --shard or --tensor-parallel run's sharded checkpoint as one
+//                                              process's, in out1
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
@@ -1027,7 +1032,7 @@ int main(int argc, char** argv) {
     app.add_option("--out", f.out, "the run folder: checkpoint/, metrics.jsonl, loss.png, sample.txt");
     auto* overwrite = app.add_flag("--overwrite", f.overwrite, "replace the run already in --out (without it, that is refused)");
     app.add_option("--consolidate", f.consolidate,
-                   "DIR OUT: writes the sharded checkpoint of a run with --shard (DIR: the run folder or its "
+                   "DIR OUT: writes the sharded checkpoint of a run with --shard or --tensor-parallel (DIR: the run folder or its "
                    "checkpoint/) as one process's checkpoint in OUT, a tensor at a time, for serve_gpt and every "
                    "reader of that format; nothing else is done")
         ->expected(2);
@@ -1141,7 +1146,9 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"optimizer", "gradients", "parameters"}));
     app.add_option("--tensor-parallel", f.tensor_parallel,
                    "with ranks: groups of N ranks split every block (heads and MLP units; Megatron-LM's "
-                   "tensor parallelism), the groups sharing each batch; float32, no dropout, learned "
+                   "tensor parallelism), the groups sharing each batch; no rank holds the whole model: "
+                   "each reads or draws its slices alone and saves them to a sharded checkpoint (resumable "
+                   "on any layout, --consolidate for one process's); float32, no dropout, learned "
                    "positions (lesson 21)")
         ->check(whole_number_at_least(1));
     app.add_option("--bucket-cap-mb", f.bucket_cap_mb,

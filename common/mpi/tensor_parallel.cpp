@@ -415,31 +415,41 @@ void TensorParallelDevice::adopt(GPT& model, AdamW& optimizer) {
         return;
     }
     // No whole weights on the host: this rank's runs, read already or drawn from the seed.
+    const std::vector<AdamW::Segment> mine = TensorParallelGPT::runs_of(model, tensor_rank_, tensor_size_);
     std::vector<std::pair<std::size_t, std::size_t>> runs;
-    for (const AdamW::Segment& r : TensorParallelGPT::runs_of(model, tensor_rank_, tensor_size_)) {
+    std::size_t held = 0;  // this rank's parameters
+    for (const AdamW::Segment& r : mine) {
         runs.emplace_back(r.offset, r.size);
+        held += r.size;
     }
-    split_ = std::make_unique<TensorParallelGPT>(model, tensor_, model.take_kept_weights(runs));
     // The moments moved, not copied: this rank's runs (Trainer::load read only those), or
-    // whole ones (a checkpoint of one process read whole on one rank) cut once.
+    // whole ones in the flat layout (one tensor-parallel rank reads them all) cut to its runs,
+    // one moment at a time, before the slices' gradients are made.
+    const std::size_t whole = model.config().num_parameters();
     std::vector<float> m = std::move(optimizer.m), v = std::move(optimizer.v);
     std::vector<float>().swap(optimizer.m);
     std::vector<float>().swap(optimizer.v);
-    local_ = optimizer;  // the hyper-parameters and the step count
-    const std::size_t whole = model.config().num_parameters(), mine = split_->local_parameters();
-    if (m.empty()) return;
-    if (m.size() == whole) {  // the flat layout (on one rank too, where mine == whole)
-        local_.m = split_->local_of(m);
-        std::vector<float>().swap(m);
-        local_.v = split_->local_of(v);
-    } else if (m.size() == mine && v.size() == mine) {
-        local_.m = std::move(m);
-        local_.v = std::move(v);
-    } else {
-        throw std::invalid_argument("tensor parallelism: AdamW's moments of " + std::to_string(m.size()) +
-                                    " parameters for a rank that holds " + std::to_string(mine) + " of " +
-                                    std::to_string(whole));
+    if (!(m.size() == v.size() && (m.empty() || m.size() == whole || m.size() == held))) {
+        throw std::invalid_argument("tensor parallelism: AdamW's moments of " + std::to_string(m.size()) + " and " +
+                                    std::to_string(v.size()) + " parameters for a rank that holds " +
+                                    std::to_string(held) + " of " + std::to_string(whole));
     }
+    for (std::vector<float>* moment : {&m, &v}) {
+        // Empty, or this rank's runs already; whole ones are in the flat layout (Trainer::load
+        // reads runs that cover every parameter in that order), on one rank too.
+        if (moment->size() != whole) continue;
+        std::vector<float> part;
+        part.reserve(held);
+        for (const AdamW::Segment& r : mine) {
+            part.insert(part.end(), moment->begin() + static_cast<std::ptrdiff_t>(r.offset),
+                        moment->begin() + static_cast<std::ptrdiff_t>(r.offset + r.size));
+        }
+        moment->swap(part);
+    }
+    local_ = optimizer;  // the hyper-parameters and the step count
+    local_.m = std::move(m);
+    local_.v = std::move(v);
+    split_ = std::make_unique<TensorParallelGPT>(model, tensor_, model.take_kept_weights(runs));
 }
 
 bool TensorParallelDevice::owned_state(ShardedState& out) const {

@@ -781,44 +781,63 @@ std::uint64_t Trainer::state_fingerprint() const {
 
 namespace {
 // The weights of `runs` of a checkpoint of either layout into `out`, one run after the other,
-// a tensor at a time (a buffer of one tensor beside them); a NaN or an infinity is refused.
+// a tensor at a time (a buffer of one tensor beside them: each tensor is read once, for every
+// run that takes a piece of it, as a tensor-parallel rank's runs of a row each); a NaN or an
+// infinity is refused.
 void read_weights(const fs::path& dir, const GPT& model, const std::vector<AdamW::Segment>& runs, float* out) {
     const std::size_t P = model.config().num_parameters();
     std::vector<float> tensor;
     const bool sharded = is_sharded_checkpoint(dir);
     const ShardLayout layout = sharded ? read_shard_layout(dir, P) : ShardLayout{};
-    std::size_t at = 0;  // where each run starts in `out`
+    std::vector<std::size_t> starts;  // where each run starts in `out`
+    std::size_t at = 0;
     for (const AdamW::Segment& run : runs) {
-        for (const ParameterInfo& p : model.parameter_table()) {
+        starts.push_back(at);
+        at += run.size;
+    }
+    std::vector<AdamW::Segment> pieces;  // of one tensor, in the flat buffer
+    std::vector<std::size_t> into;       // where each piece goes in `out`
+    for (const ParameterInfo& p : model.parameter_table()) {
+        pieces.clear();
+        into.clear();
+        for (std::size_t k = 0; k < runs.size(); ++k) {
+            const AdamW::Segment& run = runs[k];
             const std::size_t a = std::max(run.offset, p.offset), b = std::min(run.offset + run.size, p.offset + p.size);
             if (a >= b) continue;
-            fs::path file = dir / (p.name + ".npy");
-            if (sharded) {
-                file = dir / "shards.json";
-                read_shard_ranges(dir, layout, ShardPart::weights, {{a, b - a}}, tensor);
-                std::copy(tensor.begin(), tensor.end(), out + at + (a - run.offset));
-            } else {
-                NpyArray t;
-                try {
-                    t = read_npy(file);
-                } catch (const NpyError& e) {
-                    throw CheckpointError(e.what());
-                }
-                if (t.dtype != "<f4" || t.shape != p.shape) {
-                    throw CheckpointError(file.string() + ": expected float32 of shape " + format_shape(p.shape) +
-                                          ", the file holds " + t.dtype + " " + format_shape(t.shape));
-                }
-                std::copy(t.data.begin() + static_cast<std::ptrdiff_t>(a - p.offset),
-                          t.data.begin() + static_cast<std::ptrdiff_t>(b - p.offset), out + at + (a - run.offset));
-            }
-            const float* first = out + at + (a - run.offset);
-            const float* bad = std::find_if(first, first + (b - a), [](float x) { return !std::isfinite(x); });
-            if (bad != first + (b - a)) {
-                throw CheckpointError(file.string() + ": " + p.name + " holds " + (std::isnan(*bad) ? "NaN" : "an infinity") +
-                                      " at index " + std::to_string(a - p.offset + static_cast<std::size_t>(bad - first)));
-            }
+            pieces.push_back({a, b - a});
+            into.push_back(starts[k] + (a - run.offset));
         }
-        at += run.size;
+        if (pieces.empty()) continue;
+        fs::path file = dir / (p.name + ".npy");
+        std::size_t from = 0;  // where the pieces are read from, in `tensor`
+        if (sharded) {
+            file = dir / "shards.json";
+            read_shard_ranges(dir, layout, ShardPart::weights, pieces, tensor);  // the pieces one after the other
+        } else {
+            NpyArray t;
+            try {
+                t = read_npy(file);
+            } catch (const NpyError& e) {
+                throw CheckpointError(e.what());
+            }
+            if (t.dtype != "<f4" || t.shape != p.shape) {
+                throw CheckpointError(file.string() + ": expected float32 of shape " + format_shape(p.shape) +
+                                      ", the file holds " + t.dtype + " " + format_shape(t.shape));
+            }
+            tensor = std::move(t.data);
+        }
+        for (std::size_t i = 0; i < pieces.size(); ++i) {
+            const float* first = tensor.data() + (sharded ? from : pieces[i].offset - p.offset);
+            const std::size_t n = pieces[i].size;
+            from += n;
+            const float* bad = std::find_if(first, first + n, [](float x) { return !std::isfinite(x); });
+            if (bad != first + n) {
+                throw CheckpointError(file.string() + ": " + p.name + " holds " + (std::isnan(*bad) ? "NaN" : "an infinity") +
+                                      " at index " + std::to_string(pieces[i].offset - p.offset +
+                                                                    static_cast<std::size_t>(bad - first)));
+            }
+            std::copy(first, first + n, out + into[i]);
+        }
     }
 }
 }  // namespace
