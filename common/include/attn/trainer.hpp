@@ -8,7 +8,7 @@
 /// `trainer.json` (the TrainConfig, the step, the best validation loss, AdamW's step count
 /// and the batch sampler's random state), and `checksums.json` (checkpoint.hpp), checked on
 /// load. Loading it and training on gives the same losses, bit for bit, as a run that never
-/// stopped. Ranks that keep shards (ZeRO) write it sharded instead: each rank its own
+/// stopped. Ranks that keep shards (ZeRO, tensor parallelism) write it sharded instead: each rank its own
 /// weights and moments, `shards.json` the layout (checkpoint.hpp's ShardLayout).
 #pragma once
 
@@ -156,7 +156,10 @@ struct ShardedState {
 ///
 /// The Trainer keeps the model and optimizer on the host as the reference copy: it pushes
 /// them to the device when the device is attached and pulls them back before a checkpoint
-/// or sampling, so checkpoints are the same files whichever device trained.
+/// or sampling, so checkpoints are the same files whichever device trained. A device split
+/// over processes (tensor parallelism) may keep the only copy instead: the host model is then
+/// made without whole weights, the device writes its parts of a sharded checkpoint itself
+/// (owned_state) and gathers the weights on request (gather_parameters).
 class TrainingDevice {
 public:
     virtual ~TrainingDevice() = default;
@@ -394,7 +397,8 @@ public:
     /// @param max_iters the new total, at least 1
     void set_max_iters(std::int64_t max_iters);
     const TextDataset& data() const { return data_; }           ///< the corpus
-    /// The host model, first brought up to date when a device is training.
+    /// The host model, first brought up to date when a device is training (a host model made
+    /// without whole weights, whose device keeps the state, holds its settings and table only).
     GPT& model() {
         sync_from_device();
         return model_;

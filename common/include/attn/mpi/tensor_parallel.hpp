@@ -150,8 +150,8 @@ private:
 /// each copy runs its share of the batch, and the slices' gradients are summed over the
 /// copies). AdamW updates each rank's slices and whole tensors with moments of the same
 /// layout; the clipping norm sums the slices' squares over the tensor-parallel ranks and
-/// counts the whole tensors once. The host model and optimizer (checkpoints) get the whole
-/// state back from every rank's part (pull(), a collective call). Float32, no dropout,
+/// counts the whole tensors once. A host model with whole weights gets the whole state back
+/// from every rank's part (pull(), a collective call). Float32, no dropout,
 /// learned positions and multi-head attention only, as TensorParallelGPT.
 /// A host model made without whole weights (GPTBuffers) keeps no copy: adopt() takes its
 /// slices, checkpoints are written sharded by the ranks themselves (owned_state), and pull()
