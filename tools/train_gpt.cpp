@@ -13,8 +13,13 @@
 //   train_gpt --ranks 4 --shard parameters     ... and of the parameters too (ZeRO 3, FSDP); no rank
 //                                              ever holds the whole weights: each draws its shard of
 //                                              the seed's, or reads its runs of --init's or --resume's
-//   train_gpt --ranks 4 --tensor-parallel 2    every block split over pairs of ranks, 2 pairs sharing each batch
-//   train_gpt --consolidate out out1           a --shard run's sharded checkpoint as one process's, in out1
+//   train_gpt --ranks 4 --tensor-parallel 2    every block split over pairs of ranks, 2 pairs sharing each batch;
+//                                              no rank holds the whole model: each draws its slices from the
+//                                              seed or reads only its runs of --init's or --resume's, saves
+//                                              them to a sharded checkpoint, and the final sample is drawn on
+//                                              the slices
+//   train_gpt --consolidate out out1           a --shard or --tensor-parallel run's sharded checkpoint as one
+//                                              process's, in out1
 //   mpirun -np 8 --hostfile hosts train_gpt    ... or on several machines (lesson 19)
 //
 // Every problem (bad flags, a missing or binary corpus, a broken checkpoint) is one line on
@@ -516,6 +521,7 @@ struct Setup {
     std::function<void()> report_group;  // what the ranks' group says after the run (rank 0)
     std::function<void()> after_training;  // every rank, once the training has ended
     std::string device;  // cpu, cuda or sim
+    std::optional<std::string> sample;  // the sample, where the ranks made it together (tensor parallelism)
     fs::path corpus, out;
     std::string text;
 };
@@ -550,6 +556,15 @@ void set_up(const Flags& f, const Job& job, Setup& setup) {
         };
         buffers.gradients = stage == 1;
         buffers.weights = stage < 3;
+    }
+    // A tensor-parallel rank keeps its slices only: the host model has no whole weights or
+    // gradients, and only the runs of its slices (and the whole tensors) are read.
+    if (f.tensor_parallel > 0 && job.parallel()) {
+        kept = [rank = job.rank % f.tensor_parallel, N = f.tensor_parallel](const GPT& model) {
+            return mpi::TensorParallelGPT::runs_of(model, rank, N);
+        };
+        buffers.gradients = false;
+        buffers.weights = false;
     }
 #endif
     if (!f.resume.empty()) {
@@ -675,8 +690,9 @@ void join_tensor_parallel(const Flags& f, const Job& job, Setup& setup) {
     MPI_Comm tensor = MPI_COMM_NULL, data = MPI_COMM_NULL;
     MPI_Comm_split(MPI_COMM_WORLD, job.rank / N, job.rank, &tensor);
     MPI_Comm_split(MPI_COMM_WORLD, job.rank % N, job.rank, &data);
-    trainer.use_device(std::make_unique<mpi::TensorParallelDevice>(tensor, data));
-    const auto* device = static_cast<const mpi::TensorParallelDevice*>(trainer.device());
+    auto owned = std::make_unique<mpi::TensorParallelDevice>(tensor, data);
+    mpi::TensorParallelDevice* const device = owned.get();  // the trainer's from now on
+    trainer.use_device(std::move(owned));
     const GPTConfig& c = trainer.model().config();
     std::cout << "tensor parallel: " << job.size << " ranks, each group of " << N << " splitting every block ("
               << c.n_head / N << " of " << c.n_head << " heads and " << 4 * c.n_embd / N << " of " << 4 * c.n_embd
@@ -684,10 +700,19 @@ void join_tensor_parallel(const Flags& f, const Job& job, Setup& setup) {
               << c.num_parameters() << " parameters)";
     if (copies > 1) std::cout << ", " << copies << " groups sharing each batch of " << B;
     std::cout << "\n";
-    setup.after_training = [&trainer, N] {
-        const mpi::TensorParallelTraffic t =
-            static_cast<const mpi::TensorParallelDevice*>(trainer.device())->last_step_traffic();
-        trainer.use_device(nullptr);  // the whole weights back on every rank, for the sample
+    // The sample is drawn on the slices: every rank of a split runs each forward pass (its
+    // heads and hidden units, the allreduces) and the same draws, so that no rank ever holds
+    // the whole weights; rank 0 writes it.
+    setup.after_training = [&trainer, &setup, &f, device, N] {
+        const mpi::TensorParallelTraffic t = device->last_step_traffic();
+        if (f.sample > 0) {
+            SampleOptions s;
+            s.max_new_tokens = f.sample;
+            s.temperature = f.temperature;
+            s.top_k = f.top_k;
+            s.seed = trainer.config().seed;
+            setup.sample = device->generate(trainer.data().vocab, f.prompt, s);
+        }
         if (N > 1) {
             std::printf("tensor parallel: the last step's passes made %d allreduces of %.3f MiB in all\n",
                         t.allreduces, mib(sizeof(float) * static_cast<double>(t.floats)));
@@ -904,7 +929,7 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
         s.temperature = f.temperature;
         s.top_k = f.top_k;
         s.seed = c.seed;
-        const std::string sample = sample_text(*trainer, f, device, s);
+        const std::string sample = setup.sample ? *setup.sample : sample_text(*trainer, f, device, s);
         std::ofstream(out / "sample.txt") << sample << "\n";
         std::cout << "\n--- sample (temperature " << f.temperature << ", top-k " << f.top_k
                   << ") ---\n" << sample << "\n";
@@ -1007,7 +1032,7 @@ int main(int argc, char** argv) {
     app.add_option("--out", f.out, "the run folder: checkpoint/, metrics.jsonl, loss.png, sample.txt");
     auto* overwrite = app.add_flag("--overwrite", f.overwrite, "replace the run already in --out (without it, that is refused)");
     app.add_option("--consolidate", f.consolidate,
-                   "DIR OUT: writes the sharded checkpoint of a run with --shard (DIR: the run folder or its "
+                   "DIR OUT: writes the sharded checkpoint of a run with --shard or --tensor-parallel (DIR: the run folder or its "
                    "checkpoint/) as one process's checkpoint in OUT, a tensor at a time, for serve_gpt and every "
                    "reader of that format; nothing else is done")
         ->expected(2);
@@ -1121,7 +1146,9 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"optimizer", "gradients", "parameters"}));
     app.add_option("--tensor-parallel", f.tensor_parallel,
                    "with ranks: groups of N ranks split every block (heads and MLP units; Megatron-LM's "
-                   "tensor parallelism), the groups sharing each batch; float32, no dropout, learned "
+                   "tensor parallelism), the groups sharing each batch; no rank holds the whole model: "
+                   "each reads or draws its slices alone and saves them to a sharded checkpoint (resumable "
+                   "on any layout, --consolidate for one process's); float32, no dropout, learned "
                    "positions (lesson 21)")
         ->check(whole_number_at_least(1));
     app.add_option("--bucket-cap-mb", f.bucket_cap_mb,

@@ -74,11 +74,10 @@ void require(bool ok, const std::string& why) {
 }
 }  // namespace
 
-TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(comm), config_(whole.config()) {
-    MPI_Comm_rank(comm_, &rank_);
-    MPI_Comm_size(comm_, &size_);
-    const GPTConfig& c = config_;
-    const int N = size_;
+TensorParallelGPT::Layout TensorParallelGPT::layout_of(const GPT& model, int ranks) {
+    const GPTConfig& c = model.config();
+    const int N = ranks;
+    require(N >= 1, "a split over " + std::to_string(N) + " ranks");
     require(c.n_head % N == 0, "the " + std::to_string(c.n_head) + " heads do not divide among " + std::to_string(N) +
                                    " ranks");
     require(4 * c.n_embd % N == 0, "the MLP's " + std::to_string(4 * c.n_embd) + " hidden units do not divide among " +
@@ -88,13 +87,13 @@ TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(co
                                                  " are not implemented (learned only)");
     require(c.kv_heads() == c.n_head, "grouped keys and values are not implemented (multi-head attention only)");
     require(c.window == 0, "a sliding window is not implemented");
-    heads_ = c.n_head / N;
-    width_ = c.n_embd / c.n_head * heads_;
-    hidden_ = 4 * c.n_embd / N;
-
+    const int heads = c.n_head / N;
+    Layout layout{static_cast<std::size_t>(c.vocab_size), static_cast<std::size_t>(c.block_size),
+                  static_cast<std::size_t>(c.n_embd), static_cast<std::size_t>(c.n_layer),
+                  static_cast<std::size_t>(c.n_embd / c.n_head * heads), static_cast<std::size_t>(4 * c.n_embd / N),
+                  c.bias};
     // Where each kind of tensor starts in the whole model's flat buffer (the blocks' stacked:
     // block 0's), from its parameter table, which a model made without whole weights has too.
-    whole_size_ = c.num_parameters();
     const char* kinds[whole_count + block_count] = {
         "transformer.wte.weight",           "transformer.wpe.weight",          "transformer.ln_f.weight",
         "transformer.ln_f.bias",            "transformer.h.0.ln_1.weight",     "transformer.h.0.ln_1.bias",
@@ -102,11 +101,39 @@ TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(co
         "transformer.h.0.attn.c_proj.bias", "transformer.h.0.ln_2.weight",     "transformer.h.0.ln_2.bias",
         "transformer.h.0.mlp.c_fc.weight",  "transformer.h.0.mlp.c_fc.bias",   "transformer.h.0.mlp.c_proj.weight",
         "transformer.h.0.mlp.c_proj.bias"};
-    for (const char* name : kinds) {
-        const auto& table = whole.parameter_table();
+    const auto& table = model.parameter_table();
+    for (int k = 0; k < whole_count + block_count; ++k) {
+        const char* name = kinds[k];
         const auto it = std::find_if(table.begin(), table.end(), [name](const ParameterInfo& t) { return t.name == name; });
-        bases_.push_back(it == table.end() ? 0 : it->offset);  // 0: absent, unused
+        const std::size_t base = it == table.end() ? 0 : it->offset;  // 0: absent, unused
+        (k < whole_count ? layout.whole_base[k] : layout.block_base[k - whole_count]) = base;
     }
+    return layout;
+}
+
+std::vector<AdamW::Segment> TensorParallelGPT::runs_of(const GPT& model, int rank, int ranks) {
+    require(rank >= 0 && rank < ranks, "rank " + std::to_string(rank) + " of " + std::to_string(ranks));
+    std::vector<AdamW::Segment> runs;
+    layout_of(model, ranks).for_each_run(rank, [&runs](std::size_t from, std::size_t, std::size_t n, bool) {
+        runs.push_back({from, n});
+    });
+    return runs;
+}
+
+TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm, std::vector<float> mine)
+    : comm_(comm), config_(whole.config()) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    const GPTConfig& c = config_;
+    {
+        const Layout split = layout_of(whole, size_);
+        heads_ = c.n_head / size_;
+        width_ = static_cast<int>(split.A);
+        hidden_ = static_cast<int>(split.H);
+        for (int k = 0; k < whole_count; ++k) bases_.push_back(split.whole_base[k]);
+        for (int k = 0; k < block_count; ++k) bases_.push_back(split.block_base[k]);
+    }
+    whole_size_ = c.num_parameters();
     const Layout layout = this->layout();
     // This rank's slices: copied from the whole weights, or, from a model made without them
     // (GPTBuffers), the seed's initial values of these runs alone (GPT::initial_values), so
@@ -122,9 +149,13 @@ TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(co
         in_order = in_order && local == size;
         size = std::max(size, local + n);
         from_whole.emplace_back(from, n);
-        runs_.emplace_back(local, n, replicated);
+        runs_.push_back({from, local, n, replicated});
     });
-    if (whole.parameters().empty() && in_order) {
+    if (!mine.empty()) {
+        require(in_order && mine.size() == size, "a rank's " + std::to_string(mine.size()) + " parameters for its " +
+                                                     std::to_string(size) + " floats of runs");
+        params_ = std::move(mine);
+    } else if (whole.parameters().empty() && in_order) {
         params_ = whole.initial_values(from_whole);  // drawn into place: no second copy
     } else {
         params_.resize(size);
@@ -133,7 +164,7 @@ TensorParallelGPT::TensorParallelGPT(const GPT& whole, MPI_Comm comm) : comm_(co
         for (std::size_t i = 0; i < from_whole.size(); ++i) {
             const auto [from, n] = from_whole[i];
             const float* source = whole.parameters().empty() ? drawn.data() + at : whole.parameters().data() + from;
-            std::copy(source, source + n, params_.begin() + static_cast<std::ptrdiff_t>(std::get<0>(runs_[i])));
+            std::copy(source, source + n, params_.begin() + static_cast<std::ptrdiff_t>(runs_[i].local));
             at += n;
         }
     }
@@ -178,9 +209,9 @@ std::vector<float> TensorParallelGPT::local_of(const std::vector<float>& whole) 
 
 std::pair<double, double> TensorParallelGPT::gradient_square_sums() const {
     double split = 0.0, whole = 0.0;
-    for (const auto& [at, n, replicated] : runs_) {
-        double& sum = replicated ? whole : split;
-        for (std::size_t i = at; i < at + n; ++i) sum += static_cast<double>(grads_[i]) * grads_[i];
+    for (const Run& r : runs_) {
+        double& sum = r.replicated ? whole : split;
+        for (std::size_t i = r.local; i < r.local + r.size; ++i) sum += static_cast<double>(grads_[i]) * grads_[i];
     }
     return {split, whole};
 }
@@ -207,7 +238,8 @@ float TensorParallelGPT::forward(const int* x, const int* y, int B, int T) {
     const int C = c.n_embd, L = c.n_layer, V = c.vocab_size, A = width_, H = hidden_;
     const std::size_t N = static_cast<std::size_t>(B) * T, NC = N * C;
     x_.assign(x, x + N);
-    y_.assign(y, y + N);
+    if (y) y_.assign(y, y + N);
+    else y_.clear();
     traffic_ = {};
     const auto grow = [](std::vector<float>& v, std::size_t n) { v.assign(n, 0.0f); };
     grow(encoded_, NC);
@@ -268,11 +300,12 @@ float TensorParallelGPT::forward(const int* x, const int* y, int B, int T) {
     layernorm_forward(lnf_.data(), lnf_mean_.data(), lnf_rstd_.data(), res3_.data() + (L - 1) * NC, P(lnfw), P(lnfb),
                       B, T, C);
     matmul_forward(logits_.data(), lnf_.data(), P(wte), nullptr, n, C, V);
+    if (!y) return 0.0f;  // the logits alone (sampling)
     return crossentropy_forward(probs_.data(), losses_.data(), logits_.data(), y, B, T, V);
 }
 
 void TensorParallelGPT::backward() {
-    require(B_ > 0, "backward() before any forward pass");
+    require(B_ > 0 && !y_.empty(), "backward() before any forward pass with targets");
     const GPTConfig& c = config_;
     const int B = B_, T = T_, C = c.n_embd, L = c.n_layer, V = c.vocab_size, A = width_, H = hidden_;
     const std::size_t N = static_cast<std::size_t>(B) * T, NC = N * C;
@@ -351,6 +384,7 @@ std::vector<float> TensorParallelGPT::whole_of(const std::vector<float>& local) 
 }
 
 TensorParallelDevice::TensorParallelDevice(MPI_Comm tensor, MPI_Comm data) : tensor_(tensor), data_(data) {
+    MPI_Comm_rank(tensor_, &tensor_rank_);
     MPI_Comm_size(tensor_, &tensor_size_);
     if (data_ != MPI_COMM_NULL) {
         MPI_Comm_rank(data_, &data_rank_);
@@ -366,11 +400,94 @@ std::string TensorParallelDevice::name() const {
 void TensorParallelDevice::push(const GPT& model, const AdamW& optimizer) {
     split_ = std::make_unique<TensorParallelGPT>(model, tensor_);
     local_ = optimizer;  // the hyper-parameters and the step count; the moments cut below
-    if (!optimizer.m.empty()) {
+    if (!optimizer.m.empty() && optimizer.m.size() == split_->local_parameters() &&
+        optimizer.m.size() != model.config().num_parameters()) {
+        // this rank's runs already (Trainer::load of a model with whole weights read them alone)
+    } else if (!optimizer.m.empty()) {
         local_.m = split_->local_of(optimizer.m);
         local_.v = split_->local_of(optimizer.v);
     }
 }
+
+void TensorParallelDevice::adopt(GPT& model, AdamW& optimizer) {
+    if (!model.parameters().empty()) {
+        push(model, optimizer);
+        return;
+    }
+    // No whole weights on the host: this rank's runs, read already or drawn from the seed.
+    const std::vector<AdamW::Segment> mine = TensorParallelGPT::runs_of(model, tensor_rank_, tensor_size_);
+    std::vector<std::pair<std::size_t, std::size_t>> runs;
+    std::size_t held = 0;  // this rank's parameters
+    for (const AdamW::Segment& r : mine) {
+        runs.emplace_back(r.offset, r.size);
+        held += r.size;
+    }
+    // The moments moved, not copied: this rank's runs (Trainer::load read only those), or
+    // whole ones in the flat layout (one tensor-parallel rank reads them all) cut to its runs,
+    // one moment at a time, before the slices' gradients are made.
+    const std::size_t whole = model.config().num_parameters();
+    std::vector<float> m = std::move(optimizer.m), v = std::move(optimizer.v);
+    std::vector<float>().swap(optimizer.m);
+    std::vector<float>().swap(optimizer.v);
+    if (!(m.size() == v.size() && (m.empty() || m.size() == whole || m.size() == held))) {
+        throw std::invalid_argument("tensor parallelism: AdamW's moments of " + std::to_string(m.size()) + " and " +
+                                    std::to_string(v.size()) + " parameters for a rank that holds " +
+                                    std::to_string(held) + " of " + std::to_string(whole));
+    }
+    for (std::vector<float>* moment : {&m, &v}) {
+        // Empty, or this rank's runs already; whole ones are in the flat layout (Trainer::load
+        // reads runs that cover every parameter in that order), on one rank too.
+        if (moment->size() != whole) continue;
+        std::vector<float> part;
+        part.reserve(held);
+        for (const AdamW::Segment& r : mine) {
+            part.insert(part.end(), moment->begin() + static_cast<std::ptrdiff_t>(r.offset),
+                        moment->begin() + static_cast<std::ptrdiff_t>(r.offset + r.size));
+        }
+        moment->swap(part);
+    }
+    local_ = optimizer;  // the hyper-parameters and the step count
+    local_.m = std::move(m);
+    local_.v = std::move(v);
+    split_ = std::make_unique<TensorParallelGPT>(model, tensor_, model.take_kept_weights(runs));
+}
+
+bool TensorParallelDevice::owned_state(ShardedState& out) const {
+    out.scheme = "tensor-parallel";
+    out.files = tensor_size_;
+    out.file = data_rank_ == 0 ? tensor_rank_ : -1;  // the other copies hold the same
+    out.segments.clear();
+    std::vector<std::size_t> at;  // each written run's first float in the rank's buffers
+    for (const TensorParallelGPT::Run& r : split_->runs()) {
+        if (r.replicated && tensor_rank_ != 0) continue;  // rank 0 writes the whole tensors
+        out.segments.push_back({r.whole, r.size});
+        at.push_back(r.local);
+    }
+    const float* w = split_->model_parameters();
+    out.weights = [w, at](std::size_t k) { return w + at[k]; };
+    if (local_.m.empty()) {
+        out.m = out.v = nullptr;
+    } else {
+        const float* m = local_.m.data();
+        const float* v = local_.v.data();
+        out.m = [m, at](std::size_t k) { return m + at[k]; };
+        out.v = [v, at](std::size_t k) { return v + at[k]; };
+    }
+    return true;
+}
+
+std::string TensorParallelDevice::generate(const CharVocab& vocab, const std::string& prompt,
+                                          const SampleOptions& options) {
+    const int V = split_->config().vocab_size;
+    return generate_text(
+        [this, V](const int* context, int T) {
+            split_->forward(context, nullptr, 1, T);
+            return split_->logits().data() + static_cast<std::size_t>(T - 1) * static_cast<std::size_t>(V);
+        },
+        vocab, V, split_->config().block_size, prompt, options);
+}
+
+std::vector<float> TensorParallelDevice::gather_parameters() { return split_->whole_of(split_->parameters()); }
 
 void TensorParallelDevice::pull(GPT& model, AdamW& optimizer) {
     // Into the model's own buffer: its tensors' pointers point there.

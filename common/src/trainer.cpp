@@ -521,13 +521,18 @@ void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
         throw std::invalid_argument(std::string("recomputation (") + recompute_name(config_.recompute) +
                                     ") is the CPU model's: a device keeps every activation");
     }
+    if (device_ && !device && model_.parameters().empty()) {
+        throw std::invalid_argument("the device keeps the only copy of the training state (the host model was made "
+                                    "without whole weights): save a checkpoint and load it instead");
+    }
     sync_from_device();
     device_ = std::move(device);
-    if (device_) device_->push(model_, optimizer_);
+    if (device_) device_->adopt(model_, optimizer_);
 }
 
 void Trainer::sync_from_device() {
-    if (device_ && host_stale_) device_->pull(model_, optimizer_);
+    // A host model made without whole weights keeps no copy: the device holds the state.
+    if (device_ && host_stale_ && !model_.parameters().empty()) device_->pull(model_, optimizer_);
     host_stale_ = false;
 }
 
@@ -571,18 +576,24 @@ std::string Trainer::trainer_json() const {
     return j.dump(2) + "\n";
 }
 
-void Trainer::save_sharded(const fs::path& dir, const DataParallelGroup::OwnedState& own) {
+void Trainer::save_sharded(const fs::path& dir, const ShardedState& own, const std::function<void()>& barrier) {
     const fs::path target = dir.filename().empty() ? dir.parent_path() : dir;
     // Each rank's file goes first to a folder beside the checkpoint, then into the new
     // checkpoint directory that rank 0 puts in place atomically.
     const fs::path staging = target.parent_path() / ("." + target.filename().string() + ".shards");
-    const int rank = group_->rank(), ranks = group_->size();
+    // A process that writes no file (a copy of another's state) only waits with the others.
+    const int rank = own.file, ranks = own.files;
     std::error_code ec;
     if (rank == 0) {
         fs::remove_all(staging, ec);  // what a save killed before it was complete left
         fs::create_directories(staging);
     }
-    group_->barrier();
+    barrier();
+    if (rank < 0) {
+        barrier();
+        barrier();
+        return;
+    }
     auto file_of = [](int r) {
         char name[32];
         std::snprintf(name, sizeof name, "shard-%05d.bin", r);
@@ -596,7 +607,7 @@ void Trainer::save_sharded(const fs::path& dir, const DataParallelGroup::OwnedSt
         out << json{{"segments", runs}, {"checksum", sum}, {"scheme", own.scheme}}.dump() << "\n";
         if (!out) throw CheckpointError((staging / (file_of(rank) + ".json")).string() + ": cannot write");
     }
-    group_->barrier();
+    barrier();
     if (rank == 0) {
         write_directory_atomically(target, [&](const fs::path& tmp) {
             save_model_config(tmp, model_, {data_.vocab.chars(), step_});
@@ -627,14 +638,21 @@ void Trainer::save_sharded(const fs::path& dir, const DataParallelGroup::OwnedSt
         });
         fs::remove_all(staging, ec);
     }
-    group_->barrier();
+    barrier();
 }
 
 void Trainer::save(const fs::path& dir) {
+    ShardedState own;
+    // A device split over processes writes its parts where they lie: nothing is pulled.
+    if (device_ && device_->owned_state(own)) {
+        save_sharded(dir, own, [this] { device_->barrier(); });
+        return;
+    }
     sync_from_device();
-    DataParallelGroup::OwnedState own;
     if (group_ && group_->owned_state(model_, optimizer_, own)) {
-        save_sharded(dir, own);
+        own.file = group_->rank();
+        own.files = group_->size();
+        save_sharded(dir, own, [this] { group_->barrier(); });
         return;
     }
     // In a group every process holds the same state: rank 0 writes it once, and the others
@@ -686,6 +704,7 @@ MemoryUse Trainer::memory_use() const {
 }
 
 std::vector<float> Trainer::whole_parameters() {
+    if (device_ && model_.parameters().empty()) return device_->gather_parameters();  // no host copy
     sync_from_device();
     return model_.gather_parameters();
 }
@@ -762,44 +781,63 @@ std::uint64_t Trainer::state_fingerprint() const {
 
 namespace {
 // The weights of `runs` of a checkpoint of either layout into `out`, one run after the other,
-// a tensor at a time (a buffer of one tensor beside them); a NaN or an infinity is refused.
+// a tensor at a time (a buffer of one tensor beside them: each tensor is read once, for every
+// run that takes a piece of it, as a tensor-parallel rank's runs of a row each); a NaN or an
+// infinity is refused.
 void read_weights(const fs::path& dir, const GPT& model, const std::vector<AdamW::Segment>& runs, float* out) {
     const std::size_t P = model.config().num_parameters();
     std::vector<float> tensor;
     const bool sharded = is_sharded_checkpoint(dir);
     const ShardLayout layout = sharded ? read_shard_layout(dir, P) : ShardLayout{};
-    std::size_t at = 0;  // where each run starts in `out`
+    std::vector<std::size_t> starts;  // where each run starts in `out`
+    std::size_t at = 0;
     for (const AdamW::Segment& run : runs) {
-        for (const ParameterInfo& p : model.parameter_table()) {
+        starts.push_back(at);
+        at += run.size;
+    }
+    std::vector<AdamW::Segment> pieces;  // of one tensor, in the flat buffer
+    std::vector<std::size_t> into;       // where each piece goes in `out`
+    for (const ParameterInfo& p : model.parameter_table()) {
+        pieces.clear();
+        into.clear();
+        for (std::size_t k = 0; k < runs.size(); ++k) {
+            const AdamW::Segment& run = runs[k];
             const std::size_t a = std::max(run.offset, p.offset), b = std::min(run.offset + run.size, p.offset + p.size);
             if (a >= b) continue;
-            fs::path file = dir / (p.name + ".npy");
-            if (sharded) {
-                file = dir / "shards.json";
-                read_shard_ranges(dir, layout, ShardPart::weights, {{a, b - a}}, tensor);
-                std::copy(tensor.begin(), tensor.end(), out + at + (a - run.offset));
-            } else {
-                NpyArray t;
-                try {
-                    t = read_npy(file);
-                } catch (const NpyError& e) {
-                    throw CheckpointError(e.what());
-                }
-                if (t.dtype != "<f4" || t.shape != p.shape) {
-                    throw CheckpointError(file.string() + ": expected float32 of shape " + format_shape(p.shape) +
-                                          ", the file holds " + t.dtype + " " + format_shape(t.shape));
-                }
-                std::copy(t.data.begin() + static_cast<std::ptrdiff_t>(a - p.offset),
-                          t.data.begin() + static_cast<std::ptrdiff_t>(b - p.offset), out + at + (a - run.offset));
-            }
-            const float* first = out + at + (a - run.offset);
-            const float* bad = std::find_if(first, first + (b - a), [](float x) { return !std::isfinite(x); });
-            if (bad != first + (b - a)) {
-                throw CheckpointError(file.string() + ": " + p.name + " holds " + (std::isnan(*bad) ? "NaN" : "an infinity") +
-                                      " at index " + std::to_string(a - p.offset + static_cast<std::size_t>(bad - first)));
-            }
+            pieces.push_back({a, b - a});
+            into.push_back(starts[k] + (a - run.offset));
         }
-        at += run.size;
+        if (pieces.empty()) continue;
+        fs::path file = dir / (p.name + ".npy");
+        std::size_t from = 0;  // where the pieces are read from, in `tensor`
+        if (sharded) {
+            file = dir / "shards.json";
+            read_shard_ranges(dir, layout, ShardPart::weights, pieces, tensor);  // the pieces one after the other
+        } else {
+            NpyArray t;
+            try {
+                t = read_npy(file);
+            } catch (const NpyError& e) {
+                throw CheckpointError(e.what());
+            }
+            if (t.dtype != "<f4" || t.shape != p.shape) {
+                throw CheckpointError(file.string() + ": expected float32 of shape " + format_shape(p.shape) +
+                                      ", the file holds " + t.dtype + " " + format_shape(t.shape));
+            }
+            tensor = std::move(t.data);
+        }
+        for (std::size_t i = 0; i < pieces.size(); ++i) {
+            const float* first = tensor.data() + (sharded ? from : pieces[i].offset - p.offset);
+            const std::size_t n = pieces[i].size;
+            from += n;
+            const float* bad = std::find_if(first, first + n, [](float x) { return !std::isfinite(x); });
+            if (bad != first + n) {
+                throw CheckpointError(file.string() + ": " + p.name + " holds " + (std::isnan(*bad) ? "NaN" : "an infinity") +
+                                      " at index " + std::to_string(pieces[i].offset - p.offset +
+                                                                    static_cast<std::size_t>(bad - first)));
+            }
+            std::copy(first, first + n, out + into[i]);
+        }
     }
 }
 }  // namespace
@@ -1148,17 +1186,27 @@ std::vector<int> start_tokens(const CharVocab& vocab, int V, const std::string& 
 
 std::string generate_text(GPT& model, const CharVocab& vocab, const std::string& prompt,
                           const SampleOptions& options) {
-    const int V = model.config().vocab_size, block = model.config().block_size;
+    const int V = model.config().vocab_size;
+    model.train(false);
+    return generate_text(
+        [&model, V](const int* context, int T) {
+            model.forward(context, nullptr, 1, T);
+            return model.logits().data() + static_cast<std::size_t>(T - 1) * V;
+        },
+        vocab, V, model.config().block_size, prompt, options);
+}
+
+std::string generate_text(const std::function<const float*(const int* context, int T)>& last_logits,
+                          const CharVocab& vocab, int V, int block, const std::string& prompt,
+                          const SampleOptions& options) {
     std::vector<int> ids = start_tokens(vocab, V, prompt, options);
     Rng rng(options.seed);
     std::string text = prompt;
-    model.train(false);
     std::vector<float> last(static_cast<std::size_t>(V));
     for (int n = 0; n < options.max_new_tokens; ++n) {
         const int T = std::min(static_cast<int>(ids.size()), block);
         const int* context = ids.data() + (ids.size() - static_cast<std::size_t>(T));
-        model.forward(context, nullptr, 1, T);
-        const float* row = model.logits().data() + static_cast<std::size_t>(T - 1) * V;
+        const float* row = last_logits(context, T);
         std::copy(row, row + V, last.begin());
         const int next = sample_token(last, options.temperature, options.top_k, rng);
         ids.push_back(next);

@@ -378,16 +378,34 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     // One thread per rank: a rank with more keeps a gradient buffer for each extra thread's
     // slice of the batch, which the formulas below do not count.
     set_num_threads(1);
-    if (scheme != "plain" && scheme != "stage1" && scheme != "stage2" && scheme != "stage3") {
+    if (scheme != "plain" && scheme != "stage1" && scheme != "stage2" && scheme != "stage3" && scheme != "split") {
         throw std::invalid_argument("unknown scheme " + scheme);
     }
     const TextDataset data = make_dataset(read_corpus(corpus));
-    const int stage = scheme == "plain" ? 0 : scheme[5] - '0';
+    // "split": tensor parallelism, every block split over as many of the ranks as its heads
+    // allow (all 4 with the CPU recipe's 4 heads), copies of that split sharing each batch.
+    const bool split = scheme == "split";
+    const int stage = scheme == "plain" || split ? 0 : scheme[5] - '0';
     // A rank never makes the whole buffers its group keeps in shards: stage 2's gradients, stage
-    // 3's weights too (its shard of the seed's initial weights computed alone).
+    // 3's weights too (its shard of the seed's initial weights computed alone); a tensor-parallel
+    // rank neither (its slices drawn alone, the device keeping the state).
     GPTBuffers buffers;
-    buffers.gradients = stage < 2;
-    buffers.weights = stage < 3;
+    buffers.gradients = stage < 2 && !split;
+    buffers.weights = stage < 3 && !split;
+    int rank = 0, ranks = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+    int width = ranks;  // the split's ranks: the largest count that divides both the heads and the ranks
+    while (recipe(s).n_head % width != 0 || ranks % width != 0) --width;
+    MPI_Comm tensor = MPI_COMM_NULL, copies = MPI_COMM_NULL;
+    if (split) {
+        MPI_Comm_split(MPI_COMM_WORLD, rank / width, rank, &tensor);
+        MPI_Comm_split(MPI_COMM_WORLD, rank % width, rank, &copies);
+    }
+    const auto join = [&](Trainer& t, const std::shared_ptr<mpi::DataParallel>& group) {
+        if (split) t.use_device(std::make_unique<mpi::TensorParallelDevice>(tensor, copies));
+        else t.use_group(group);
+    };
     auto group_of = [stage]() -> std::shared_ptr<mpi::DataParallel> {
         if (stage == 1) return std::make_shared<mpi::ShardedOptimizer>();
         if (stage == 2) return std::make_shared<mpi::ShardedGradients>();
@@ -400,7 +418,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     //! [schemes]
     std::shared_ptr<mpi::DataParallel> group = group_of();
     std::shared_ptr<mpi::ZeroGroup> sharded = std::dynamic_pointer_cast<mpi::ZeroGroup>(group);
-    trainer.use_group(group);
+    join(trainer, group);
     std::vector<double> losses;
     double seconds = 0.0;  // the steps after the first (which allocates), on the wall clock
     // The peaks of the bytes this rank holds through `new` (attn/live_bytes.hpp): during a
@@ -427,8 +445,14 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
             saved_step = trainer.step();
         }
     }
-    const MemoryUse use = trainer.memory_use();  // what this rank allocated, by kind
+    MemoryUse use = trainer.memory_use();  // what this rank allocated, by kind
     //! [schemes]
+    if (split) {  // the device's: its slices' weights and gradients, their AdamW moments
+        const auto* device = static_cast<const mpi::TensorParallelDevice*>(trainer.device());
+        const double held = static_cast<double>(device->model().local_parameters());
+        mpi::say("split_width", {static_cast<double>(width)});
+        mpi::say("split_state", mpi::gather_from_ranks(16.0 * held));
+    }
     mpi::say("step_ms", mpi::gather_from_ranks(1e3 * seconds / std::max(1, s.steps - 1)));
     mpi::say("losses", losses);
     mpi::say("parameters", {static_cast<double>(trainer.model().config().num_parameters())});
@@ -455,7 +479,7 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     for (std::size_t i = 0; i < w.size() * sizeof(float); ++i) h = (h ^ bytes[i]) * 0x100000001B3ull;  // FNV-1a
     bool identical = true;
     try {
-        group->check_same(h, "the weights");
+        if (!split) group->check_same(h, "the weights");
     } catch (const std::runtime_error&) {
         identical = false;
     }
@@ -467,16 +491,14 @@ void train_part(const std::string& scheme, const Sizes& s, const fs::path& corpu
     holder.reset();
     group.reset();
     sharded.reset();
-    int rank = 0, ranks = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &ranks);
     std::function<std::vector<AdamW::Segment>(const GPT&)> kept;
     if (stage > 0) kept = [=](const GPT& m) { return mpi::kept_segments(m, stage, rank, ranks); };
+    if (split) kept = [=](const GPT& m) { return mpi::TensorParallelGPT::runs_of(m, rank % width, width); };
     MPI_Barrier(MPI_COMM_WORLD);
     reset_peak_bytes();
     resident = mpi::reset_peak_resident() && resident;
     Trainer resumed = Trainer::load(out, data, kept, buffers);
-    resumed.use_group(group_of());
+    join(resumed, group_of());
     const std::size_t resume_peak = peak_bytes(), resume_resident = mpi::peak_resident_bytes();
     if (resumed.step() != saved_step) throw std::runtime_error("the resumed run is not at the checkpoint's step");
     mpi::say("train_peak", mpi::gather_from_ranks(static_cast<double>(train_peak)));
@@ -638,7 +660,11 @@ struct Launcher {
 
 // The name of a scheme in the tables.
 const char* scheme_name(const std::string& scheme) {
-    return scheme == "plain" ? "plain" : scheme == "stage1" ? "stage 1" : scheme == "stage2" ? "stage 2" : "stage 3";
+    return scheme == "plain"    ? "plain"
+           : scheme == "stage1" ? "stage 1"
+           : scheme == "stage2" ? "stage 2"
+           : scheme == "split"  ? "tensor parallel"
+                                : "stage 3";
 }
 
 // Plain data parallelism and ZeRO stages 1, 2 and 3 on 1 to 4 ranks: the same losses as one
@@ -652,6 +678,9 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     for (const char* stage : {"stage1", "stage2", "stage3"}) {
         for (int N : {1, 2, 3, 4}) runs.push_back(launcher.run(stage, N, N == 4 ? launcher.s.save_at : 0));
     }
+    // Tensor parallelism on 4 ranks, for its checkpoint and its peaks (its training is measured
+    // in the next part).
+    const Run split = launcher.run("split", 4, launcher.s.save_at);
     const Run& one = runs.front();
     const double P = need(one.numbers, "parameters")[0], mb = 1e6;
     const std::vector<double>& reference = need(one.numbers, "losses");
@@ -826,7 +855,7 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
     const int threads = num_threads();
     set_num_threads(1);
     double resume_gap = 0.0;
-    for (const char* stage : {"stage1", "stage2", "stage3"}) {
+    for (const char* stage : {"stage1", "stage2", "stage3", "split"}) {
         Trainer resumed = Trainer::load(launcher.scratch / (std::string(stage) + "4"), make_dataset(read_corpus(launcher.corpus)));
         std::vector<double> later;
         while (resumed.step() < s.steps) later.push_back(resumed.train_step().loss);
@@ -834,9 +863,10 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
         resume_gap = std::max(resume_gap, largest_relative_gap(later, tail));
     }
     set_num_threads(threads);
-    std::printf("\nthe runs of stages 1, 2 and 3 on 4 ranks saved a sharded checkpoint after step %d (each rank its\n"
-                "own weights and moments); one process resumed each for steps %d to %d: largest\n"
-                "relative gap from the 1-rank run's losses %.1e\n", s.save_at, s.save_at + 1, s.steps, resume_gap);
+    std::printf("\nthe runs of stages 1, 2 and 3 and of tensor parallelism on 4 ranks saved a sharded checkpoint after\n"
+                "step %d (each rank its own weights and moments: a tensor-parallel rank its slices); one process\n"
+                "resumed each for steps %d to %d: largest relative gap from the 1-rank run's losses %.1e\n",
+                s.save_at, s.save_at + 1, s.steps, resume_gap);
     print_claim("resume_gap", resume_gap < 1e-5 ? "below 1e-5" : "ABOVE 1e-5");
 
     // What a rank holds at its peak while it trains, saves and resumes, on 4 ranks.
@@ -844,11 +874,16 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
                 "a training step, while saving the checkpoint of step %d (each rank writes its own part), and while\n"
                 "resuming it (loading what the rank keeps, joining the group); the state formula of the table above\n\n",
                 s.save_at);
-    std::printf("%-7s  %9s  %8s  %9s  %10s  %12s  %12s\n", "scheme", "train MB", "save MB", "resume MB", "formula MB",
+    std::printf("%-15s  %9s  %8s  %9s  %10s  %12s  %12s\n", "scheme", "train MB", "save MB", "resume MB", "formula MB",
                 "save/train", "resume/train");
     double worst_ratio = 0.0;
+    std::vector<const Run*> on_four;  // the schemes on 4 ranks, tensor parallelism last
     for (const Run& run : runs) {
-        if (run.N != 4) continue;
+        if (run.N == 4) on_four.push_back(&run);
+    }
+    on_four.push_back(&split);
+    for (const Run* each : on_four) {
+        const Run& run = *each;
         double train = 0, save = 0, resume = 0, save_ratio = 0, resume_ratio = 0;
         const std::vector<double>&t = need(run.numbers, "train_peak"), &sv = need(run.numbers, "save_peak"),
                                   &r = need(run.numbers, "resume_peak");
@@ -860,8 +895,12 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
             resume_ratio = std::max(resume_ratio, r[k] / t[k]);
         }
         worst_ratio = std::max({worst_ratio, save_ratio, resume_ratio});
-        std::printf("%-7s  %9.2f  %8.2f  %9.2f  %10.2f  %12.3f  %12.3f\n", scheme_name(run.scheme), train / mb, save / mb,
-                    resume / mb, formula(run.scheme, 4) / mb, save_ratio, resume_ratio);
+        // tensor parallelism's state: 16 bytes for each parameter a rank holds (its slices and the
+        // whole tensors)
+        const double state = run.scheme == "split" ? run.largest("split_state") : formula(run.scheme, 4);
+        std::printf("%-15s  %9.2f  %8.2f  %9.2f  %10.2f  %12.3f  %12.3f\n", scheme_name(run.scheme), train / mb,
+                    save / mb, resume / mb, state / mb, save_ratio, resume_ratio);
+        if (run.scheme == "split") print_claim("split_4_state_mb", state / mb, 2);
         print_claim("peak_" + run.scheme + "_train_mb", train / mb, 2);
         print_claim("peak_" + run.scheme + "_save_mb", save / mb, 2);
         print_claim("peak_" + run.scheme + "_resume_mb", resume / mb, 2);
@@ -877,20 +916,19 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
                 "phase; the largest over the 4 ranks): what the machine gave the process, the allocator's kept\n"
                 "pages, the program's code and MPI's buffers included\n\n");
     bool resident = true;
-    for (const Run& run : runs) {
-        if (run.N != 4) continue;
-        for (double ok : need(run.numbers, "resident_reset")) resident = resident && ok == 1.0;
+    for (const Run* run : on_four) {
+        for (double ok : need(run->numbers, "resident_reset")) resident = resident && ok == 1.0;
     }
     if (!resident) {
         std::printf("n/a: this system did not let the program write /proc/self/clear_refs, so the peak resident set\n"
                     "cannot be started again between phases\n");
         print_claim("resident_measured", "no");
     } else {
-        std::printf("%-7s  %9s  %8s  %9s  %12s  %12s\n", "scheme", "train MB", "save MB", "resume MB", "save/train",
+        std::printf("%-15s  %9s  %8s  %9s  %12s  %12s\n", "scheme", "train MB", "save MB", "resume MB", "save/train",
                     "resume/train");
         double worst_resident = 0.0;
-        for (const Run& run : runs) {
-            if (run.N != 4) continue;
+        for (const Run* each : on_four) {
+            const Run& run = *each;
             double train = 0, save = 0, resume = 0, save_ratio = 0, resume_ratio = 0;
             const std::vector<double>&t = need(run.numbers, "train_resident"), &sv = need(run.numbers, "save_resident"),
                                       &r = need(run.numbers, "resume_resident");
@@ -902,7 +940,7 @@ void schemes(const Launcher& launcher, const LessonOptions& options) {
                 resume_ratio = std::max(resume_ratio, r[k] / t[k]);
             }
             worst_resident = std::max({worst_resident, save_ratio, resume_ratio});
-            std::printf("%-7s  %9.2f  %8.2f  %9.2f  %12.3f  %12.3f\n", scheme_name(run.scheme), train / mb, save / mb,
+            std::printf("%-15s  %9.2f  %8.2f  %9.2f  %12.3f  %12.3f\n", scheme_name(run.scheme), train / mb, save / mb,
                         resume / mb, save_ratio, resume_ratio);
             print_claim("resident_" + run.scheme + "_train_mb", train / mb, 1);
             print_claim("resident_" + run.scheme + "_save_mb", save / mb, 1);

@@ -220,7 +220,7 @@ int main(int argc, char** argv) {
             Trainer split(config, data);
             split.use_device(std::make_unique<mpi::TensorParallelDevice>(MPI_COMM_WORLD, MPI_COMM_NULL));
             take_steps(split, 10);
-            split.save(dir / "split");  // every rank gathers, rank 0 writes
+            split.save(dir / "split");  // sharded: each rank writes its slices, rank 0 the whole tensors
         }
         for (const std::string& scheme : schemes) {
             const std::string ranks = scheme == "one process" ? scheme : std::to_string(N) + " ranks of " + scheme;

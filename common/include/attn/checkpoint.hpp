@@ -14,7 +14,8 @@
 /// a file changed after it was written is refused, named (a directory without one, such as
 /// nanoGPT's export, is read as it is).
 ///
-/// A checkpoint of ranks that each keep a shard (ZeRO, attn/mpi/zero.hpp) is written sharded:
+/// A checkpoint of ranks that each keep a shard (ZeRO, attn/mpi/zero.hpp; tensor parallelism,
+/// attn/mpi/tensor_parallel.hpp: a rank's slices) is written sharded:
 /// `shards.json` (the layout) and one `shard-<rank>.bin` per rank, each rank's weights and AdamW
 /// moments, in place of the `.npy` files. Every reader here (load_checkpoint(),
 /// Trainer::load) reads both layouts; consolidate_checkpoint() turns the sharded one into the
@@ -130,7 +131,7 @@ struct ShardLayout {
         std::vector<AdamW::Segment> segments;   ///< its runs, in the file's order
         std::size_t floats() const;             ///< the parameters of its runs
     };
-    std::string scheme;          ///< how the ranks were sharded: "zero-1", "zero-2", "zero-3"
+    std::string scheme;          ///< how the ranks were sharded: "zero-1", "zero-2", "zero-3", "tensor-parallel"
     int ranks = 0;               ///< the ranks that wrote it
     std::size_t parameters = 0;  ///< P
     std::vector<File> files;     ///< one per rank, in rank order

@@ -8,7 +8,7 @@
 /// `trainer.json` (the TrainConfig, the step, the best validation loss, AdamW's step count
 /// and the batch sampler's random state), and `checksums.json` (checkpoint.hpp), checked on
 /// load. Loading it and training on gives the same losses, bit for bit, as a run that never
-/// stopped. Ranks that keep shards (ZeRO) write it sharded instead: each rank its own
+/// stopped. Ranks that keep shards (ZeRO, tensor parallelism) write it sharded instead: each rank its own
 /// weights and moments, `shards.json` the layout (checkpoint.hpp's ShardLayout).
 #pragma once
 
@@ -132,11 +132,34 @@ public:
     using std::runtime_error::runtime_error;
 };
 
+/// What one process writes of a sharded checkpoint (checkpoint.hpp's ShardLayout): the runs
+/// of the flat parameter buffer it keeps, and where each run's weights and moments lie here.
+/// Written by the processes of a group that each keep a shard (ZeRO) and by those of a device
+/// split over processes (tensor parallelism), so that none gathers the whole state.
+struct ShardedState {
+    std::string scheme;                    ///< e.g. "zero-3", recorded in shards.json
+    std::vector<AdamW::Segment> segments;  ///< its runs, in the order it keeps them
+    /// Run k's weights.
+    std::function<const float*(std::size_t k)> weights;
+    /// Run k's first moments (nullptr: zeros, no step taken yet).
+    std::function<const float*(std::size_t k)> m;
+    /// Run k's second moments (nullptr: zeros, no step taken yet).
+    std::function<const float*(std::size_t k)> v;
+    /// Which of the checkpoint's files this process writes (0 … files − 1; −1: none, a copy
+    /// of another process's state) and how many there are. A group's processes write one
+    /// each: its rank and size (Trainer::save sets them).
+    int file = 0;
+    int files = 1;  ///< see file
+};
+
 /// A device that runs the training step in place of the CPU, such as a CUDA GPU.
 ///
 /// The Trainer keeps the model and optimizer on the host as the reference copy: it pushes
 /// them to the device when the device is attached and pulls them back before a checkpoint
-/// or sampling, so checkpoints are the same files whichever device trained.
+/// or sampling, so checkpoints are the same files whichever device trained. A device split
+/// over processes (tensor parallelism) may keep the only copy instead: the host model is then
+/// made without whole weights, the device writes its parts of a sharded checkpoint itself
+/// (owned_state) and gathers the weights on request (gather_parameters).
 class TrainingDevice {
 public:
     virtual ~TrainingDevice() = default;
@@ -171,6 +194,24 @@ public:
     virtual bool any(bool flag) { return flag; }
     /// Returns when every process of the device has called it. Nothing by default.
     virtual void barrier() {}
+    /// Takes the host's model and optimizer when the device is attached: push() by default. A
+    /// device that keeps the training state itself may take the host's buffers instead: a
+    /// model made without whole weights hands over the runs it was given
+    /// (GPT::take_kept_weights), and the moments move. @param model the host model
+    /// @param optimizer its optimizer
+    virtual void adopt(GPT& model, AdamW& optimizer) { push(model, optimizer); }
+    /// Fills `out` and returns true when each process of the device writes its own part of
+    /// a checkpoint (tensor parallelism: no process holds the whole state, and the host keeps
+    /// no copy of it); false by default: the host's copy is pulled and written whole.
+    /// @param out this process's part
+    virtual bool owned_state(ShardedState& out) const {
+        (void)out;
+        return false;
+    }
+    /// Every parameter, flat, in GPT::parameters()' layout, from the device's processes (a
+    /// collective call), for a host that keeps no copy of them. @return them; empty by
+    /// default (the host's copy is pulled instead)
+    virtual std::vector<float> gather_parameters() { return {}; }
 };
 
 /// The processes that train one model together, each on its own consecutive share of every
@@ -254,19 +295,8 @@ public:
         m = optimizer.m;
         v = optimizer.v;
     }
-    /// What this process writes of a sharded checkpoint (checkpoint.hpp's ShardLayout): the
-    /// runs of the flat parameter buffer it keeps, and where each run's weights and moments
-    /// lie here.
-    struct OwnedState {
-        std::string scheme;                    ///< e.g. "zero-3", recorded in shards.json
-        std::vector<AdamW::Segment> segments;  ///< its runs, in the order it keeps them
-        /// Run k's weights.
-        std::function<const float*(std::size_t k)> weights;
-        /// Run k's first moments (nullptr: zeros, no step taken yet).
-        std::function<const float*(std::size_t k)> m;
-        /// Run k's second moments (nullptr: zeros, no step taken yet).
-        std::function<const float*(std::size_t k)> v;
-    };
+    /// What this process writes of a sharded checkpoint (ShardedState).
+    using OwnedState = ShardedState;
     /// Fills `out` and returns true when each process writes its own part of a checkpoint
     /// (ZeRO: none holds the whole state); false by default: process 0 writes it whole.
     /// @param model the model @param optimizer this process's AdamW @param out its part
@@ -367,7 +397,8 @@ public:
     /// @param max_iters the new total, at least 1
     void set_max_iters(std::int64_t max_iters);
     const TextDataset& data() const { return data_; }           ///< the corpus
-    /// The host model, first brought up to date when a device is training.
+    /// The host model, first brought up to date when a device is training (a host model made
+    /// without whole weights, whose device keeps the state, holds its settings and table only).
     GPT& model() {
         sync_from_device();
         return model_;
@@ -426,7 +457,8 @@ public:
 private:
     void finish_setup(bool from_weights);
     // The sharded save: each process writes its part, process 0 the rest and the layout.
-    void save_sharded(const std::filesystem::path& dir, const DataParallelGroup::OwnedState& own);
+    // `barrier` waits for every process that takes part (the group's or the device's).
+    void save_sharded(const std::filesystem::path& dir, const ShardedState& own, const std::function<void()>& barrier);
     std::string trainer_json() const;  // trainer.json's text
     // The forward pass of micro-batch k of the step on the host model (this process's share
     // of it in a group): the loss, weighted by the share in a group.
@@ -583,6 +615,16 @@ std::vector<int> start_tokens(const CharVocab& vocab, int vocab_size, const std:
 /// @throws std::invalid_argument if the prompt has a character outside the vocabulary, or
 /// for bad options (see sample_token)
 std::string generate_text(GPT& model, const CharVocab& vocab, const std::string& prompt,
+                          const SampleOptions& options);
+
+/// generate_text()'s loop with the forward pass given: the same checks, context and draws,
+/// for a model spread over processes (tensor parallelism: every process of the split calls
+/// it alike, and each gets the same text). @param last_logits the forward pass of a context
+/// of T tokens, returning the V logits of its last position @param vocab the vocabulary, of
+/// `vocab_size` characters @param vocab_size V @param block_size the longest context
+/// @param prompt as generate_text @param options as generate_text @return as generate_text
+std::string generate_text(const std::function<const float*(const int* context, int T)>& last_logits,
+                          const CharVocab& vocab, int vocab_size, int block_size, const std::string& prompt,
                           const SampleOptions& options);
 
 /// What run_training() does around the loop.

@@ -46,14 +46,35 @@ public:
     /// seed's initial weights alone (GPT::initial_values), bit for bit the whole model's, and
     /// no rank ever holds the whole weights
     /// @param comm the ranks that share every block (MPI must be initialised)
+    /// @param mine this rank's parameters in parameters()' order, where the caller has them
+    /// already (read from a checkpoint: runs_of()); empty: taken as above
     /// @throws std::invalid_argument when the heads or the MLP's 4C hidden units do not
     ///         divide among the ranks, or for a setting this split does not implement
-    TensorParallelGPT(const GPT& whole, MPI_Comm comm);
+    TensorParallelGPT(const GPT& whole, MPI_Comm comm, std::vector<float> mine = {});
+
+    /// One run of the whole model's flat buffer that a rank holds.
+    struct Run {
+        std::size_t whole = 0;    ///< its first float in the whole model's buffer
+        std::size_t local = 0;    ///< its first float in parameters()
+        std::size_t size = 0;     ///< its floats
+        bool replicated = false;  ///< a whole tensor, the same on every rank
+    };
+    /// The runs rank `rank` of `ranks` holds, in parameters()' order, without any MPI call:
+    /// what it reads of a checkpoint or a weights folder before the split is made.
+    /// @param model the model (its parameter table; it may hold no whole weights)
+    /// @param rank the rank @param ranks the ranks @return the runs as (offset, floats)
+    /// @throws std::invalid_argument as the constructor, for a split it does not implement
+    static std::vector<AdamW::Segment> runs_of(const GPT& model, int rank, int ranks);
 
     /// The forward pass of a batch. @param x (B, T) token ids @param y (B, T) targets
     /// @param B batch size @param T sequence length, at most the block size
-    /// @return the mean loss over the B·T positions, the same on every rank
+    /// @return the mean loss over the B·T positions, the same on every rank; 0 when `y` is
+    /// nullptr (logits() only, as for sampling)
     float forward(const int* x, const int* y, int B, int T);
+    /// The last forward pass's logits, (B, T, V), whole on every rank (the LM head is).
+    const std::vector<float>& logits() const { return logits_; }
+    /// The model split. @return its settings
+    const GPTConfig& config() const { return config_; }
     /// The backward pass of the last forward pass: the gradients of this rank's slices and
     /// of the whole tensors, cleared first.
     void backward();
@@ -68,9 +89,13 @@ public:
     /// The contiguous runs of the whole model's buffer that parameters() is made of (a
     /// matrix split by columns is a run per row). @return their count
     std::size_t local_runs() const { return runs_.size(); }
+    /// Those runs. @return them, in parameters()' order
+    const std::vector<Run>& runs() const { return runs_; }
     /// This rank's parameters, in place (AdamW updates them). @return its slices and the
     /// whole tensors, in the order of local_table()
     std::vector<float>& parameters() { return params_; }
+    /// This rank's parameters, read-only. @return parameters()' data
+    const float* model_parameters() const { return params_.data(); }
     /// This rank's tensors in parameters(): where each lies and whether AdamW decays it (the
     /// slices of a matrix are matrices, as nanoGPT's rule asks). @return the table
     const std::vector<ParameterInfo>& local_table() const { return table_; }
@@ -92,6 +117,8 @@ public:
 private:
     struct Layout;  // where each rank's slices lie in the whole model's buffer
     Layout layout() const;
+    // The layout of a split over `ranks` ranks, checked (the constructor's refusals).
+    static Layout layout_of(const GPT& model, int ranks);
     // Tensor `kind` (of block `layer`, or a whole one for −1) in params_ or grads_; nullptr
     // for a bias the model does not have.
     float* at(std::vector<float>& buffer, int kind, int layer);
@@ -108,8 +135,7 @@ private:
     std::vector<float> params_, grads_;
     std::vector<std::size_t> offsets_;  // into params_: see Layout in the .cpp
     std::vector<ParameterInfo> table_;  // local_table()
-    // Runs of params_: (first float, floats, whether the tensor is whole on every rank).
-    std::vector<std::tuple<std::size_t, std::size_t, bool>> runs_;
+    std::vector<Run> runs_;  // runs()
     // The last forward pass.
     int B_ = 0, T_ = 0;
     std::vector<int> x_, y_;
@@ -124,9 +150,12 @@ private:
 /// each copy runs its share of the batch, and the slices' gradients are summed over the
 /// copies). AdamW updates each rank's slices and whole tensors with moments of the same
 /// layout; the clipping norm sums the slices' squares over the tensor-parallel ranks and
-/// counts the whole tensors once. The host model and optimizer (checkpoints) get the whole
-/// state back from every rank's part (pull(), a collective call). Float32, no dropout,
+/// counts the whole tensors once. A host model with whole weights gets the whole state back
+/// from every rank's part (pull(), a collective call). Float32, no dropout,
 /// learned positions and multi-head attention only, as TensorParallelGPT.
+/// A host model made without whole weights (GPTBuffers) keeps no copy: adopt() takes its
+/// slices, checkpoints are written sharded by the ranks themselves (owned_state), and pull()
+/// has nothing to fill.
 class TensorParallelDevice : public TrainingDevice {
 public:
     /// @param tensor the ranks that split every block @param data the ranks with the same
@@ -134,6 +163,17 @@ public:
     TensorParallelDevice(MPI_Comm tensor, MPI_Comm data);
     std::string name() const override;
     void push(const GPT& model, const AdamW& optimizer) override;
+    /// push(), or for a host model made without whole weights: this rank's slices from it
+    /// (GPT::take_kept_weights: the runs read of a checkpoint or a weights folder, else the
+    /// seed's), and the optimizer's moments moved here (this rank's runs already, or cut from
+    /// whole ones). The host then keeps no copy of the state.
+    void adopt(GPT& model, AdamW& optimizer) override;
+    /// This rank's runs for a sharded checkpoint ("tensor-parallel"): the slices of the ranks
+    /// of the first data-parallel copy, one file each, the whole tensors in rank 0's; the
+    /// other copies, holding the same, write none. @return true
+    bool owned_state(ShardedState& out) const override;
+    /// Every rank's slices gathered (a collective call over the split's ranks). @return them
+    std::vector<float> gather_parameters() override;
     void pull(GPT& model, AdamW& optimizer) override;
     float loss(const int* x, const int* y, int B, int T, bool training, std::uint64_t dropout_seed) override;
     float backward_and_clip(float max_norm) override;
@@ -144,13 +184,18 @@ public:
     void barrier() override;
     /// The split model (after push()). @return it
     const TensorParallelGPT& model() const { return *split_; }
+    /// Text sampled on the slices, as generate_text() would from the whole model: every rank of
+    /// the split must call it alike (each forward pass is collective), and each gets the same
+    /// text. No rank gathers the weights. @param vocab the vocabulary @param prompt the text
+    /// to continue @param options as generate_text @return as generate_text
+    std::string generate(const CharVocab& vocab, const std::string& prompt, const SampleOptions& options);
     /// What the last training step's forward and backward pass gave to MPI_Allreduce (not an
     /// evaluation's). @return the calls and floats
     const TensorParallelTraffic& last_step_traffic() const { return step_traffic_; }
 
 private:
     MPI_Comm tensor_, data_;
-    int tensor_size_ = 1, data_rank_ = 0, data_size_ = 1;
+    int tensor_rank_ = 0, tensor_size_ = 1, data_rank_ = 0, data_size_ = 1;
     std::unique_ptr<TensorParallelGPT> split_;
     AdamW local_;         // the moments of this rank's parameters, in their layout
     float share_ = 1.0f;  // this copy's part of the last batch
