@@ -171,6 +171,9 @@ public:
     virtual bool any(bool flag) { return flag; }
     /// Returns when every process of the device has called it. Nothing by default.
     virtual void barrier() {}
+    /// The format of the device's matrix products' inputs (GPT::set_precision): the
+    /// trainer's precision must be it. @return fp32 by default
+    virtual Precision precision() const { return Precision::fp32; }
 };
 
 /// The processes that train one model together, each on its own consecutive share of every
