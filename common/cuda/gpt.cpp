@@ -447,7 +447,7 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
 
     // Mixed precision: the weights the products read, a bfloat16 copy made once per pass
     // (the float32 weights stay as they are: AdamW updates those).
-    if (d.options.precision == Precision::bf16) to_bf16(d.params16, d.params, num_parameters_, s);
+    if (bf16) to_bf16(d.params16, d.params, num_parameters_, s);
 
     // x = drop(wte[idx] + wpe[pos])                                     (B, T, C)
     encoder_forward(a.encoded, d_inputs, p.wte, p.wpe, B, T, C, s);

@@ -1229,7 +1229,7 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
             // A skipped step's norm is infinite: JSON has no infinity, so it is left out.
             if (r.skipped) line["skipped"] = true;
             else line["grad_norm"] = r.grad_norm;
-            if (c.precision != Precision::fp32) {
+            if (c.precision != Precision::fp32 && !trainer.device()) {  // the CPU model counts them
                 line["flushed_gradients"] = r.flushed_gradients;
                 line["rounded_gradients"] = r.rounded_gradients;
             }
