@@ -6,6 +6,7 @@
 //   train_gpt --init DIR --dump-grads grads    one step's gradients, to compare with PyTorch
 //   train_gpt --recompute blocks               keep only each block's input, recompute the rest
 //   train_gpt --recipe shakespeare --device cuda   nanoGPT's GPU recipe
+//   train_gpt --device cuda --precision bf16   ... its products in bfloat16 (autocast's rounding points)
 //   train_gpt --grad-accum 4                   4 batches a step, their gradients added (one update)
 //   train_gpt --ranks 4                        data parallelism: 4 processes on this machine
 //   train_gpt --ranks 4 --shard optimizer      ... each keeping AdamW's state for its shard (ZeRO 1)
@@ -302,6 +303,7 @@ cuda::CudaOptions cuda_options(const Flags& f) {
     options.tf32 = f.tf32;
     options.attention = f.attention == "fused" ? cuda::AttentionKind::fused
                                                : cuda::AttentionKind::materialised;
+    options.precision = parse_precision(f.precision);
     return options;
 }
 #endif
@@ -342,9 +344,13 @@ std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model, b
         return fall_back("--grad-accum " + std::to_string(f.grad_accum) + ": gradient accumulation adds the "
                          "micro-batches' gradients in the CPU model (the GPU's backward pass clips at once)");
     }
-    if (f.precision != "fp32") {
-        return fall_back("--precision " + f.precision + ": mixed-precision training runs on the "
-                         "CPU model only (the GPU model computes in float32)");
+    if (f.precision == "fp16") {
+        return fall_back("--precision fp16: the GPU model's mixed precision is bf16 (fp16 needs loss "
+                         "scaling, which the CPU model's trainer does)");
+    }
+    if (f.precision != "fp32" && f.tf32) {
+        return fall_back("--tf32 and --precision " + f.precision + " together: the attention's float32 products "
+                         "would round its weights to TF32 where the CPU model keeps them float32");
     }
     if (f.recompute != "none") {
         return fall_back("--recompute " + f.recompute + ": activation checkpointing is the CPU "
@@ -373,12 +379,55 @@ std::string plan_device(const Flags& f, const std::optional<GPTConfig>& model, b
 #endif
 }
 
+#if ATTN_CUDA_SIMULATED
+// What one training step asks of the GPU: its kernel launches and cuBLAS calls, counted by
+// the simulator on a copy of the model (forward, backward, clipping, AdamW on the first
+// batch of the corpus; the run's own steps are not counted, nor slowed). A count, not a time.
+void print_step_work(const Trainer& trainer, const Flags& f) {
+    const TrainConfig& c = trainer.config();
+    const int B = c.batch_size, T = c.block_size;
+    const std::vector<int>& tokens = trainer.data().train;
+    std::vector<int> x(static_cast<std::size_t>(B) * T), y(x.size());
+    for (std::size_t i = 0; i < x.size(); ++i) {
+        const std::size_t at = i % (tokens.size() - 1);
+        x[i] = tokens[at];
+        y[i] = tokens[at + 1];
+    }
+    cuda::CudaGPT copy(trainer.model(), cuda_options(f));
+    AdamW optimizer = trainer.optimizer();
+    copy.synchronize();
+    cuda::count_work(true);
+    copy.forward_async(x.data(), y.data(), B, T);
+    copy.zero_grad();
+    copy.backward();
+    copy.clip_grad_norm_async(c.grad_clip);
+    copy.adamw_step(optimizer, static_cast<float>(c.learning_rate));
+    copy.synchronize();
+    const std::vector<roofline::Launch> work = cuda::take_counted_work();
+    cuda::count_work(false);
+    // The simulator records each matrix of a strided batch as one product: counted apart.
+    std::size_t kernels = 0, gemm_ex = 0, sgemm = 0, batched = 0;
+    for (const roofline::Launch& l : work) {
+        if (l.name == "cublasGemmEx") gemm_ex += l.launches;
+        else if (l.name == "cublasSgemm") sgemm += l.launches;
+        else if (l.name == "cublasSgemmStridedBatched") batched += l.launches;
+        else kernels += l.launches;
+    }
+    std::printf("one training step on the simulated GPU: %zu kernel launches; cuBLAS: %zu cublasGemmEx "
+                "(bfloat16 inputs), %zu cublasSgemm, %zu matrices of cublasSgemmStridedBatched\n",
+                kernels, gemm_ex, sgemm, batched);
+}
+#endif
+
 // Attaches the GPU to the trainer: the run's steps, evaluations and gradients happen there.
 void attach_device(Trainer& trainer, const Flags& f, const std::string& device) {
     if (device == "cpu") return;
 #if ATTN_HAVE_CUDA
     trainer.use_device(cuda::make_training_device(trainer.model(), cuda_options(f)));
     std::cout << "device: " << trainer.device()->name() << "\n";
+#if ATTN_CUDA_SIMULATED
+    print_step_work(trainer, f);
+#endif
 #else
     (void)trainer;
     (void)f;
@@ -904,7 +953,11 @@ int train_or_dump(const Flags& f, const Job& job, Setup& setup) {
                     1e3 * summary.step_seconds / n, n * c.grad_accum * c.batch_size * c.block_size / summary.step_seconds);
     }
     if (setup.report_group) setup.report_group();
-    if (c.precision != Precision::fp32) {
+    if (c.precision != Precision::fp32 && device != "cpu") {
+        std::printf("mixed precision (%s) on the GPU: products through cublasGemmEx with float32 sums "
+                    "(the rounded values are counted by the CPU model only)\n",
+                    precision_name(c.precision));
+    } else if (c.precision != Precision::fp32) {
         std::uint64_t rounded = 0, flushed = 0;
         for (const StepRecord& r : summary.steps) {
             rounded += r.rounded_gradients;
@@ -1092,7 +1145,8 @@ int main(int argc, char** argv) {
     app.add_option("--precision", f.precision,
                    "fp32 (the default), bf16 or fp16: the matrix products' inputs rounded to that "
                    "format, their sums, the weights and AdamW in float32 (mixed precision, lesson "
-                   "18; fp16 with dynamic loss scaling); on the CPU only")
+                   "18; fp16 with dynamic loss scaling, on the CPU only; bf16 on the GPU too, its products "
+                   "through cublasGemmEx)")
         ->check(CLI::IsMember({"fp32", "bf16", "fp16"}))
         ->excludes(resume);  // a resumed run keeps its checkpoint's precision
     app.add_option("--recompute", f.recompute,

@@ -87,10 +87,16 @@ struct DeviceActivations {
     float *dresidual, *dln, *dqkv, *datty, *dfch, *dfch_gelu, *dlogits, *dinner;
     float* reduce_scratch;  // column reductions (bias and LayerNorm weight gradients)
     AttentionScratch attention;
+    // Mixed precision (bf16): the bfloat16 copies of a product's two activations, the
+    // input's (N, 4C at most) and the output gradient's (N, max(V, 4C)); nullptr in fp32.
+    std::uint16_t *inp16, *dout16;
 };
 
+// n bfloat16 values' room, carved in floats (two to a float).
+std::uint16_t* take_bf16(Carver& c, size_t n) { return reinterpret_cast<std::uint16_t*>(c.take((n + 1) / 2)); }
+
 void carve(Carver& c, DeviceActivations& a, const GPTConfig& cfg, int B, int T, bool dropout,
-           AttentionKind kind) {
+           AttentionKind kind, bool bf16) {
     const bool fused = kind == AttentionKind::fused;
     const size_t BT = static_cast<size_t>(B) * T, C = cfg.n_embd, L = cfg.n_layer,
                  V = cfg.vocab_size, NH = cfg.n_head;
@@ -145,6 +151,8 @@ void carve(Carver& c, DeviceActivations& a, const GPTConfig& cfg, int B, int T, 
     } else {
         a.attention.scores = c.take(static_cast<size_t>(B) * NH * T * T);
     }
+    a.inp16 = bf16 ? take_bf16(c, 4 * BTC) : nullptr;
+    a.dout16 = bf16 ? take_bf16(c, BT * std::max(V, 4 * C)) : nullptr;
 }
 
 void zero_async(float* p, size_t n, cudaStream_t s) {
@@ -186,6 +194,7 @@ struct CudaGPT::Impl {
     DeviceArena state;  // parameters, gradients, AdamW m and v, scalars
     DeviceArena acts_memory;
     float *params = nullptr, *grads = nullptr, *m = nullptr, *v = nullptr;
+    std::uint16_t* params16 = nullptr;  // bf16: the weights' bfloat16 copy, made each forward pass
     float* mean_loss = nullptr;  // (1)
     float* norm = nullptr;       // (1)
     float* norm_scratch = nullptr;
@@ -231,10 +240,11 @@ struct CudaGPT::Impl {
         CUDA_CHECK(cudaStreamSynchronize(stream));  // nothing may still use the old buffers
         DeviceActivations sizes{};
         Carver count(nullptr);
-        carve(count, sizes, cfg, newB, newT, dropout, options.attention);
+        const bool bf16 = options.precision == Precision::bf16;
+        carve(count, sizes, cfg, newB, newT, dropout, options.attention, bf16);
         acts_memory.allocate(count.used());
         Carver assign(acts_memory.base());
-        carve(assign, a, cfg, newB, newT, dropout, options.attention);
+        carve(assign, a, cfg, newB, newT, dropout, options.attention, bf16);
         if (h_tokens) CUDA_CHECK(cudaFreeHost(h_tokens));
         if (d_tokens) CUDA_CHECK(cudaFree(d_tokens));
         h_tokens = nullptr;
@@ -245,6 +255,36 @@ struct CudaGPT::Impl {
         cap_B = newB;
         cap_T = newT;
         dropout_allocated = dropout;
+    }
+
+    // The bfloat16 copy of the weight tensor at `w` (a pointer into params).
+    const std::uint16_t* weight16(const float* w) const { return params16 + (w - params); }
+
+    // out = inp · weightᵀ + bias: in fp32, or (bf16) with inp rounded in place and its copy
+    // and the weights' copy multiplied, as the CPU model's products round them.
+    void product_forward(float* out, float* inp, const float* weight, const float* bias, int N, int C,
+                         int OC) {
+        if (options.precision != Precision::bf16) {
+            matmul_forward(out, inp, weight, bias, N, C, OC, *blas, stream);
+            return;
+        }
+        round_to_bf16(inp, a.inp16, static_cast<size_t>(N) * C, stream);
+        matmul_forward_bf16(out, a.inp16, weight16(weight), bias, N, C, OC, *blas, stream);
+    }
+
+    // The backward of product_forward: in bf16 dout is rounded in place (the bias's gradient
+    // reads the rounded values, as the CPU's does), and inp, rounded by the forward pass,
+    // copied exactly.
+    void product_backward(float* dinp, float* dweight, float* dbias, float* dout, const float* inp,
+                          const float* weight, int N, int C, int OC) {
+        if (options.precision != Precision::bf16) {
+            matmul_backward(dinp, dweight, dbias, dout, inp, weight, a.reduce_scratch, N, C, OC, *blas, stream);
+            return;
+        }
+        round_to_bf16(dout, a.dout16, static_cast<size_t>(N) * OC, stream);
+        to_bf16(a.inp16, inp, static_cast<size_t>(N) * C, stream);
+        matmul_backward_bf16(dinp, dweight, dbias, dout, a.dout16, a.inp16, weight16(weight), a.reduce_scratch,
+                             N, C, OC, *blas, stream);
     }
 };
 
@@ -257,6 +297,14 @@ std::string unsupported_on_gpu(const GPTConfig& c, const CudaOptions& options) {
         return "the GPU model has multi-head attention over the whole context only; this model "
                "has " + std::to_string(c.kv_heads()) + " key/value heads and window " +
                std::to_string(c.window) + ": train it on the CPU";
+    }
+    if (options.precision == Precision::fp16) {
+        return "the GPU model's mixed precision is bf16: fp16 needs loss scaling, which the CPU "
+               "model's trainer does: train in bf16 or on the CPU";
+    }
+    if (options.precision == Precision::bf16 && options.tf32) {
+        return "TF32 with bf16 products: the attention's float32 products would round its weights "
+               "to TF32 where the CPU model keeps them float32: choose one";
     }
     if (options.attention == AttentionKind::fused) {
         const int hs = c.n_embd / c.n_head;
@@ -292,11 +340,13 @@ CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t see
 
     // parameters, gradients, m, v, then the two scalars and the norm's partial sums
     const size_t n = num_parameters_;
+    const bool bf16 = options.precision == Precision::bf16;
     Carver count(nullptr);
     for (int i = 0; i < 4; ++i) count.take(n);
     count.take(1);
     count.take(1);
     count.take(clip_scratch_size());
+    if (bf16) take_bf16(count, n);
     d.state.allocate(count.used());
     Carver assign(d.state.base());
     d.params = assign.take(n);
@@ -306,6 +356,7 @@ CudaGPT::CudaGPT(const GPT& model, const CudaOptions& options, std::uint64_t see
     d.mean_loss = assign.take(1);
     d.norm = assign.take(1);
     d.norm_scratch = assign.take(clip_scratch_size());
+    d.params16 = bf16 ? take_bf16(assign, n) : nullptr;
     // The accumulators start at zero, as the CPU model's do.
     zero_async(d.grads, n, d.stream);
     zero_async(d.m, n, d.stream);
@@ -389,9 +440,14 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
     DeviceActivations& a = d.a;
     cudaStream_t s = d.stream;
     Blas& blas = *d.blas;
+    const bool bf16 = d.options.precision == Precision::bf16;
     const int N = static_cast<int>(BT);
     const size_t BTC = BT * C;
     const size_t att_size = static_cast<size_t>(B) * NH * T * T;
+
+    // Mixed precision: the weights the products read, a bfloat16 copy made once per pass
+    // (the float32 weights stay as they are: AdamW updates those).
+    if (bf16) to_bf16(d.params16, d.params, num_parameters_, s);
 
     // x = drop(wte[idx] + wpe[pos])                                     (B, T, C)
     encoder_forward(a.encoded, d_inputs, p.wte, p.wpe, B, T, C, s);
@@ -417,8 +473,9 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
         // x = x + drop(c_proj(attention(c_attn(ln_1(x)))))
         layernorm_forward(ln1, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, residual, p.ln1w + lc,
                           p.ln1b ? p.ln1b + lc : nullptr, B, T, C, s);
-        matmul_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C,
-                       3 * C, blas, s);
+        d.product_forward(qkv, ln1, p.qkvw + lc * 3 * C, p.qkvb ? p.qkvb + 3 * lc : nullptr, N, C, 3 * C);
+        // q, k, v rounded as the CPU model rounds them; the attention's products and P float32
+        if (bf16) round_to_bf16(qkv, nullptr, 3 * BTC, s);
         switch (d.options.attention) {
         case AttentionKind::materialised:
             attention_forward(atty, att, att_dropped, qkv, dropout ? pdrop : 0.0f,
@@ -430,19 +487,17 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
                                     a.attention, B, T, C, NH, s, config_.causal);
             break;
         }
-        matmul_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr,
-                       N, C, C, blas, s);
+        d.product_forward(attproj, atty, p.attprojw + lc * C, p.attprojb ? p.attprojb + lc : nullptr, N, C, C);
         if (dropout) dropout_forward(attproj, pdrop, d.site_seed(l, 1), BTC, s);
         residual_forward(residual2, residual, attproj, BTC, s);
 
         // x = x + drop(c_proj(gelu(c_fc(ln_2(x)))))
         layernorm_forward(ln2, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, residual2, p.ln2w + lc,
                           p.ln2b ? p.ln2b + lc : nullptr, B, T, C, s);
-        matmul_forward(fch, ln2, p.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C,
-                       4 * C, blas, s);
+        d.product_forward(fch, ln2, p.fcw + lc * 4 * C, p.fcb ? p.fcb + 4 * lc : nullptr, N, C, 4 * C);
         gelu_forward(fch_gelu, fch, BTC * 4, s);
-        matmul_forward(fcproj, fch_gelu, p.fcprojw + lc * 4 * C,
-                       p.fcprojb ? p.fcprojb + lc : nullptr, N, 4 * C, C, blas, s);
+        d.product_forward(fcproj, fch_gelu, p.fcprojw + lc * 4 * C, p.fcprojb ? p.fcprojb + lc : nullptr, N,
+                          4 * C, C);
         if (dropout) dropout_forward(fcproj, pdrop, d.site_seed(l, 2), BTC, s);
         residual_forward(residual3, residual2, fcproj, BTC, s);
     }
@@ -450,7 +505,7 @@ void CudaGPT::forward_async(const int* inputs, const int* targets, int B, int T)
     // logits = ln_f(x) · wteᵀ                                           (B, T, V)
     const float* last = a.residual3 + (L - 1) * BTC;
     layernorm_forward(a.lnf, a.lnf_mean, a.lnf_rstd, last, p.lnfw, p.lnfb, B, T, C, s);
-    matmul_forward(a.logits, a.lnf, p.wte, nullptr, N, C, V, blas, s);
+    d.product_forward(a.logits, a.lnf, p.wte, nullptr, N, C, V);
 
     d.has_targets = targets != nullptr;
     if (targets) crossentropy_forward(a.probs, a.losses, d.mean_loss, a.logits, d_targets, B, T, V, s);
@@ -505,7 +560,7 @@ void CudaGPT::backward() {
     crossentropy_backward(a.dlogits, a.probs, d_targets, B, T, V, s);
     // logits = lnf · wteᵀ (the tied LM head: its gradient adds to the embedding's)
     zero_async(a.dln, BTC, s);
-    matmul_backward(a.dln, g.wte, nullptr, a.dlogits, a.lnf, p.wte, rs, N, C, V, blas, s);
+    d.product_backward(a.dln, g.wte, nullptr, a.dlogits, a.lnf, p.wte, N, C, V);
     // lnf = ln_f(residual3[L-1])
     zero_async(a.dresidual, BTC, s);
     layernorm_backward(a.dresidual, g.lnfw, g.lnfb, a.dln, a.residual3 + (L - 1) * BTC, p.lnfw,
@@ -532,15 +587,15 @@ void CudaGPT::backward() {
         // fcproj = drop(fch_gelu · c_projᵀ + b)
         if (dropout) dropout_backward(a.dinner, pdrop, d.site_seed(l, 2), BTC, s);
         zero_async(a.dfch_gelu, 4 * BTC, s);
-        matmul_backward(a.dfch_gelu, g.fcprojw + lc * 4 * C, g.fcprojb ? g.fcprojb + lc : nullptr,
-                        a.dinner, fch_gelu, p.fcprojw + lc * 4 * C, rs, N, 4 * C, C, blas, s);
+        d.product_backward(a.dfch_gelu, g.fcprojw + lc * 4 * C, g.fcprojb ? g.fcprojb + lc : nullptr, a.dinner,
+                           fch_gelu, p.fcprojw + lc * 4 * C, N, 4 * C, C);
         // fch_gelu = gelu(fch)
         zero_async(a.dfch, 4 * BTC, s);
         gelu_backward(a.dfch, fch, a.dfch_gelu, 4 * BTC, s);
         // fch = ln2 · c_fcᵀ + b
         zero_async(a.dln, BTC, s);
-        matmul_backward(a.dln, g.fcw + lc * 4 * C, g.fcb ? g.fcb + 4 * lc : nullptr, a.dfch, ln2,
-                        p.fcw + lc * 4 * C, rs, N, C, 4 * C, blas, s);
+        d.product_backward(a.dln, g.fcw + lc * 4 * C, g.fcb ? g.fcb + 4 * lc : nullptr, a.dfch, ln2,
+                           p.fcw + lc * 4 * C, N, C, 4 * C);
         // ln2 = ln_2(residual2)
         layernorm_backward(a.dresidual, g.ln2w + lc, g.ln2b ? g.ln2b + lc : nullptr, a.dln,
                            residual2, p.ln2w + lc, a.ln2_mean + l * BT, a.ln2_rstd + l * BT, rs, B,
@@ -552,8 +607,8 @@ void CudaGPT::backward() {
         // attproj = drop(atty · c_projᵀ + b)
         if (dropout) dropout_backward(a.dinner, pdrop, d.site_seed(l, 1), BTC, s);
         zero_async(a.datty, BTC, s);
-        matmul_backward(a.datty, g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr,
-                        a.dinner, atty, p.attprojw + lc * C, rs, N, C, C, blas, s);
+        d.product_backward(a.datty, g.attprojw + lc * C, g.attprojb ? g.attprojb + lc : nullptr, a.dinner,
+                           atty, p.attprojw + lc * C, N, C, C);
         // atty = attention(qkv)
         zero_async(a.dqkv, 3 * BTC, s);
         switch (d.options.attention) {
@@ -569,8 +624,8 @@ void CudaGPT::backward() {
         }
         // qkv = ln1 · c_attnᵀ + b
         zero_async(a.dln, BTC, s);
-        matmul_backward(a.dln, g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr, a.dqkv,
-                        ln1, p.qkvw + lc * 3 * C, rs, N, C, 3 * C, blas, s);
+        d.product_backward(a.dln, g.qkvw + lc * 3 * C, g.qkvb ? g.qkvb + 3 * lc : nullptr, a.dqkv, ln1,
+                           p.qkvw + lc * 3 * C, N, C, 3 * C);
         // ln1 = ln_1(residual)
         layernorm_backward(a.dresidual, g.ln1w + lc, g.ln1b ? g.ln1b + lc : nullptr, a.dln,
                            residual, p.ln1w + lc, a.ln1_mean + l * BT, a.ln1_rstd + l * BT, rs, B,
@@ -706,11 +761,19 @@ void require_cacheable(const GPTConfig& c, const char* who) {
                                     "scale: generate without the cache");
     }
 }
+void require_float32(const CudaOptions& options, const char* who) {
+    if (options.precision != Precision::fp32) {
+        throw std::invalid_argument(std::string(who) + ": the cached decoding computes in float32, and this "
+                                    "model's products are in " + precision_name(options.precision) +
+                                    ": generate without the cache");
+    }
+}
 }  // namespace
 
 void CudaGPT::decode_step(std::vector<float>& logits, int token, int pos) {
     require_cacheable(config_, "CudaGPT::decode_step");
     Impl& d = *impl_;
+    require_float32(d.options, "CudaGPT::decode_step");
     const int V = config_.vocab_size, C = config_.n_embd, L = config_.n_layer,
               NH = config_.n_head, block = config_.block_size, hs = C / NH;
     if (token < 0 || token >= V) {
@@ -770,6 +833,7 @@ void CudaGPT::decode_step(std::vector<float>& logits, int token, int pos) {
 
 void CudaGPT::prefill(std::vector<float>& logits, const int* tokens, int T) {
     require_cacheable(config_, "CudaGPT::prefill");
+    require_float32(impl_->options, "CudaGPT::prefill");
     train(false);
     forward_async(tokens, nullptr, 1, T);
     Impl& d = *impl_;

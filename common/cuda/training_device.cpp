@@ -18,8 +18,11 @@ public:
 
     std::string name() const override {
         return "CUDA: " + device_summary() + (options_.tf32 ? ", TF32 matmuls" : "") +
+               (options_.precision == Precision::bf16 ? ", bf16 products (cublasGemmEx, float32 sums)" : "") +
                (options_.attention == AttentionKind::fused ? ", fused attention" : "");
     }
+
+    Precision precision() const override { return options_.precision; }
 
     void push(const GPT& model, const AdamW& optimizer) override {
         gpu_.copy_parameters_from(model);

@@ -512,10 +512,12 @@ void Trainer::use_device(std::unique_ptr<TrainingDevice> device) {
                                     ") adds the micro-batches' gradients in the CPU model: a device's backward "
                                     "pass clips its gradients at once");
     }
-    if (device && config_.precision != Precision::fp32) {
-        throw std::invalid_argument(std::string("mixed precision (") +
-                                    precision_name(config_.precision) +
-                                    ") trains on the CPU only: the GPU model computes in float32");
+    if (device && config_.precision != device->precision()) {
+        throw std::invalid_argument(std::string("mixed precision (") + precision_name(config_.precision) +
+                                    "): the device's products are in " + precision_name(device->precision()) +
+                                    (config_.precision == Precision::fp16
+                                         ? " (loss scaling, which fp16 needs, is the CPU model's)"
+                                         : ""));
     }
     if (device && config_.recompute != Recompute::none) {
         throw std::invalid_argument(std::string("recomputation (") + recompute_name(config_.recompute) +
@@ -1297,7 +1299,7 @@ RunSummary run_training(Trainer& trainer, const RunOptions& options) {
             // A skipped step's norm is infinite: JSON has no infinity, so it is left out.
             if (r.skipped) line["skipped"] = true;
             else line["grad_norm"] = r.grad_norm;
-            if (c.precision != Precision::fp32) {
+            if (c.precision != Precision::fp32 && !trainer.device()) {  // the CPU model counts them
                 line["flushed_gradients"] = r.flushed_gradients;
                 line["rounded_gradients"] = r.rounded_gradients;
             }

@@ -18,6 +18,7 @@
 #include "attn/data.hpp"
 #include "attn/trainer.hpp"
 #include "../scratch.hpp"
+#include "../mpi/step_bounds.hpp"  // gamma_of, sum_chains: the bounds of one training step
 
 #include <doctest/doctest.h>
 
@@ -27,6 +28,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -108,6 +110,47 @@ void check_close(const char* what, const float* gpu, const float* cpu, std::size
     CHECK(d.max_abs <= tol.relative * std::max(d.scale, 1e-6f));
 }
 
+// The logits of a bf16 forward pass, the GPU's against the CPU's, row by row. A logit is
+// Σ_c lnf[c]·wte[v][c] over C bfloat16 inputs: the weights' copies are the same on both sides
+// (the same float32 weights, rounded alike), and lnf is the CPU's rounded activation. Where
+// the GPU's lnf row is the same, the two sums of C exact products differ by their order
+// only: at most 2γ_C·S, S = Σ_c |lnf[c]·wte[v][c]| (Higham). Where a value of the row
+// rounded one bfloat16 ulp apart on the two sides (float32 values a few ulp apart on either
+// side of a rounding midpoint) the logit moves by up to 2^-7 of that term more: every row
+// is within (2γ_C + 2^-7)·S. Returns how many rows are beyond 2γ_C·S: those where the
+// GPU's lnf differs from the CPU's.
+std::size_t check_bf16_logits(const GPT& cpu, cuda::CudaGPT& gpu) {
+    const int V = cpu.config().vocab_size, C = cpu.config().n_embd;
+    const std::vector<float>& lnf = cpu.activations().lnf;
+    const std::vector<float>& ref = cpu.logits();
+    const std::size_t rows = ref.size() / static_cast<std::size_t>(V);
+    std::vector<float> logits;
+    gpu.copy_logits_to(logits);
+    REQUIRE(logits.size() == ref.size());
+    const float* wte = cpu.params().wte;
+    const double order = 2 * mpi_test::gamma_of(C);
+    std::size_t flipped_rows = 0;
+    double worst = 0.0;  // the largest gap over its row-wise bound
+    for (std::size_t n = 0; n < rows; ++n) {
+        bool flipped = false;
+        for (int v = 0; v < V; ++v) {
+            double S = 0.0;
+            for (int c = 0; c < C; ++c) {
+                const double w = round_to_precision(wte[static_cast<std::size_t>(v) * C + c], Precision::bf16);
+                S += std::fabs(lnf[n * C + c] * w);
+            }
+            const double gap = std::fabs(double(logits[n * V + v]) - ref[n * V + v]);
+            flipped = flipped || gap > order * S;
+            worst = std::max(worst, gap / ((order + 0x1p-7) * S));
+        }
+        flipped_rows += flipped;
+    }
+    CAPTURE(rows);
+    CAPTURE(worst);
+    CHECK(worst <= 1.0);
+    return flipped_rows;
+}
+
 }  // namespace
 
 TEST_CASE("the GPU model's logits, loss and every gradient match the CPU model's") {
@@ -149,6 +192,143 @@ TEST_CASE("the GPU model's logits, loss and every gradient match the CPU model's
             }
         }
     }
+}
+
+TEST_CASE("in bf16 the GPU model rounds where the CPU model rounds: three steps' losses and gradients agree") {
+    // Generated models and batches (sizes, heads, bias, seeds), three AdamW steps each, the
+    // GPU starting every step from the CPU's weights: the GPU's bf16 path (bfloat16 copies,
+    // cublasGemmEx) against the CPU's (GPT::set_precision) on the same state.
+    //
+    // The bound. The two sides compute the same function in other summation orders: in
+    // float32 that is Higham's 2γ_n of the magnitudes, n the longest chain of sums of the
+    // step (step_bounds.hpp: sum_chains, gamma_of). In bfloat16 the two sides round the same
+    // tensors at the same points, and where their float32 values differ in the last bits
+    // a rounding can land one bfloat16 ulp apart: at most 2^-7 of the value (an 8-bit
+    // significand), on each of a product's two inputs, so 2^-6 of the product's terms, taken
+    // once, to first order, on the quantity's magnitude (as step_bounds.hpp does for the MPI
+    // runs in bfloat16). Magnitudes: the loss's own (a mean of positive terms), and for a
+    // gradient the largest of its tensor. These bounds hold wherever the two sides round (a
+    // rounding point missed moves a value by at most half an ulp, less than a flip): the
+    // next test checks where they round.
+    std::mt19937 gen(1805);
+    for (int model = 0; model < 4; ++model) {
+        const int NH = 1 << (gen() % 3), hs = 8 << (gen() % 2), Tm = 8 + static_cast<int>(gen() % 25);
+        const int Bm = 1 + static_cast<int>(gen() % 4);
+        GPTConfig config = two_layers(Tm, NH, NH * hs);
+        config.bias = gen() % 2;
+        const std::uint64_t seed = gen();
+        CAPTURE(model);
+        CAPTURE(NH);
+        CAPTURE(hs);
+        CAPTURE(Tm);
+        CAPTURE(Bm);
+        CAPTURE(config.bias);
+        GPT cpu(config, seed);
+        cpu.set_precision(Precision::bf16);
+        cuda::CudaOptions options;
+        options.precision = Precision::bf16;
+        cuda::CudaGPT gpu(cpu, options);
+        TrainConfig shape;  // the sizes sum_chains reads
+        shape.n_layer = config.n_layer;
+        shape.n_head = NH;
+        shape.n_embd = config.n_embd;
+        shape.block_size = Tm;
+        shape.batch_size = Bm;
+        const mpi_test::SumChains chains = mpi_test::sum_chains(shape, static_cast<std::size_t>(config.vocab_size));
+        const double flip = 0x1p-6;
+        AdamW opt;
+        Rng rng(seed);
+        for (int step = 0; step < 3; ++step) {
+            CAPTURE(step);
+            std::vector<int> x(static_cast<std::size_t>(Bm) * Tm), y(x.size());
+            for (std::size_t i = 0; i < x.size(); ++i) {
+                x[i] = static_cast<int>(rng.uniform() * 65.0f) % 65;
+                y[i] = static_cast<int>(rng.uniform() * 65.0f) % 65;
+            }
+            gpu.copy_parameters_from(cpu);
+            const double cpu_loss = cpu.forward(x.data(), y.data(), Bm, Tm);
+            const double gpu_loss = gpu.forward(x.data(), y.data(), Bm, Tm);
+            const double loss_bound = (2 * mpi_test::gamma_of(chains.forward) + flip + mpi_test::unit_roundoff) * cpu_loss;
+            CAPTURE(cpu_loss);
+            CAPTURE(gpu_loss);
+            CHECK(std::fabs(gpu_loss - cpu_loss) <= loss_bound);
+            (void)check_bf16_logits(cpu, gpu);
+            cpu.zero_grad();
+            cpu.backward();
+            gpu.zero_grad();
+            gpu.backward();
+            std::vector<float> grads;
+            gpu.copy_gradients_to(grads);
+            REQUIRE(grads.size() == cpu.gradients().size());
+            for (const ParameterInfo& info : cpu.parameter_table()) {
+                const Difference d = compare(grads.data() + info.offset, cpu.gradients().data() + info.offset, info.size);
+                const double bound = (2 * mpi_test::gamma_of(chains.backward) + flip) * d.scale;
+                CAPTURE(info.name);
+                CAPTURE(d.max_abs);
+                CAPTURE(d.scale);
+                CHECK(d.max_abs <= bound);
+            }
+            opt.step(cpu, 1e-3f);
+        }
+    }
+}
+
+TEST_CASE("in bf16 the GPU model's logits are the CPU's but for rare rounding flips, and a rounding point moved is seen") {
+    // A flip (one value rounded one bfloat16 ulp apart on the two sides) needs float32 values
+    // on either side of a rounding midpoint. The two sides' float32 values differ by an ulp or
+    // two where they differ at all (sums in other orders; the device's expf, erff and rsqrtf
+    // up to 2 ulp off; the residual stream's additions are the same), so a value flips with a
+    // chance of about 2^-22 / 2^-8 = 2^-14, the midpoints being 2^-8 to 2^-7 of the value
+    // apart. A flip may move the rows that read it (its sequence's later rows, through
+    // attention). With short sequences (T ≤ 4) a sequence holds T·(10·C·L + C) ≤ 2 700 rounded
+    // values (ln_1, q, k, v, the attention's output, ln_2, GELU's output, ln_f): about 0.16
+    // flips, so fewer than a quarter of the rows can differ. A rounding point missed or added
+    // (or a product taken in float32) moves every value after it by up to 2^-9 of itself,
+    // a quarter of an ulp on average: a quarter of them flip, and with them nearly every row.
+    std::mt19937 gen(2718);
+    for (int model = 0; model < 6; ++model) {
+        const int NH = 1 << (gen() % 2), hs = 8 << (gen() % 2), Tm = 2 + static_cast<int>(gen() % 3);
+        const int Bm = 12 + static_cast<int>(gen() % 5);
+        GPTConfig config = two_layers(Tm, NH, NH * hs);
+        config.n_layer = 1 + static_cast<int>(gen() % 2);
+        config.bias = gen() % 2;
+        CAPTURE(model);
+        CAPTURE(NH);
+        CAPTURE(hs);
+        CAPTURE(Tm);
+        CAPTURE(Bm);
+        CAPTURE(config.n_layer);
+        GPT cpu(config, gen());
+        cpu.set_precision(Precision::bf16);
+        cuda::CudaOptions options;
+        options.precision = Precision::bf16;
+        cuda::CudaGPT gpu(cpu, options);
+        std::vector<int> x(static_cast<std::size_t>(Bm) * Tm);
+        for (int& t : x) t = static_cast<int>(gen() % 65);
+        cpu.forward(x.data(), nullptr, Bm, Tm);
+        gpu.forward(x.data(), nullptr, Bm, Tm);
+        const std::size_t flipped = check_bf16_logits(cpu, gpu);
+        CAPTURE(flipped);
+        CHECK(4 * flipped <= x.size());
+    }
+}
+
+TEST_CASE("the GPU model refuses fp16, TF32 with bf16, and cached decoding in bf16, in one sentence") {
+    GPT cpu(small_config(true), 7);
+    cuda::CudaOptions fp16;
+    fp16.precision = Precision::fp16;
+    CHECK(cuda::unsupported_on_gpu(cpu.config(), fp16).find("fp16 needs loss scaling") != std::string::npos);
+    CHECK_THROWS_AS(cuda::CudaGPT(cpu, fp16), std::invalid_argument);
+    cuda::CudaOptions both;
+    both.precision = Precision::bf16;
+    both.tf32 = true;
+    CHECK(cuda::unsupported_on_gpu(cpu.config(), both).find("TF32 with bf16") != std::string::npos);
+    cuda::CudaOptions bf16;
+    bf16.precision = Precision::bf16;
+    cuda::CudaGPT gpu(cpu, bf16);
+    std::vector<float> logits;
+    CHECK_THROWS_WITH_AS(gpu.decode_step(logits, 1, 0),
+                         doctest::Contains("the cached decoding computes in float32"), std::invalid_argument);
 }
 
 TEST_CASE("gradient clipping follows one rule on the CPU and the GPU, edge cases included") {

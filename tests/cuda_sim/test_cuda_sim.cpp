@@ -4,6 +4,9 @@
 #define DOCTEST_CONFIG_IMPLEMENT_WITH_MAIN
 #include "sim_buffer.hpp"
 
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -11,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -422,6 +426,115 @@ TEST_CASE("in the TF32 math mode the products' inputs are rounded to a 10-bit ma
     REQUIRE(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 3, 1, 1, &one, A.p, 3, B.p, 1, &zero, C.p, 3) ==
             CUBLAS_STATUS_SUCCESS);
     CHECK(C.get() == std::vector<float>{1.0f, 1.0f + 0x1p-10f, 3.0f});
+    cublasDestroy(h);
+    cuda_sim::take_failure();
+}
+
+TEST_CASE("cublasGemmEx sums exact 16-bit inputs in float32, within n·2^-24·Σ|a·b| of float64") {
+    // Generated products: sizes, transposes, padded leading dimensions, beta 0 or 1, inputs
+    // over twelve binades of either sign, in bfloat16 and in float16. The reference is a
+    // float64 triple loop over the same 16-bit values. Each product of two inputs is exact in
+    // float32 (8- or 11-bit significands: at most 22 bits), so the only error is float32's
+    // sum of the k products and beta·C: k + 1 terms, each addition off by at most u = 2^-24
+    // of the running sum, so |C - ref| ≤ (k + 1)·u·(Σ|a·b| + |beta·C|) (Higham, (3.4)).
+    std::mt19937 gen(20240611);
+    cublasHandle_t h = nullptr;
+    REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    for (const cudaDataType_t type : {CUDA_R_16BF, CUDA_R_16F}) {
+        for (int trial = 0; trial < 40; ++trial) {
+            std::uniform_int_distribution<int> size(1, 37);
+            const int m = size(gen), n = size(gen), k = size(gen);
+            const bool ta = gen() % 2, tb = gen() % 2;
+            const int a_rows = ta ? k : m, a_cols = ta ? m : k, b_rows = tb ? n : k, b_cols = tb ? k : n;
+            const int lda = a_rows + static_cast<int>(gen() % 3), ldb = b_rows + static_cast<int>(gen() % 3);
+            const int ldc = m + static_cast<int>(gen() % 3);
+            const float beta = static_cast<float>(gen() % 2);
+            CAPTURE(type);
+            CAPTURE(m);
+            CAPTURE(n);
+            CAPTURE(k);
+            CAPTURE(ta);
+            CAPTURE(tb);
+            // float16 keeps 2^-6 .. 2^6 inside its normal range; bfloat16 takes the same
+            std::uniform_real_distribution<float> exponent(-6.0f, 6.0f), mantissa(1.0f, 2.0f);
+            const auto draw = [&] {
+                const float x = std::ldexp(mantissa(gen), static_cast<int>(exponent(gen))) * (gen() % 2 ? 1.0f : -1.0f);
+                return type == CUDA_R_16BF ? __bfloat16_as_ushort(__float2bfloat16_rn(x))
+                                           : __half_as_ushort(__float2half_rn(x));
+            };
+            const auto value = [type](unsigned short bits) {
+                return static_cast<double>(type == CUDA_R_16BF ? __bfloat162float(__ushort_as_bfloat16(bits))
+                                                               : __half2float(__ushort_as_half(bits)));
+            };
+            std::vector<unsigned short> a(static_cast<std::size_t>(lda) * a_cols), b(static_cast<std::size_t>(ldb) * b_cols);
+            for (auto& x : a) x = draw();
+            for (auto& x : b) x = draw();
+            std::vector<float> c0(static_cast<std::size_t>(ldc) * n);
+            for (auto& x : c0) x = std::ldexp(mantissa(gen), static_cast<int>(exponent(gen)));
+            Buffer<unsigned short> A(a), B(b);
+            Buffer<float> C(c0);
+            const float one = 1.0f;
+            REQUIRE(cublasGemmEx(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &one, A.p,
+                                 type, lda, B.p, type, ldb, &beta, C.p, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                                 CUBLAS_GEMM_DEFAULT) == CUBLAS_STATUS_SUCCESS);
+            const std::vector<float> c = C.get();
+            const double u = 0x1p-24;
+            int wrong = 0;
+            for (int j = 0; j < n; ++j) {
+                for (int i = 0; i < m; ++i) {
+                    double ref = beta * c0[static_cast<std::size_t>(j) * ldc + i], magnitude = std::fabs(ref);
+                    for (int p = 0; p < k; ++p) {
+                        const double x = value(ta ? a[static_cast<std::size_t>(i) * lda + p] : a[static_cast<std::size_t>(p) * lda + i]);
+                        const double y = value(tb ? b[static_cast<std::size_t>(p) * ldb + j] : b[static_cast<std::size_t>(j) * ldb + p]);
+                        ref += x * y;
+                        magnitude += std::fabs(x * y);
+                    }
+                    const double bound = (k + 1) * u * magnitude;
+                    if (!(std::fabs(c[static_cast<std::size_t>(j) * ldc + i] - ref) <= bound)) ++wrong;
+                }
+            }
+            CHECK(wrong == 0);
+            // the padding rows of C are not written
+            for (int j = 0; j < n; ++j) {
+                for (int i = m; i < ldc; ++i) CHECK(c[static_cast<std::size_t>(j) * ldc + i] == c0[static_cast<std::size_t>(j) * ldc + i]);
+            }
+        }
+    }
+    cublasDestroy(h);
+    cuda_sim::take_failure();
+}
+
+TEST_CASE("cublasGemmEx refuses, by name, every combination of types it does not model") {
+    // Every combination of the four types for A, B and C and the compute types: modelled are
+    // A = B in CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F with C in CUDA_R_32F and COMPUTE_32F.
+    Buffer<float> A(std::vector<float>(4, 1.0f)), B(std::vector<float>(4, 1.0f)), C(std::vector<float>(4, 0.0f));
+    cublasHandle_t h = nullptr;
+    REQUIRE(cublasCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    const float one = 1.0f, zero = 0.0f;
+    const cudaDataType_t types[] = {CUDA_R_32F, CUDA_R_64F, CUDA_R_16F, CUDA_R_16BF};
+    const cublasComputeType_t computes[] = {CUBLAS_COMPUTE_16F, CUBLAS_COMPUTE_32F, CUBLAS_COMPUTE_32F_PEDANTIC,
+                                            CUBLAS_COMPUTE_64F, CUBLAS_COMPUTE_32F_FAST_16F,
+                                            CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_COMPUTE_32F_FAST_TF32};
+    int accepted = 0;
+    for (const cudaDataType_t at : types) {
+        for (const cudaDataType_t bt : types) {
+            for (const cudaDataType_t ct : types) {
+                for (const cublasComputeType_t compute : computes) {
+                    const bool modelled = at == bt && at != CUDA_R_64F && ct == CUDA_R_32F && compute == CUBLAS_COMPUTE_32F;
+                    const cublasStatus_t st = cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 1, 1, 1, &one, A.p, at, 1, B.p, bt,
+                                                           1, &zero, C.p, ct, 1, compute, CUBLAS_GEMM_DEFAULT);
+                    CAPTURE(at);
+                    CAPTURE(bt);
+                    CAPTURE(ct);
+                    CAPTURE(compute);
+                    CHECK(st == (modelled ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED));
+                    if (!modelled) CHECK(std::string(cublasGetStatusString(st)).find("cublasGemmEx: A ") != std::string::npos);
+                    accepted += st == CUBLAS_STATUS_SUCCESS;
+                }
+            }
+        }
+    }
+    CHECK(accepted == 3);
     cublasDestroy(h);
     cuda_sim::take_failure();
 }

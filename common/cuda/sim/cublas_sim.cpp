@@ -5,7 +5,10 @@
 // an illegal address). In the TF32 math mode the inputs of each product are rounded to
 // TF32 (a 10-bit mantissa, to nearest, as the tensor cores' conversion does) and the
 // products are summed in fp32, so that a run with TF32 differs from an fp32 run as on a GPU.
-#include "cuda_sim.hpp"
+// cublasGemmEx takes bfloat16 or float16 inputs: each is read exactly and the products (exact
+// in fp32: two 8- or 11-bit significands) are summed in fp32, as the tensor cores do.
+#include "include/cublas_v2.h"
+#include "cuda_sim_half.hpp"
 
 #include <cblas.h>
 
@@ -60,18 +63,46 @@ std::vector<float> tf32_copy(const float* p, int rows, int cols, int ld) {
     return out;
 }
 
+// The bytes from the first to past the last element of the column-major rows×cols matrix
+// with leading dimension ld and elements of `size` bytes.
+std::size_t matrix_bytes(int rows, int cols, int ld, std::size_t size) {
+    if (rows == 0 || cols == 0) return 0;
+    return (static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) +
+            static_cast<std::size_t>(rows)) * size;
+}
+
 // Whether the column-major rows×cols matrix at p with leading dimension ld lies inside one
 // device allocation.
-bool in_device(const float* p, int rows, int cols, int ld, std::string* why) {
+bool in_device(const void* p, int rows, int cols, int ld, std::size_t size, std::string* why) {
     if (rows == 0 || cols == 0) return true;
-    const std::size_t floats = static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) +
-                               static_cast<std::size_t>(rows);
-    return cuda_sim::in_device_memory(p, floats * sizeof(float), why);
+    return cuda_sim::in_device_memory(p, matrix_bytes(rows, cols, ld, size), why);
+}
+
+// The element types a product's inputs may have: float32, or 16-bit values read exactly.
+enum class Input { f32, bf16, f16 };
+
+std::size_t input_size(Input t) { return t == Input::f32 ? sizeof(float) : 2; }
+
+// The column-major rows×cols matrix at p (leading dimension ld) of 16-bit values, each
+// widened to float exactly, packed with leading dimension rows.
+std::vector<float> widen_copy(const void* p, Input t, int rows, int cols, int ld) {
+    std::vector<float> out(static_cast<std::size_t>(rows) * static_cast<std::size_t>(cols));
+    const auto* bits = static_cast<const unsigned short*>(p);
+    for (int j = 0; j < cols; ++j) {
+        for (int i = 0; i < rows; ++i) {
+            const unsigned short b = bits[static_cast<std::size_t>(j) * ld + i];
+            out[static_cast<std::size_t>(j) * rows + i] =
+                t == Input::bf16 ? __bfloat162float(__ushort_as_bfloat16(b)) : __half2float(__ushort_as_half(b));
+        }
+    }
+    return out;
 }
 
 cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
-                    int k, const float* alpha, const float* A, int lda, const float* B, int ldb,
-                    const float* beta, float* C, int ldc, const char* call) {
+                    int k, const float* alpha, const void* A, int lda, const void* B, int ldb,
+                    const float* beta, float* C, int ldc, const char* call,
+                    Input inputs = Input::f32) {
+    const std::size_t in_size = input_size(inputs);
     if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
     if (cudaPeekAtLastError() == cudaErrorLaunchFailure) return CUBLAS_STATUS_EXECUTION_FAILED;
     const auto op_ok = [](cublasOperation_t o) { return o == CUBLAS_OP_N || o == CUBLAS_OP_T; };
@@ -86,25 +117,23 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
     }
     if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
     std::string why;
-    if ((k > 0 && (!in_device(A, a_rows, a_cols, lda, &why) ||
-                   !in_device(B, b_rows, b_cols, ldb, &why))) ||
-        !in_device(C, m, n, ldc, &why)) {
+    if ((k > 0 && (!in_device(A, a_rows, a_cols, lda, in_size, &why) ||
+                   !in_device(B, b_rows, b_cols, ldb, in_size, &why))) ||
+        !in_device(C, m, n, ldc, sizeof(float), &why)) {
         cuda_sim::cublas_detail() = std::string(call) + ": a matrix outside device memory: " + why;
         std::fprintf(stderr, "CUDA simulator: %s\n", cuda_sim::cublas_detail().c_str());
         return CUBLAS_STATUS_EXECUTION_FAILED;
     }
     // cuBLAS reads A and B while it writes C: C may not overlap either (cuBLAS documents no
     // in-place product, and on a GPU the result would depend on the order of the tiles).
-    const auto span = [](const float* p, int rows, int cols, int ld) {
+    const auto span = [](const void* p, int rows, int cols, int ld, std::size_t size) {
         const auto start = reinterpret_cast<std::uintptr_t>(p);
-        const std::size_t floats = rows == 0 || cols == 0 ? 0
-                                   : static_cast<std::size_t>(cols - 1) * static_cast<std::size_t>(ld) +
-                                         static_cast<std::size_t>(rows);
-        return std::make_pair(start, start + floats * sizeof(float));
+        return std::make_pair(start, start + matrix_bytes(rows, cols, ld, size));
     };
-    const auto c_span = span(C, m, n, ldc);
-    for (const auto& [operand, range] : {std::make_pair("A", span(A, a_rows, a_cols, lda)),
-                                         std::make_pair("B", span(B, b_rows, b_cols, ldb))}) {
+    const auto c_span = span(C, m, n, ldc, sizeof(float));
+    for (const auto& [operand, range] :
+         {std::make_pair("A", span(A, a_rows, a_cols, lda, in_size)),
+          std::make_pair("B", span(B, b_rows, b_cols, ldb, in_size))}) {
         if (k > 0 && range.first < c_span.second && c_span.first < range.second) {
             cuda_sim::cublas_detail() = std::string(call) + ": C overlaps " + operand +
                                         ": cuBLAS reads " + operand +
@@ -116,8 +145,8 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
     const float alpha_value = *alpha, beta_value = *beta;  // host pointers, read at the call
     const cublasMath_t math = h->math;
     const cudaError_t queued = cuda_sim::submit(h->stream, call, {A, B, C}, [=] {
-        const float* a = A;
-        const float* b = B;
+        const float* a = static_cast<const float*>(A);
+        const float* b = static_cast<const float*>(B);
         int a_ld = lda, b_ld = ldb;
         if (beta_value == 0.0f) {  // cuBLAS does not read C then (it may hold NaN)
             for (int j = 0; j < n; ++j) {
@@ -133,12 +162,20 @@ cublasStatus_t gemm(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb
             return;
         }
         const double flops = 2.0 * m * n * k;
-        cuda_sim::note_flops(math == CUBLAS_TF32_TENSOR_OP_MATH ? 0 : flops,
-                             math == CUBLAS_TF32_TENSOR_OP_MATH ? flops : 0, 0);
+        const bool tf32 = inputs == Input::f32 && math == CUBLAS_TF32_TENSOR_OP_MATH;
+        cuda_sim::note_flops(inputs == Input::f32 && !tf32 ? flops : 0, tf32 ? flops : 0,
+                             inputs == Input::f32 ? 0 : flops);
         std::vector<float> a_tf32, b_tf32;
-        if (math == CUBLAS_TF32_TENSOR_OP_MATH) {
-            a_tf32 = tf32_copy(A, a_rows, a_cols, lda);
-            b_tf32 = tf32_copy(B, b_rows, b_cols, ldb);
+        if (inputs != Input::f32) {  // the 16-bit values as floats, exactly: the sums in fp32
+            a_tf32 = widen_copy(A, inputs, a_rows, a_cols, lda);
+            b_tf32 = widen_copy(B, inputs, b_rows, b_cols, ldb);
+            a = a_tf32.data();
+            b = b_tf32.data();
+            a_ld = a_rows;
+            b_ld = b_rows;
+        } else if (tf32) {
+            a_tf32 = tf32_copy(a, a_rows, a_cols, lda);
+            b_tf32 = tf32_copy(b, b_rows, b_cols, ldb);
             a = a_tf32.data();
             b = b_tf32.data();
             a_ld = a_rows;
@@ -217,4 +254,44 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
         if (st != CUBLAS_STATUS_SUCCESS) return st;
     }
     return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+const char* type_name(cudaDataType_t t) {
+    switch (t) {
+        case CUDA_R_32F: return "CUDA_R_32F";
+        case CUDA_R_64F: return "CUDA_R_64F";
+        case CUDA_R_16F: return "CUDA_R_16F";
+        case CUDA_R_16BF: return "CUDA_R_16BF";
+    }
+    return "an unknown cudaDataType_t";
+}
+}  // namespace
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa,
+                            cublasOperation_t transb, int m, int n, int k, const void* alpha,
+                            const void* A, cudaDataType_t Atype, int lda, const void* B,
+                            cudaDataType_t Btype, int ldb, const void* beta, void* C,
+                            cudaDataType_t Ctype, int ldc, cublasComputeType_t computeType,
+                            cublasGemmAlgo_t algo) {
+    if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+    // What is modelled: two inputs of one type (float32, bfloat16 or float16), a float32
+    // output, float32 sums. cuBLAS has more (16-bit outputs, 16-bit sums, float64, the FAST
+    // compute types that round float32 inputs); the simulator refuses them by name.
+    const bool modelled = Atype == Btype &&
+                          (Atype == CUDA_R_32F || Atype == CUDA_R_16BF || Atype == CUDA_R_16F) &&
+                          Ctype == CUDA_R_32F && computeType == CUBLAS_COMPUTE_32F &&
+                          (algo == CUBLAS_GEMM_DEFAULT || algo == CUBLAS_GEMM_DEFAULT_TENSOR_OP);
+    if (!modelled) {
+        cuda_sim::cublas_detail() =
+            std::string("cublasGemmEx: A ") + type_name(Atype) + ", B " + type_name(Btype) + ", C " +
+            type_name(Ctype) + ", compute type " + std::to_string(static_cast<int>(computeType)) +
+            ", algorithm " + std::to_string(static_cast<int>(algo)) +
+            ": the simulator models A and B of one type (CUDA_R_32F, CUDA_R_16BF or CUDA_R_16F), "
+            "C in CUDA_R_32F and CUBLAS_COMPUTE_32F with the default algorithm only";
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+    const Input inputs = Atype == CUDA_R_32F ? Input::f32 : Atype == CUDA_R_16BF ? Input::bf16 : Input::f16;
+    return gemm(handle, transa, transb, m, n, k, static_cast<const float*>(alpha), A, lda, B, ldb,
+                static_cast<const float*>(beta), static_cast<float*>(C), ldc, "cublasGemmEx", inputs);
 }

@@ -212,6 +212,9 @@ public:
     /// collective call), for a host that keeps no copy of them. @return them; empty by
     /// default (the host's copy is pulled instead)
     virtual std::vector<float> gather_parameters() { return {}; }
+    /// The format of the device's matrix products' inputs (GPT::set_precision): the
+    /// trainer's precision must be it. @return fp32 by default
+    virtual Precision precision() const { return Precision::fp32; }
 };
 
 /// The processes that train one model together, each on its own consecutive share of every

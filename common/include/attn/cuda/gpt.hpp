@@ -33,6 +33,14 @@ struct CudaOptions {
     /// product instead of ~1e-6. Off: plain fp32, the numbers the tests compare tightly.
     bool tf32 = false;
     AttentionKind attention = AttentionKind::materialised;  ///< which attention to call
+    /// The format of the matrix products' inputs, as GPT::set_precision: fp32, or bf16 (the
+    /// weights stay float32 and a bfloat16 copy is made at each forward pass; the Linear
+    /// layers' inputs, q, k, v and the gradients entering the Linear layers' products are
+    /// rounded to bfloat16 where the CPU model rounds them, the products go through
+    /// cublasGemmEx with float32 sums; LayerNorm, softmax, cross-entropy, the attention's
+    /// products and AdamW stay float32). fp16 is refused: it needs loss scaling, which the
+    /// CPU trainer does. Not with `tf32` (the attention's float32 products would round P).
+    Precision precision = Precision::fp32;
 };
 
 /// Why the GPU model cannot run a model with these options, or "" when it can: it has

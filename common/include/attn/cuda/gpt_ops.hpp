@@ -111,6 +111,40 @@ void matmul_backward(float* dinp, float* dweight, float* dbias, const float* dou
                      const float* inp, const float* weight, float* scratch, int N, int C, int OC,
                      Blas& blas, stream_t stream);
 
+/// bfloat16 for the products of mixed-precision training, as GPT::set_precision rounds
+/// them: `copy[i]` = `x[i]` rounded to bfloat16 (to nearest, ties to even), and `x[i]`
+/// replaced by the same value, so that what else reads x (a bias's gradient, attention)
+/// reads what the product reads. Values are held as bfloat16's 16-bit patterns.
+/// @param x (n) rounded in place @param copy (n) or nullptr (x rounded only)
+/// @param n elements @param stream the stream
+void round_to_bf16(float* x, std::uint16_t* copy, std::size_t n, stream_t stream);
+
+/// `copy[i]` = `x[i]` as bfloat16 (to nearest, ties to even), x unchanged: exact where x was
+/// rounded by round_to_bf16 (the weights' master copy is not). @param copy (n)
+/// @param x (n) @param n elements @param stream the stream
+void to_bf16(std::uint16_t* copy, const float* x, std::size_t n, stream_t stream);
+
+/// matmul_forward with bfloat16 inputs (cublasGemmEx): the products exact, summed in float32,
+/// the bias added in float32. @param out (N, OC) @param inp (N, C) bfloat16
+/// @param weight (OC, C) bfloat16 @param bias (OC) float32, or nullptr
+/// @param N rows @param C input channels @param OC output channels
+/// @param blas the cuBLAS context @param stream the stream
+void matmul_forward_bf16(float* out, const std::uint16_t* inp, const std::uint16_t* weight,
+                         const float* bias, int N, int C, int OC, Blas& blas, stream_t stream);
+
+/// matmul_backward with bfloat16 inputs: dinp and dweight from the bfloat16 copies of dout,
+/// inp and weight (cublasGemmEx, float32 sums), dbias from `dout` in float32 (holding the
+/// copy's values: round_to_bf16). @param dinp (N, C) accumulated
+/// @param dweight (OC, C) accumulated @param dbias (OC) accumulated, or nullptr
+/// @param dout (N, OC) float32 @param dout16 (N, OC) bfloat16 @param inp16 (N, C) bfloat16
+/// @param weight16 (OC, C) bfloat16 @param scratch column_reduce_scratch(N, OC) floats
+/// @param N rows @param C input channels @param OC output channels
+/// @param blas the cuBLAS context @param stream the stream
+void matmul_backward_bf16(float* dinp, float* dweight, float* dbias, const float* dout,
+                          const std::uint16_t* dout16, const std::uint16_t* inp16,
+                          const std::uint16_t* weight16, float* scratch, int N, int C, int OC,
+                          Blas& blas, stream_t stream);
+
 /// The device buffers that attention needs besides its inputs and outputs. The
 /// materialised version uses q, k, v, y and scores; the fused one q, k, v, y and the rest.
 struct AttentionScratch {
