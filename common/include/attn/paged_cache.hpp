@@ -298,6 +298,9 @@ const std::vector<float>& forward_paged(DecodeScratch& scratch, const GPT& model
 /// same rows: a causal model with scaled attention, a cache of its sizes, at least one row,
 /// each a live sequence's next position below the block size with a token in the vocabulary,
 /// and blocks enough for them all.
+/// @param config the model's configuration
+/// @param cache the pool the rows' slots will be taken from
+/// @param rows the batch
 /// @param who the name the messages start with
 /// @throws std::invalid_argument, or OutOfBlocks, as forward_paged
 void check_paged_rows(const GPTConfig& config, const PagedKVCache& cache,
